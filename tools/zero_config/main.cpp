@@ -1,0 +1,52 @@
+// zero-config: check, print and estimate DeepSpeed ds_config files as zero sees them.
+#include <cstdio>
+#include <exception>
+#include <string_view>
+
+#include "tools/zero_config/commands.h"
+#include "zero/error.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: zero-config COMMAND [OPTIONS]
+
+commands:
+  check [--world-size N] [--set key=value]... FILE...
+      Validate ds_config files as the runtime will see them once the embedding has supplied
+      its values. Exit 0 when every file is valid (notes and warnings on stderr), 1 otherwise
+      with one line per problem: FILE: error: <dotted.key.path>: <message>.
+  print [--world-size N] [--set key=value]... FILE
+      Print the fully resolved config as JSON: every key, defaults filled, aliases mapped to
+      current names, "auto" resolved or listed as unresolved, and where each value came from.
+  estimate --params N [--largest-param N] --world-size W [--gpus-per-node G] [--stage S]
+           [--precision fp16|bf16|fp32] [--offload-optimizer none|cpu|nvme]
+           [--offload-param none|cpu|nvme] [--config FILE] [--json]
+      Per-rank model-state bytes (ZeRO paper §5) on device, host and NVMe.
+
+Run 'zero-config COMMAND --help' for the options of one command.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string_view command = argv[1];
+  const zero::tools::Args args(argv + 2, argv + argc);
+  try {
+    if (command == "check") return zero::tools::config_check(args);
+    if (command == "print") return zero::tools::config_print(args);
+    if (command == "estimate") return zero::tools::config_estimate(args);
+    if (command == "--help" || command == "-h" || command == "help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-config %s: error: %s\n", argv[1], e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "zero-config: unknown command '%s'\n\n%s", argv[1], kUsage);
+  return 2;
+}

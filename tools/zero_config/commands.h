@@ -14,3 +14,16 @@ int config_print(const Args& args);     // check_print.cpp
 int config_estimate(const Args& args);  // estimate.cpp
 
 }  // namespace zero::tools
+
+namespace zero {
+struct EstimateInput;
+}
+
+namespace zero::tools {
+
+// Takes stage, precision, optimizer and offload tiers from the ds_config at `path` into `in`;
+// appends a message to `problems` for each reason it cannot (estimate_config.cpp).
+void apply_config_to_estimate(const std::string& path, EstimateInput& in,
+                              std::vector<std::string>& problems);
+
+}  // namespace zero::tools

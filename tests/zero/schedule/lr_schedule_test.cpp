@@ -1,0 +1,153 @@
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+
+#include "zero/error.h"
+#include "zero/schedule/lr_schedule.h"
+
+namespace {
+
+constexpr double kRelTol = 1e-12;
+
+nlohmann::json load_golden(const std::string& name) {
+  std::ifstream in(std::string(ZERO_TEST_GOLDEN_DIR) + "/deepspeed/" + name);
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+// Builds our parameters from a DeepSpeed scheduler block as the golden file records it. The
+// config layer does this for real configs; the test keeps its own small reading so that a
+// mistake in one is not hidden by the same mistake in the other.
+zero::LrScheduleParams params_from(const nlohmann::json& scheduler) {
+  zero::LrScheduleParams p;
+  const std::string type = scheduler.at("type");
+  const auto& q = scheduler.at("params");
+  auto num = [&](const char* key, double fallback) {
+    return q.contains(key) && !q.at(key).is_null() ? q.at(key).get<double>() : fallback;
+  };
+  auto warmup_type = [&] {
+    return q.value("warmup_type", std::string("log")) == "linear" ? zero::WarmupType::Linear
+                                                                   : zero::WarmupType::Log;
+  };
+  if (type == "WarmupLR" || type == "WarmupDecayLR") {
+    p.kind = type == "WarmupLR" ? zero::LrScheduleKind::WarmupLR : zero::LrScheduleKind::WarmupDecayLR;
+    p.warmup_min_lr = {num("warmup_min_lr", 0.0)};
+    if (q.contains("warmup_max_lr")) p.warmup_max_lr = {q.at("warmup_max_lr").get<double>()};
+    p.warmup_num_steps = static_cast<std::int64_t>(num("warmup_num_steps", 1000));
+    p.warmup_type = warmup_type();
+    p.total_num_steps = static_cast<std::int64_t>(num("total_num_steps", 0));
+  } else if (type == "WarmupCosineLR") {
+    p.kind = zero::LrScheduleKind::WarmupCosineLR;
+    p.total_num_steps = static_cast<std::int64_t>(num("total_num_steps", 0));
+    p.warmup_min_ratio = num("warmup_min_ratio", 0.0);
+    p.warmup_num_steps = static_cast<std::int64_t>(num("warmup_num_steps", 1000));
+    p.cos_min_ratio = num("cos_min_ratio", 1e-4);
+    p.warmup_type = warmup_type();
+  } else if (type == "OneCycle") {
+    p.kind = zero::LrScheduleKind::OneCycle;
+    p.cycle_min_lr = num("cycle_min_lr", 0);
+    p.cycle_max_lr = num("cycle_max_lr", 0);
+    p.decay_lr_rate = num("decay_lr_rate", 0);
+    p.cycle_first_step_size = num("cycle_first_step_size", 2000);
+    if (q.contains("cycle_second_step_size") && !q.at("cycle_second_step_size").is_null())
+      p.cycle_second_step_size = q.at("cycle_second_step_size").get<double>();
+    p.cycle_first_stair_count = static_cast<std::int64_t>(num("cycle_first_stair_count", 0));
+    if (q.contains("cycle_second_stair_count") && !q.at("cycle_second_stair_count").is_null())
+      p.cycle_second_stair_count = q.at("cycle_second_stair_count").get<std::int64_t>();
+    p.decay_step_size = num("decay_step_size", 0);
+    p.cycle_momentum = q.value("cycle_momentum", true);
+    p.cycle_min_mom = num("cycle_min_mom", 0.8);
+    p.cycle_max_mom = num("cycle_max_mom", 0.9);
+    p.decay_mom_rate = num("decay_mom_rate", 0);
+  } else if (type == "LRRangeTest") {
+    p.kind = zero::LrScheduleKind::LRRangeTest;
+    p.lr_range_test_min_lr = {num("lr_range_test_min_lr", 1e-3)};
+    p.lr_range_test_step_size = num("lr_range_test_step_size", 2000);
+    p.lr_range_test_step_rate = num("lr_range_test_step_rate", 1.0);
+    p.lr_range_test_staircase = q.value("lr_range_test_staircase", false);
+  } else {
+    FAIL("unknown scheduler type in golden file: " << type);
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("every DeepSpeed LR schedule reproduces DeepSpeed 0.19.6's own sequence") {
+  const auto golden = load_golden("schedules.json");
+  REQUIRE(golden.at("cases").size() == 6);
+  for (const auto& c : golden.at("cases")) {
+    const std::string type = c.at("scheduler").at("type");
+    INFO("scheduler " << c.at("scheduler").dump());
+    const auto params = params_from(c.at("scheduler"));
+    zero::GroupBase base{c.at("optimizer_lr").get<double>(), std::array<double, 2>{0.9, 0.999}};
+    const auto& steps = c.at("steps");
+    REQUIRE(steps.size() >= 40);
+    bool lr_varies = false;
+    for (std::size_t t = 0; t < steps.size(); ++t) {
+      INFO("optimizer step " << t);
+      const auto v = zero::scheduled_values(params, base, 0, static_cast<std::int64_t>(t) - 1);
+      const double want = steps[t].at("lr").get<double>();
+      CHECK(v.lr == Approx(want).epsilon(kRelTol).margin(1e-15));
+      if (t > 0 && want != steps[t - 1].at("lr").get<double>()) lr_varies = true;
+      REQUIRE(v.betas.has_value());
+      CHECK((*v.betas)[0] == Approx(steps[t].at("betas")[0].get<double>()).epsilon(kRelTol));
+      CHECK((*v.betas)[1] == Approx(steps[t].at("betas")[1].get<double>()).epsilon(kRelTol));
+    }
+    CHECK(lr_varies);  // a flat sequence would prove nothing about the formula
+  }
+}
+
+TEST_CASE("WarmupLR takes per-group lists and the optimizer lr when warmup_max_lr is absent") {
+  zero::LrScheduleParams p;
+  p.kind = zero::LrScheduleKind::WarmupLR;
+  p.warmup_min_lr = {0.0, 1e-4};
+  p.warmup_num_steps = 4;
+  p.warmup_type = zero::WarmupType::Linear;
+  const zero::GroupBase base{0.5, std::nullopt};
+  CHECK(zero::scheduled_values(p, base, 0, 2).lr == Approx(0.25));
+  CHECK(zero::scheduled_values(p, base, 1, 10).lr == Approx(0.5));
+  CHECK(zero::scheduled_values(p, base, 1, -1).lr == Approx(1e-4));
+  REQUIRE_THROWS_WITH(zero::scheduled_values(p, base, 2, 0), Catch::Contains("group 2"));
+}
+
+TEST_CASE("WarmupCosineLR stays at cos_min_ratio past total_num_steps") {
+  zero::LrScheduleParams p;
+  p.kind = zero::LrScheduleKind::WarmupCosineLR;
+  p.total_num_steps = 20;
+  p.warmup_num_steps = 5;
+  const zero::GroupBase base{1.0, std::nullopt};
+  CHECK(zero::scheduled_values(p, base, 0, 19).lr == Approx(1e-4));
+  CHECK(zero::scheduled_values(p, base, 0, 100).lr == Approx(1e-4));
+  CHECK(zero::scheduled_values(p, base, 0, 4).lr > 0.5);
+}
+
+TEST_CASE("OneCycle staircase holds the rate flat across each stair and leaves SGD momentum alone") {
+  zero::LrScheduleParams p;
+  p.kind = zero::LrScheduleKind::OneCycle;
+  p.cycle_min_lr = 0.0;
+  p.cycle_max_lr = 1.0;
+  p.cycle_first_step_size = 8;
+  p.cycle_first_stair_count = 4;
+  const zero::GroupBase sgd{0.1, std::nullopt};
+  // Positions 1..8 of the rising half: stairs at 2, 4, 6, 8 steps.
+  CHECK(zero::scheduled_values(p, sgd, 0, 0).lr == 0.0);
+  CHECK(zero::scheduled_values(p, sgd, 0, 1).lr == 0.25);
+  CHECK(zero::scheduled_values(p, sgd, 0, 2).lr == 0.25);
+  CHECK(zero::scheduled_values(p, sgd, 0, 7).lr == 1.0);
+  CHECK_FALSE(zero::scheduled_values(p, sgd, 0, 3).betas.has_value());
+}
+
+TEST_CASE("LR schedules reject parameters DeepSpeed rejects, naming them") {
+  zero::LrScheduleParams p;
+  p.kind = zero::LrScheduleKind::WarmupLR;
+  p.warmup_num_steps = 0;
+  REQUIRE_THROWS_WITH(zero::scheduled_values(p, {}, 0, 0), Catch::Contains("warmup_num_steps"));
+  p.kind = zero::LrScheduleKind::LRRangeTest;
+  p.lr_range_test_step_size = 0;
+  REQUIRE_THROWS_WITH(zero::scheduled_values(p, {}, 0, 0),
+                      Catch::Contains("lr_range_test_step_size"));
+}

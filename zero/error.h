@@ -66,17 +66,18 @@ std::string check_message(const char* cond, const char* file, int line, const st
 
 // Throws `ErrorType` with a formatted message when `cond` is false:
 //   ZERO_CHECK(n > 0, "adam: numel must be positive, got {}", n);
-#define ZERO_CHECK_AS(ErrorType, cond, ...)                                              \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] {                                                          \
-      throw ErrorType(::zero::detail::check_message(#cond, __FILE__, __LINE__,           \
-                                                    ::fmt::format(__VA_ARGS__)));        \
-    }                                                                                    \
+#define ZERO_CHECK_AS(ErrorType, cond, ...)                                                      \
+  do {                                                                                           \
+    if (!(cond)) [[unlikely]] {                                                                  \
+      throw ErrorType(                                                                           \
+          ::zero::detail::check_message(#cond, __FILE__, __LINE__, ::fmt::format(__VA_ARGS__))); \
+    }                                                                                            \
   } while (0)
 
 #define ZERO_CHECK(cond, ...) ZERO_CHECK_AS(::zero::Error, cond, __VA_ARGS__)
 
-#define ZERO_ASSERT(cond)                                                                \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]] ::zero::detail::assert_failed(#cond, __FILE__, __LINE__);  \
+#define ZERO_ASSERT(cond)                                       \
+  do {                                                          \
+    if (!(cond)) [[unlikely]]                                   \
+      ::zero::detail::assert_failed(#cond, __FILE__, __LINE__); \
   } while (0)

@@ -52,8 +52,12 @@ std::string_view level_word(Level l) {
 
 }  // namespace
 
-void set_level(Level l) { current_level().store(l); }
-Level level() { return current_level().load(); }
+void set_level(Level l) {
+  current_level().store(l);
+}
+Level level() {
+  return current_level().load();
+}
 
 void set_sink(Sink s) {
   std::lock_guard lock(sink_mutex());

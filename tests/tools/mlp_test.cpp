@@ -1,9 +1,9 @@
-#include <catch2/catch.hpp>
+#include "tools/zero_train/mlp.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
 
-#include "tools/zero_train/mlp.h"
 #include "zero/error.h"
 
 namespace zt = zero::train;
@@ -91,8 +91,10 @@ TEST_CASE("a batch depends only on (seed, step, sample), so shares of it can be 
   zt::TeacherStudentData a(shape, 7), b(shape, 7), c(shape, 8);
   const auto whole = a.batch(5, 0, 8);
   const auto tail = b.batch(5, 4, 4);
-  for (std::size_t i = 0; i < tail.inputs.size(); ++i) CHECK(tail.inputs[i] == whole.inputs[12 + i]);
-  for (std::size_t i = 0; i < tail.targets.size(); ++i) CHECK(tail.targets[i] == whole.targets[8 + i]);
+  for (std::size_t i = 0; i < tail.inputs.size(); ++i)
+    CHECK(tail.inputs[i] == whole.inputs[12 + i]);
+  for (std::size_t i = 0; i < tail.targets.size(); ++i)
+    CHECK(tail.targets[i] == whole.targets[8 + i]);
   CHECK(c.batch(5, 0, 8).inputs != whole.inputs);
   CHECK(a.batch(6, 0, 8).inputs != whole.inputs);
 }

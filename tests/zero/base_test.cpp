@@ -4,7 +4,9 @@
 #include "zero/error.h"
 
 TEST_CASE("ZERO_CHECK throws the named error type with the formatted message") {
-  auto fails = [] { ZERO_CHECK_AS(zero::IoError, 1 + 1 == 3, "open {}: {}", "a.bin", "no such file"); };
+  auto fails = [] {
+    ZERO_CHECK_AS(zero::IoError, 1 + 1 == 3, "open {}: {}", "a.bin", "no such file");
+  };
   REQUIRE_THROWS_AS(fails(), zero::IoError);
   REQUIRE_THROWS_WITH(fails(), "open a.bin: no such file");
   REQUIRE_NOTHROW([] { ZERO_CHECK(2 > 1, "never"); }());

@@ -1,21 +1,23 @@
 // zero-config estimate: per-rank model-state bytes by category and memory tier.
-#include <nlohmann/json.hpp>
+#include "zero/estimate/estimate.h"
+
+#include <fmt/format.h>
 
 #include <cmath>
 #include <cstdio>
-#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 #include "tools/zero_config/commands.h"
 #include "zero/error.h"
-#include "zero/estimate/estimate.h"
 
 namespace zero::tools {
 
 namespace {
 
-constexpr const char* kEstimateUsage = R"(usage: zero-config estimate --params N --world-size W [options]
+constexpr const char* kEstimateUsage =
+    R"(usage: zero-config estimate --params N --world-size W [options]
 
 Per-rank model-state memory from the ZeRO paper's formulas (§5; K = 12 for mixed-precision Adam):
 low-precision parameters, gradients, fp32 master weights and optimizer states, on the device,
@@ -42,10 +44,28 @@ std::optional<std::uint64_t> parse_count(const std::string& text) {
   double scale = 1;
   std::string digits = text;
   switch (digits.back()) {
-    case 'k': case 'K': scale = 1e3; digits.pop_back(); break;
-    case 'm': case 'M': scale = 1e6; digits.pop_back(); break;
-    case 'b': case 'B': case 'g': case 'G': scale = 1e9; digits.pop_back(); break;
-    case 't': case 'T': scale = 1e12; digits.pop_back(); break;
+    case 'k':
+    case 'K':
+      scale = 1e3;
+      digits.pop_back();
+      break;
+    case 'm':
+    case 'M':
+      scale = 1e6;
+      digits.pop_back();
+      break;
+    case 'b':
+    case 'B':
+    case 'g':
+    case 'G':
+      scale = 1e9;
+      digits.pop_back();
+      break;
+    case 't':
+    case 'T':
+      scale = 1e12;
+      digits.pop_back();
+      break;
     default: break;
   }
   std::size_t used = 0;
@@ -127,8 +147,8 @@ int config_estimate(const Args& args) {
         into = *c;
         return true;
       }
-      problems.push_back(
-          fmt::format("{} {}: expected a whole number of {} (e.g. 7.5e9, 350M)", flag, value, what));
+      problems.push_back(fmt::format("{} {}: expected a whole number of {} (e.g. 7.5e9, 350M)",
+                                     flag, value, what));
       return false;
     };
     if (flag == "--params") {
@@ -148,18 +168,24 @@ int config_estimate(const Args& args) {
         problems.push_back(fmt::format("--stage {}: expected 0, 1, 2 or 3", value));
       }
     } else if (flag == "--precision") {
-      if (auto p = parse_choice(value, kPrecisions)) in.precision = *p;
-      else problems.push_back(fmt::format("--precision {}: expected fp16, bf16 or fp32", value));
+      if (auto p = parse_choice(value, kPrecisions))
+        in.precision = *p;
+      else
+        problems.push_back(fmt::format("--precision {}: expected fp16, bf16 or fp32", value));
     } else if (flag == "--optimizer") {
-      if (auto o = parse_choice(value, kOptimizers)) in.optimizer = *o;
+      if (auto o = parse_choice(value, kOptimizers))
+        in.optimizer = *o;
       else
         problems.push_back(fmt::format(
             "--optimizer {}: expected adam, adamw, adagrad, lion, sgd or sgd-momentum", value));
     } else if (flag == "--offload-optimizer" || flag == "--offload-param") {
       auto t = parse_choice(value, kTiers);
-      if (!t) problems.push_back(fmt::format("{} {}: expected none, cpu or nvme", flag, value));
-      else if (flag == "--offload-optimizer") in.offload_optimizer = *t;
-      else in.offload_param = *t;
+      if (!t)
+        problems.push_back(fmt::format("{} {}: expected none, cpu or nvme", flag, value));
+      else if (flag == "--offload-optimizer")
+        in.offload_optimizer = *t;
+      else
+        in.offload_param = *t;
     } else if (flag == "--config") {
       config_path = value;
     } else {
@@ -171,7 +197,8 @@ int config_estimate(const Args& args) {
   if (have_world && in.world_size == 0) problems.emplace_back("--world-size must be at least 1");
   if (!config_path.empty()) apply_config_to_estimate(config_path, in, problems);
   if (!problems.empty()) {
-    for (const auto& p : problems) std::fprintf(stderr, "zero-config estimate: error: %s\n", p.c_str());
+    for (const auto& p : problems)
+      std::fprintf(stderr, "zero-config estimate: error: %s\n", p.c_str());
     std::fputs("\n", stderr);
     std::fputs(kEstimateUsage, stderr);
     return 2;
@@ -213,10 +240,11 @@ int config_estimate(const Args& args) {
               static_cast<unsigned long long>(in.world_size), in.stage,
               std::string(precision_name(in.precision)).c_str(),
               std::string(estimate_optimizer_name(in.optimizer)).c_str(), k);
-  std::printf("offload: optimizer %s, parameters %s%s\n\n",
-              std::string(offload_tier_name(in.offload_optimizer)).c_str(),
-              std::string(offload_tier_name(in.offload_param)).c_str(),
-              in.stage < 3 && in.offload_param != OffloadTier::None ? " (ignored below stage 3)" : "");
+  std::printf(
+      "offload: optimizer %s, parameters %s%s\n\n",
+      std::string(offload_tier_name(in.offload_optimizer)).c_str(),
+      std::string(offload_tier_name(in.offload_param)).c_str(),
+      in.stage < 3 && in.offload_param != OffloadTier::None ? " (ignored below stage 3)" : "");
   std::printf("%-26s %14s %14s %14s\n", "category", "device", "host", "nvme");
   auto row = [](const char* name, const TierBytes& t) {
     std::printf("%-26s %14s %14s %14s\n", name, human_bytes(t.device).c_str(),
@@ -232,7 +260,8 @@ int config_estimate(const Args& args) {
     std::printf("%-26s %14s %14s\n", "host per node", "",
                 human_bytes(total.host * static_cast<double>(in.gpus_per_node)).c_str());
   }
-  std::printf("\nGB = 1e9 bytes. Activations, communication buckets and allocator slack are extra.\n");
+  std::printf(
+      "\nGB = 1e9 bytes. Activations, communication buckets and allocator slack are extra.\n");
   return 0;
 }
 

@@ -1,8 +1,9 @@
 #include "tools/zero_train/mlp.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fmt/format.h>
 #include <numbers>
 #include <sstream>
 
@@ -25,7 +26,9 @@ std::uint64_t key(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64
 }
 
 // Uniform in (0, 1), 53-bit.
-double unit(std::uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53; }
+double unit(std::uint64_t bits) {
+  return (static_cast<double>(bits >> 11) + 0.5) * 0x1.0p-53;
+}
 
 float normal(std::uint64_t k) {
   const double u1 = unit(mix(k));
@@ -105,12 +108,16 @@ MlpShape MlpShape::parse(const std::string& text) {
                item);
     s.widths.push_back(static_cast<std::size_t>(v));
   }
-  ZERO_CHECK(s.widths.size() >= 2, "model '{}': needs at least an input and an output width, "
-             "e.g. mlp:64,256,10", text);
+  ZERO_CHECK(s.widths.size() >= 2,
+             "model '{}': needs at least an input and an output width, "
+             "e.g. mlp:64,256,10",
+             text);
   return s;
 }
 
-std::string MlpShape::to_string() const { return fmt::format("mlp:{}", fmt::join(widths, ",")); }
+std::string MlpShape::to_string() const {
+  return fmt::format("mlp:{}", fmt::join(widths, ","));
+}
 
 std::size_t MlpParam::numel() const {
   std::size_t n = 1;

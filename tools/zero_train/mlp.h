@@ -21,7 +21,7 @@ struct MlpShape {
 };
 
 struct MlpParam {
-  std::string name;                 // "layers.<k>.weight" [out, in] or "layers.<k>.bias" [out]
+  std::string name;  // "layers.<k>.weight" [out, in] or "layers.<k>.bias" [out]
   std::vector<std::size_t> shape;
   std::size_t numel() const;
 };
@@ -61,7 +61,8 @@ class TeacherStudentData {
 //   grads[i]:   receives d(loss × loss_scale)/d(param i); overwritten, not accumulated.
 // Returns the unscaled loss: mean over rows and outputs of (y - target)^2 / 2.
 double forward_backward(const MlpShape& shape, std::span<const std::span<const float>> weights,
-                        const Batch& batch, float loss_scale, std::span<const std::span<float>> grads);
+                        const Batch& batch, float loss_scale,
+                        std::span<const std::span<float>> grads);
 
 // Forward only; returns the same loss as forward_backward.
 double forward_loss(const MlpShape& shape, std::span<const std::span<const float>> weights,

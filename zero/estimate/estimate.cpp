@@ -30,7 +30,8 @@ void place(TierBytes& into, OffloadTier tier, double bytes) {
 
 TierBytes EstimateResult::total() const {
   TierBytes t;
-  for (const TierBytes* c : {&lp_params, &gradients, &fp32_master, &optimizer_states, &working_set}) {
+  for (const TierBytes* c :
+       {&lp_params, &gradients, &fp32_master, &optimizer_states, &working_set}) {
     t.device += c->device;
     t.host += c->host;
     t.nvme += c->nvme;

@@ -9,18 +9,18 @@ namespace zero {
 
 struct LossScalerParams {
   bool dynamic = false;
-  double static_scale = 1.0;           // used when !dynamic (bf16/fp32: 1)
-  double initial_scale = 65536.0;      // 2^initial_scale_power
-  std::int64_t scale_window = 1000;    // loss_scale_window
-  double min_scale = 1.0;              // min_loss_scale
-  std::int64_t hysteresis = 2;         // "delayed shift"
+  double static_scale = 1.0;         // used when !dynamic (bf16/fp32: 1)
+  double initial_scale = 65536.0;    // 2^initial_scale_power
+  std::int64_t scale_window = 1000;  // loss_scale_window
+  double min_scale = 1.0;            // min_loss_scale
+  std::int64_t hysteresis = 2;       // "delayed shift"
   bool consecutive_hysteresis = false;
 };
 
 // The scaler's whole state, saved in checkpoints.
 struct LossScalerState {
   double scale = 1.0;
-  std::int64_t iteration = 0;              // optimizer steps seen, skipped ones included
+  std::int64_t iteration = 0;  // optimizer steps seen, skipped ones included
   std::int64_t last_overflow_iteration = -1;
   std::int64_t hysteresis_left = 1;
 };

@@ -28,8 +28,8 @@ double warmup_gamma(WarmupType type, std::int64_t i, std::int64_t n) {
 ScheduledValues warmup_lr(const LrScheduleParams& p, const GroupBase& base, std::size_t group,
                           std::int64_t i) {
   const double min_lr = per_group(p.warmup_min_lr, group, "warmup_min_lr");
-  const double max_lr = p.warmup_max_lr.empty() ? base.lr
-                                                : per_group(p.warmup_max_lr, group, "warmup_max_lr");
+  const double max_lr =
+      p.warmup_max_lr.empty() ? base.lr : per_group(p.warmup_max_lr, group, "warmup_max_lr");
   const std::int64_t n = std::max<std::int64_t>(2, p.warmup_num_steps);
   ScheduledValues v{min_lr, base.betas};
   if (i < 0) return v;
@@ -44,8 +44,7 @@ ScheduledValues warmup_lr(const LrScheduleParams& p, const GroupBase& base, std:
   return v;
 }
 
-ScheduledValues warmup_cosine_lr(const LrScheduleParams& p, const GroupBase& base,
-                                 std::int64_t i) {
+ScheduledValues warmup_cosine_lr(const LrScheduleParams& p, const GroupBase& base, std::int64_t i) {
   ScheduledValues v{0.0, base.betas};
   if (i < 0) return v;
   const std::int64_t n = std::max<std::int64_t>(2, p.warmup_num_steps);
@@ -86,8 +85,9 @@ double one_cycle_scale(const LrScheduleParams& p, std::int64_t i) {
     // Quantised from the integer position in the cycle rather than from `scale`, whose rounding
     // at a half-cycle boundary could drop a whole stair.
     const double in_cycle = std::fmod(batch, total);
-    const double position = in_cycle <= first ? in_cycle * static_cast<double>(stairs) / first
-                                              : (total - in_cycle) * static_cast<double>(stairs) / second;
+    const double position = in_cycle <= first
+                                ? in_cycle * static_cast<double>(stairs) / first
+                                : (total - in_cycle) * static_cast<double>(stairs) / second;
     scale = std::floor(position) / static_cast<double>(stairs);
   }
   return scale;
@@ -157,7 +157,8 @@ ScheduledValues scheduled_values(const LrScheduleParams& p, const GroupBase& bas
       return warmup_cosine_lr(p, base, i);
     case LrScheduleKind::OneCycle:
       ZERO_CHECK(p.cycle_first_step_size > 0,
-                 "OneCycle: cycle_first_step_size must be positive, got {}", p.cycle_first_step_size);
+                 "OneCycle: cycle_first_step_size must be positive, got {}",
+                 p.cycle_first_step_size);
       ZERO_CHECK(p.cycle_second_step_size.value_or(1.0) > 0,
                  "OneCycle: cycle_second_step_size must be positive, got {}",
                  p.cycle_second_step_size.value_or(1.0));

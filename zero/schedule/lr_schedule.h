@@ -14,7 +14,14 @@
 
 namespace zero {
 
-enum class LrScheduleKind { Constant, WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest };
+enum class LrScheduleKind {
+  Constant,
+  WarmupLR,
+  WarmupDecayLR,
+  WarmupCosineLR,
+  OneCycle,
+  LRRangeTest
+};
 enum class WarmupType { Log, Linear };
 
 struct LrScheduleParams {

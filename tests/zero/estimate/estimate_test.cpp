@@ -1,7 +1,8 @@
+#include "zero/estimate/estimate.h"
+
 #include <catch2/catch.hpp>
 
 #include "zero/error.h"
-#include "zero/estimate/estimate.h"
 
 namespace {
 
@@ -41,7 +42,8 @@ TEST_CASE("estimate splits model states into the four categories with K = 12 for
   CHECK(r.total().nvme == 0);
 }
 
-TEST_CASE("estimate moves offloaded states off the device and honours offload_param only at stage 3") {
+TEST_CASE(
+    "estimate moves offloaded states off the device and honours offload_param only at stage 3") {
   zero::EstimateInput in;
   in.params = 1000;
   in.world_size = 2;
@@ -52,8 +54,8 @@ TEST_CASE("estimate moves offloaded states off the device and honours offload_pa
   CHECK(r.fp32_master.device == 0);
   CHECK(r.fp32_master.host == 2000);
   CHECK(r.optimizer_states.host == 4000);
-  CHECK(r.gradients.host == 2000);      // fp32 gradient partition the CPU optimizer reads
-  CHECK(r.lp_params.device == 2000);    // offload_param ignored below stage 3
+  CHECK(r.gradients.host == 2000);    // fp32 gradient partition the CPU optimizer reads
+  CHECK(r.lp_params.device == 2000);  // offload_param ignored below stage 3
   CHECK(r.lp_params.nvme == 0);
 
   in.stage = 3;
@@ -61,7 +63,7 @@ TEST_CASE("estimate moves offloaded states off the device and honours offload_pa
   r = zero::estimate_model_states(in);
   CHECK(r.lp_params.nvme == 1000);
   CHECK(r.lp_params.device == 0);
-  CHECK(r.working_set.device == 400);   // 100 fp16 elements gathered plus their gradient
+  CHECK(r.working_set.device == 400);  // 100 fp16 elements gathered plus their gradient
 }
 
 TEST_CASE("estimate uses 4-byte model copies in fp32 and the optimizer's own state size") {

@@ -1,11 +1,11 @@
-#include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
+#include "zero/schedule/loss_scaler.h"
 
+#include <catch2/catch.hpp>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "zero/error.h"
-#include "zero/schedule/loss_scaler.h"
 
 TEST_CASE("the dynamic loss scaler reproduces DeepSpeed 0.19.6's scale sequences") {
   std::ifstream in(std::string(ZERO_TEST_GOLDEN_DIR) + "/deepspeed/loss_scale.json");

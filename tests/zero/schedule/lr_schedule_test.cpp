@@ -1,12 +1,12 @@
-#include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
+#include "zero/schedule/lr_schedule.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "zero/error.h"
-#include "zero/schedule/lr_schedule.h"
 
 namespace {
 
@@ -30,10 +30,11 @@ zero::LrScheduleParams params_from(const nlohmann::json& scheduler) {
   };
   auto warmup_type = [&] {
     return q.value("warmup_type", std::string("log")) == "linear" ? zero::WarmupType::Linear
-                                                                   : zero::WarmupType::Log;
+                                                                  : zero::WarmupType::Log;
   };
   if (type == "WarmupLR" || type == "WarmupDecayLR") {
-    p.kind = type == "WarmupLR" ? zero::LrScheduleKind::WarmupLR : zero::LrScheduleKind::WarmupDecayLR;
+    p.kind =
+        type == "WarmupLR" ? zero::LrScheduleKind::WarmupLR : zero::LrScheduleKind::WarmupDecayLR;
     p.warmup_min_lr = {num("warmup_min_lr", 0.0)};
     if (q.contains("warmup_max_lr")) p.warmup_max_lr = {q.at("warmup_max_lr").get<double>()};
     p.warmup_num_steps = static_cast<std::int64_t>(num("warmup_num_steps", 1000));
@@ -125,7 +126,8 @@ TEST_CASE("WarmupCosineLR stays at cos_min_ratio past total_num_steps") {
   CHECK(zero::scheduled_values(p, base, 0, 4).lr > 0.5);
 }
 
-TEST_CASE("OneCycle staircase holds the rate flat across each stair and leaves SGD momentum alone") {
+TEST_CASE(
+    "OneCycle staircase holds the rate flat across each stair and leaves SGD momentum alone") {
   zero::LrScheduleParams p;
   p.kind = zero::LrScheduleKind::OneCycle;
   p.cycle_min_lr = 0.0;

@@ -1,0 +1,14 @@
+// zero-bench subcommands. Each lives in its own file and is listed in main.cpp's table.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+namespace zero::bench {
+
+// args excludes the program and subcommand names. Returns the process exit status; errors may
+// also be thrown as zero::Error (main prints them and exits 1).
+int run_kernels(std::span<const std::string_view> args);
+int run_replay(std::span<const std::string_view> args);
+
+}  // namespace zero::bench

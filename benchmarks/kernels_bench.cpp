@@ -1,0 +1,292 @@
+// zero-bench kernels: every optimizer × gradient dtype × state dtype × fused bf16 param write,
+// each next to its roofline measured in the same run: kernels::traffic_probe_cpu moves the same
+// bytes in the same pattern (same arrays, tiles, threads) with no optimizer arithmetic.
+// The result is validated against the scalar path before timing.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/commands.h"
+#include "kernels/cpu_kernels.h"
+#include "kernels/cpu_parallel.h"
+#include "kernels/isa.h"
+#include "kernels/optimizer.h"
+#include "kernels/traffic_probe.h"
+#include "zero/error.h"
+
+namespace zero::bench {
+
+namespace {
+
+using zero::DType;
+using kernels::OptimizerHyper;
+using kernels::OptimizerKind;
+using kernels::OptimizerTensors;
+
+struct KernelsArgs {
+  bool json = false;
+  std::size_t params = std::size_t{1} << 26;
+  int threads = 0;
+  kernels::Isa isa = kernels::Isa::Auto;
+  int repetitions = 7;
+};
+
+KernelsArgs parse_args(std::span<const std::string_view> args) {
+  KernelsArgs r;
+  auto number = [&](std::size_t& i, std::string_view flag) {
+    ZERO_CHECK(i + 1 < args.size(), "{} needs a value", flag);
+    const std::string text(args[++i]);
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    ZERO_CHECK(end != text.c_str() && *end == '\0' && v >= 0, "{} {}: expected a non-negative integer", flag, text);
+    return v;
+  };
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    if (a == "--json") {
+      r.json = true;
+    } else if (a == "--params") {
+      r.params = static_cast<std::size_t>(number(i, a));
+      ZERO_CHECK(r.params >= 1, "--params must be >= 1");
+    } else if (a == "--threads") {
+      r.threads = static_cast<int>(number(i, a));
+    } else if (a == "--reps") {
+      r.repetitions = std::max(1, static_cast<int>(number(i, a)));
+    } else if (a == "--isa" && i + 1 < args.size()) {
+      const auto isa = kernels::parse_isa(args[++i]);
+      ZERO_CHECK(isa.has_value(), "--isa {}: expected auto, scalar, avx2 or avx512", args[i]);
+      r.isa = *isa;
+    } else {
+      ZERO_CHECK(false, "unexpected argument '{}'; usage: zero-bench kernels [--json] [--params N] "
+                        "[--threads T] [--isa I] [--reps R]", a);
+    }
+  }
+  return r;
+}
+
+// Huge-page backed when the kernel allows it: fewer TLB misses on a 1.5 GiB working set.
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<void, FreeDeleter>;
+
+Buffer allocate(std::size_t bytes) {
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  const std::size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = std::aligned_alloc(kHugePage, rounded);
+  ZERO_CHECK_AS(OutOfMemory, p != nullptr, "kernels bench: cannot allocate {} bytes", rounded);
+  madvise(p, rounded, MADV_HUGEPAGE);
+  return Buffer(p);
+}
+
+// A deterministic value in [lo, hi) per index, so buffers can be filled in parallel.
+float hashed(std::uint64_t i, std::uint64_t seed, float lo, float hi) {
+  std::uint64_t z = i * 0x9e3779b97f4a7c15ull + seed;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return lo + (hi - lo) * static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+std::uint16_t bf16_bits(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+struct Arrays {
+  Buffer master, grad_f32, grad_bf16, state0_f32, state1_f32, state0_bf16, state1_bf16, out_bf16;
+};
+
+// First touch from the same threads and tiles the kernels use, so pages sit where they run.
+Arrays make_arrays(std::size_t n, int threads) {
+  Arrays a{allocate(4 * n), allocate(4 * n), allocate(2 * n), allocate(4 * n),
+           allocate(4 * n), allocate(2 * n), allocate(2 * n), allocate(2 * n)};
+  auto* master = static_cast<float*>(a.master.get());
+  auto* g32 = static_cast<float*>(a.grad_f32.get());
+  auto* g16 = static_cast<std::uint16_t*>(a.grad_bf16.get());
+  auto* m32 = static_cast<float*>(a.state0_f32.get());
+  auto* v32 = static_cast<float*>(a.state1_f32.get());
+  auto* m16 = static_cast<std::uint16_t*>(a.state0_bf16.get());
+  auto* v16 = static_cast<std::uint16_t*>(a.state1_bf16.get());
+  auto* out = static_cast<std::uint16_t*>(a.out_bf16.get());
+  kernels::detail::for_each_tile(n, kernels::detail::kTileElems, threads, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      master[i] = hashed(i, 1, -1.0f, 1.0f);
+      // Positive gradients keep the probe's v += g from making Adam's second moment negative.
+      g32[i] = hashed(i, 2, 1e-3f, 1e-2f);
+      g16[i] = bf16_bits(g32[i]);
+      m32[i] = hashed(i, 3, -1e-3f, 1e-3f);
+      v32[i] = hashed(i, 4, 1e-6f, 1e-4f);
+      m16[i] = bf16_bits(m32[i]);
+      v16[i] = bf16_bits(v32[i]);
+      out[i] = 0;
+    }
+  });
+  return a;
+}
+
+struct Case {
+  OptimizerHyper hyper;
+  DType grad_dtype;
+  DType state_dtype;
+  bool param_out;
+};
+
+OptimizerTensors tensors_for(const Case& c, const Arrays& a, std::size_t n) {
+  OptimizerTensors t;
+  t.master = static_cast<float*>(a.master.get());
+  const bool bf16_grad = c.grad_dtype == DType::BF16;
+  t.grad = bf16_grad ? a.grad_bf16.get() : a.grad_f32.get();
+  t.grad_dtype = c.grad_dtype;
+  const bool bf16_state = c.state_dtype == DType::BF16;
+  t.state0 = bf16_state ? a.state0_bf16.get() : a.state0_f32.get();
+  t.state1 = bf16_state ? a.state1_bf16.get() : a.state1_f32.get();
+  t.state_dtype = c.state_dtype;
+  t.param_out = c.param_out ? a.out_bf16.get() : nullptr;
+  t.param_out_dtype = DType::BF16;
+  t.numel = n;
+  return t;
+}
+
+// Copies `count` elements from `first` of every array the case uses into a private OptimizerTensors.
+struct Sample {
+  std::vector<float> master;
+  std::vector<std::byte> grad, state0, state1, out;
+  OptimizerTensors view;
+
+  Sample(const OptimizerTensors& t, std::size_t first, std::size_t count) {
+    auto copy = [&](const void* base, std::size_t elem_bytes, std::vector<std::byte>& into) {
+      into.resize(count * elem_bytes);
+      if (base != nullptr) {
+        std::memcpy(into.data(), static_cast<const std::byte*>(base) + first * elem_bytes, into.size());
+      }
+    };
+    master.assign(t.master + first, t.master + first + count);
+    copy(t.grad, dtype_size(t.grad_dtype), grad);
+    copy(t.state0, dtype_size(t.state_dtype), state0);
+    copy(t.state1, dtype_size(t.state_dtype), state1);
+    copy(t.param_out, dtype_size(t.param_out_dtype), out);
+    view = t;
+    view.master = master.data();
+    view.grad = grad.data();
+    view.state0 = state0.data();
+    view.state1 = state1.data();
+    view.param_out = t.param_out != nullptr ? out.data() : nullptr;
+    view.numel = count;
+  }
+};
+
+bool same_bytes(const void* a, const void* b, std::size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
+
+// One step on the full arrays with the benchmarked ISA and threads must equal, bit for bit, the
+// scalar single-thread path run on copies of three windows (start, middle, end).
+void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& exec, std::int64_t step) {
+  const std::size_t window = std::min<std::size_t>(t.numel, 4099);
+  const std::size_t starts[] = {0, (t.numel - window) / 2, t.numel - window};
+  std::vector<Sample> samples;
+  for (std::size_t s : starts) samples.emplace_back(t, s, window);
+  const kernels::StepScalars scalars{1e-3, step, 0.5};
+  kernels::optimizer_step_cpu(c.hyper, scalars, t, exec);
+  const int states = kernels::optimizer_state_count(c.hyper);
+  for (std::size_t k = 0; k < samples.size(); ++k) {
+    Sample& s = samples[k];
+    kernels::optimizer_step_cpu(c.hyper, scalars, s.view, {1, kernels::Isa::Scalar});
+    const std::size_t first = starts[k];
+    const std::size_t sb = dtype_size(t.state_dtype);
+    bool ok = same_bytes(s.master.data(), t.master + first, window * 4);
+    if (states > 0) ok = ok && same_bytes(s.state0.data(), static_cast<std::byte*>(t.state0) + first * sb, window * sb);
+    if (states > 1) ok = ok && same_bytes(s.state1.data(), static_cast<std::byte*>(t.state1) + first * sb, window * sb);
+    if (t.param_out != nullptr) {
+      ok = ok && same_bytes(s.out.data(), static_cast<std::byte*>(t.param_out) + first * 2, window * 2);
+    }
+    ZERO_CHECK(ok, "kernels bench: {} differs from the scalar path near element {}",
+               kernels::optimizer_name(c.hyper.kind), first);
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int run_kernels(std::span<const std::string_view> argv) {
+  const KernelsArgs args = parse_args(argv);
+  const kernels::Isa isa = kernels::resolve_isa(args.isa);
+  const int threads = kernels::resolve_threads(args.threads);
+  const kernels::CpuExec exec{threads, isa};
+  const std::size_t n = args.params;
+  const Arrays arrays = make_arrays(n, threads);
+
+  std::vector<OptimizerHyper> optimizers;
+  for (auto kind : {OptimizerKind::AdamW, OptimizerKind::Adam, OptimizerKind::Adagrad,
+                    OptimizerKind::Lion, OptimizerKind::Sgd}) {
+    OptimizerHyper h;
+    h.kind = kind;
+    h.weight_decay = 0.01;
+    if (kind == OptimizerKind::Sgd) h.momentum = 0.9;
+    optimizers.push_back(h);
+  }
+  if (!args.json) {
+    std::printf("zero-bench kernels: %zu params, %d threads, isa %s, best of %d\n", n, threads,
+                std::string(kernels::isa_name(isa)).c_str(), args.repetitions);
+    std::printf("%-8s %-5s %-5s %-5s %6s %12s %9s %12s %6s\n", "optim", "grad", "state", "out",
+                "B/par", "Mparams/s", "GB/s", "probe GB/s", "ratio");
+  }
+  std::int64_t step = 1;
+  for (const auto& hyper : optimizers) {
+    for (DType grad : {DType::F32, DType::BF16}) {
+      for (DType state : {DType::F32, DType::BF16}) {
+        for (bool param_out : {false, true}) {
+          const Case c{hyper, grad, state, param_out};
+          const OptimizerTensors t = tensors_for(c, arrays, n);
+          const int state_count = kernels::optimizer_state_count(hyper);
+          validate(c, t, exec, step++);
+          double best_kernel = 1e30, best_probe = 1e30;
+          for (int r = 0; r < args.repetitions; ++r) {
+            auto t0 = std::chrono::steady_clock::now();
+            kernels::optimizer_step_cpu(hyper, {1e-3, step++, 1.0}, t, exec);
+            best_kernel = std::min(best_kernel, seconds_since(t0));
+            t0 = std::chrono::steady_clock::now();
+            kernels::traffic_probe_cpu(t, state_count, exec);
+            best_probe = std::min(best_probe, seconds_since(t0));
+          }
+          const std::size_t bytes = kernels::optimizer_bytes_per_elem(t, state_count);
+          const double params_per_s = static_cast<double>(n) / best_kernel;
+          const double gb_per_s = params_per_s * static_cast<double>(bytes) / 1e9;
+          const double limit_gb_per_s = static_cast<double>(n) * static_cast<double>(bytes) / best_probe / 1e9;
+          const double ratio = gb_per_s / limit_gb_per_s;
+          const std::string name(kernels::optimizer_name(hyper.kind));
+          const std::string grad_name(dtype_name(grad)), state_name(dtype_name(state));
+          const char* out_name = param_out ? "bf16" : "none";
+          if (args.json) {
+            std::printf("{\"bench\":\"kernels\",\"optimizer\":\"%s\",\"grad_dtype\":\"%s\",\"state_dtype\":\"%s\","
+                        "\"param_out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"params\":%zu,"
+                        "\"params_per_s\":%.6g,\"bytes_per_param\":%zu,\"gb_per_s\":%.4g,"
+                        "\"limit\":\"traffic-probe\",\"limit_gb_per_s\":%.4g,\"ratio\":%.3f}\n",
+                        name.c_str(), grad_name.c_str(), state_name.c_str(), out_name,
+                        std::string(kernels::isa_name(isa)).c_str(), threads, n, params_per_s, bytes,
+                        gb_per_s, limit_gb_per_s, ratio);
+          } else {
+            std::printf("%-8s %-5s %-5s %-5s %6zu %12.0f %9.1f %12.1f %6.3f\n", name.c_str(),
+                        grad_name.c_str(), state_name.c_str(), out_name, bytes, params_per_s / 1e6,
+                        gb_per_s, limit_gb_per_s, ratio);
+          }
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace zero::bench

@@ -1,0 +1,58 @@
+// zero-bench: benchmarks and replay tools, one subcommand per file.
+#include <cstdio>
+#include <exception>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "benchmarks/commands.h"
+
+namespace {
+
+struct Subcommand {
+  std::string_view name;
+  std::string_view summary;
+  int (*run)(std::span<const std::string_view> args);
+};
+
+constexpr Subcommand kSubcommands[] = {
+    {"kernels", "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] [--isa I]",
+     zero::bench::run_kernels},
+    {"replay", "replay an optimizer golden file  GOLDEN.safetensors --out OUT.safetensors [--isa I]",
+     zero::bench::run_replay},
+};
+
+void usage(std::FILE* to) {
+  std::fprintf(to, "usage: zero-bench <subcommand> [options]\n\nsubcommands:\n");
+  for (const auto& s : kSubcommands) {
+    std::fprintf(to, "  %-10.*s %.*s\n", static_cast<int>(s.name.size()), s.name.data(),
+                 static_cast<int>(s.summary.size()), s.summary.data());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const std::string_view name = argv[1];
+  if (name == "-h" || name == "--help" || name == "help") {
+    usage(stdout);
+    return 0;
+  }
+  const std::vector<std::string_view> args(argv + 2, argv + argc);
+  for (const auto& s : kSubcommands) {
+    if (s.name != name) continue;
+    try {
+      return s.run(args);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zero-bench %s: %s\n", argv[1], e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "zero-bench: unknown subcommand '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,80 @@
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cast.h"
+#include "kernels/cpu_kernels.h"
+#include "kernels/cpu_parallel.h"
+#include "kernels/norm.h"
+#include "kernels/unscale.h"
+#include "zero/error.h"
+
+namespace zero::kernels {
+
+namespace {
+
+bool is_float_dtype(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+}
+
+void check_array(const char* what, const char* name, const void* pointer, DType dtype,
+                 std::size_t numel) {
+  ZERO_CHECK(is_float_dtype(dtype), "{}: {} dtype must be fp32, bf16 or fp16, got {}", what, name,
+             dtype_name(dtype));
+  if (numel == 0) return;
+  ZERO_CHECK(pointer != nullptr, "{}: {} is null", what, name);
+  ZERO_CHECK(reinterpret_cast<std::uintptr_t>(pointer) % dtype_size(dtype) == 0,
+             "{}: {} at {} is not aligned to its {} elements", what, name, pointer,
+             dtype_name(dtype));
+}
+
+}  // namespace
+
+bool unscale_and_check_cpu(void* data, DType dtype, std::size_t numel, float scale,
+                           const CpuExec& exec) {
+  check_array("unscale", "data", data, dtype, numel);
+  ZERO_CHECK(std::isfinite(scale), "unscale: scale must be finite, got {}", scale);
+  const int threads = resolve_threads(exec.threads);
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  std::atomic<bool> nonfinite{false};
+  detail::for_each_tile(numel, detail::kTileElems, threads, [&](std::size_t begin, std::size_t end) {
+    if (kernels.unscale(data, dtype, scale, begin, end)) nonfinite.store(true, std::memory_order_relaxed);
+  });
+  return nonfinite.load();
+}
+
+double squared_l2_norm_cpu(const void* data, DType dtype, std::size_t numel, const CpuExec& exec) {
+  check_array("squared_l2_norm", "data", data, dtype, numel);
+  const int threads = resolve_threads(exec.threads);
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  const std::size_t blocks = (numel + detail::kNormBlockElems - 1) / detail::kNormBlockElems;
+  std::vector<double> block_sums(blocks);
+  detail::for_each_tile(numel, detail::kNormBlockElems, threads, [&](std::size_t begin, std::size_t end) {
+    block_sums[begin / detail::kNormBlockElems] = kernels.squared_norm_block(data, dtype, begin, end);
+  });
+  double sum = 0.0;
+  for (double s : block_sums) sum += s;
+  return sum;
+}
+
+void cast_cpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t numel,
+              const CpuExec& exec) {
+  check_array("cast", "src", src, src_dtype, numel);
+  check_array("cast", "dst", dst, dst_dtype, numel);
+  ZERO_CHECK(src_dtype == DType::F32 || dst_dtype == DType::F32,
+             "cast: one side must be fp32, got {} -> {}", dtype_name(src_dtype), dtype_name(dst_dtype));
+  if (numel > 0) {
+    const auto s = reinterpret_cast<std::uintptr_t>(src);
+    const auto d = reinterpret_cast<std::uintptr_t>(dst);
+    ZERO_CHECK(s + numel * dtype_size(src_dtype) <= d || d + numel * dtype_size(dst_dtype) <= s,
+               "cast: src and dst overlap");
+  }
+  const int threads = resolve_threads(exec.threads);
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  detail::for_each_tile(numel, detail::kTileElems, threads, [&](std::size_t begin, std::size_t end) {
+    kernels.cast(src, src_dtype, dst, dst_dtype, begin, end);
+  });
+}
+
+}  // namespace zero::kernels

@@ -1,0 +1,261 @@
+// Internal: the range functions of one CPU ISA, generic over an Ops type from cpu_simd.h.
+// A translation unit includes this with its -m flags and ZERO_KERNELS_ABI set, and instantiates
+// make_cpu_kernels<Ops>(). Vector bodies cover whole vectors; the remainder goes through
+// ScalarOps with the same element function, so every ISA gives the same bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+
+#include "kernels/cpu_kernels.h"
+#include "kernels/cpu_simd.h"
+#include "kernels/optimizer_math.h"
+
+namespace zero::kernels::math {
+inline namespace ZERO_KERNELS_ABI {
+
+template <DType kDType>
+using DTypeTag = std::integral_constant<DType, kDType>;
+
+// Validated by the drivers before any range function runs.
+[[noreturn]] inline void unsupported_combination() { std::abort(); }
+
+template <class Fn>
+void with_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::F32: fn(DTypeTag<DType::F32>{}); return;
+    case DType::BF16: fn(DTypeTag<DType::BF16>{}); return;
+    case DType::F16: fn(DTypeTag<DType::F16>{}); return;
+    case DType::F64: break;
+  }
+  unsupported_combination();
+}
+
+template <class Ops, DType kDType>
+typename Ops::V load_as_float(const void* base, std::size_t i) {
+  if constexpr (kDType == DType::F32) {
+    return Ops::load_f32(static_cast<const float*>(base) + i);
+  } else if constexpr (kDType == DType::BF16) {
+    return Ops::load_bf16(static_cast<const std::uint16_t*>(base) + i);
+  } else {
+    return Ops::load_f16(static_cast<const std::uint16_t*>(base) + i);
+  }
+}
+
+template <class Ops, DType kDType>
+void store_from_float(void* base, std::size_t i, typename Ops::V x) {
+  if constexpr (kDType == DType::F32) {
+    Ops::store_f32(static_cast<float*>(base) + i, x);
+  } else if constexpr (kDType == DType::BF16) {
+    Ops::store_bf16(static_cast<std::uint16_t*>(base) + i, x);
+  } else {
+    Ops::store_f16(static_cast<std::uint16_t*>(base) + i, x);
+  }
+}
+
+// kOut is F64 when there is no low-precision param copy to write.
+template <OptimizerKind kKind, int kStates, DType kGrad, DType kState, DType kOut>
+struct StepElement {
+  template <class Ops>
+  static void run(const StepCoeffs& c, const OptimizerTensors& t, std::size_t i) {
+    using V = typename Ops::V;
+    V p = Ops::load_f32(t.master + i);
+    const V g = load_as_float<Ops, kGrad>(t.grad, i);
+    V s0 = kStates > 0 ? load_as_float<Ops, kState>(t.state0, i) : V(0.0f);
+    V s1 = kStates > 1 ? load_as_float<Ops, kState>(t.state1, i) : V(0.0f);
+    optimizer_update<kKind>(c, p, g, s0, s1);
+    Ops::store_f32(t.master + i, p);
+    if constexpr (kStates > 0) store_from_float<Ops, kState>(t.state0, i, s0);
+    if constexpr (kStates > 1) store_from_float<Ops, kState>(t.state1, i, s1);
+    if constexpr (kOut != DType::F64) store_from_float<Ops, kOut>(t.param_out, i, p);
+  }
+};
+
+template <class Ops, class Element>
+void optimizer_loop(const StepCoeffs& coeffs, const OptimizerTensors& t, std::size_t begin,
+                    std::size_t end) {
+  // A local copy: stores through the float arrays cannot alias it, so the compiler keeps the
+  // broadcast coefficients in registers.
+  const StepCoeffs c = coeffs;
+  std::size_t i = begin;
+  for (; i + Ops::kWidth <= end; i += Ops::kWidth) Element::template run<Ops>(c, t, i);
+  for (; i < end; ++i) Element::template run<ScalarOps>(c, t, i);
+}
+
+template <class Ops, OptimizerKind kKind, int kStates>
+void optimizer_dispatch_dtypes(const StepCoeffs& c, const OptimizerTensors& t, std::size_t begin,
+                               std::size_t end) {
+  with_dtype(t.grad_dtype, [&](auto grad) {
+    with_dtype(t.state_dtype, [&](auto state) {
+      auto run = [&](auto out) {
+        using Element = StepElement<kKind, kStates, decltype(grad)::value, decltype(state)::value,
+                                    decltype(out)::value>;
+        optimizer_loop<Ops, Element>(c, t, begin, end);
+      };
+      if (t.param_out == nullptr) {
+        run(DTypeTag<DType::F64>{});
+      } else if (t.param_out_dtype == DType::BF16) {
+        run(DTypeTag<DType::BF16>{});
+      } else if (t.param_out_dtype == DType::F16) {
+        run(DTypeTag<DType::F16>{});
+      } else {
+        unsupported_combination();
+      }
+    });
+  });
+}
+
+template <class Ops>
+void optimizer_range(const StepCoeffs& c, const OptimizerTensors& t, std::size_t begin,
+                     std::size_t end) {
+  switch (c.kind) {
+    case OptimizerKind::Adam:
+    case OptimizerKind::AdamW:
+      return optimizer_dispatch_dtypes<Ops, OptimizerKind::AdamW, 2>(c, t, begin, end);
+    case OptimizerKind::Adagrad:
+      return optimizer_dispatch_dtypes<Ops, OptimizerKind::Adagrad, 1>(c, t, begin, end);
+    case OptimizerKind::Lion:
+      return optimizer_dispatch_dtypes<Ops, OptimizerKind::Lion, 1>(c, t, begin, end);
+    case OptimizerKind::Sgd:
+      if (c.sgd.use_momentum) return optimizer_dispatch_dtypes<Ops, OptimizerKind::Sgd, 1>(c, t, begin, end);
+      return optimizer_dispatch_dtypes<Ops, OptimizerKind::Sgd, 0>(c, t, begin, end);
+  }
+  unsupported_combination();
+}
+
+// The roofline probe: each array the optimizer reads is read and each it writes is written, in
+// the same order and widths, with one add in place of the update and a truncating bf16 store.
+template <int kStates, DType kGrad, DType kState, DType kOut>
+struct ProbeElement {
+  template <class Ops>
+  static void run(const OptimizerTensors& t, std::size_t i) {
+    using V = typename Ops::V;
+    const V g = load_as_float<Ops, kGrad>(t.grad, i);
+    const V p = Ops::load_f32(t.master + i) + g;
+    Ops::store_f32(t.master + i, p);
+    if constexpr (kStates > 0) {
+      store_state<Ops>(t.state0, i, load_as_float<Ops, kState>(t.state0, i) + g);
+    }
+    if constexpr (kStates > 1) {
+      store_state<Ops>(t.state1, i, load_as_float<Ops, kState>(t.state1, i) + g);
+    }
+    if constexpr (kOut == DType::BF16) {
+      Ops::store_bf16_truncated(static_cast<std::uint16_t*>(t.param_out) + i, p);
+    } else if constexpr (kOut == DType::F16) {
+      Ops::store_f16(static_cast<std::uint16_t*>(t.param_out) + i, p);
+    }
+  }
+  template <class Ops>
+  static void store_state(void* base, std::size_t i, typename Ops::V x) {
+    if constexpr (kState == DType::F32) {
+      Ops::store_f32(static_cast<float*>(base) + i, x);
+    } else if constexpr (kState == DType::BF16) {
+      Ops::store_bf16_truncated(static_cast<std::uint16_t*>(base) + i, x);
+    } else {
+      Ops::store_f16(static_cast<std::uint16_t*>(base) + i, x);
+    }
+  }
+};
+
+template <class Ops, int kStates>
+void probe_dispatch(const OptimizerTensors& t, std::size_t begin, std::size_t end) {
+  with_dtype(t.grad_dtype, [&](auto grad) {
+    with_dtype(t.state_dtype, [&](auto state) {
+      auto run = [&](auto out) {
+        using Element = ProbeElement<kStates, decltype(grad)::value, decltype(state)::value,
+                                     decltype(out)::value>;
+        std::size_t i = begin;
+        for (; i + Ops::kWidth <= end; i += Ops::kWidth) Element::template run<Ops>(t, i);
+        for (; i < end; ++i) Element::template run<ScalarOps>(t, i);
+      };
+      if (t.param_out == nullptr) {
+        run(DTypeTag<DType::F64>{});
+      } else if (t.param_out_dtype == DType::BF16) {
+        run(DTypeTag<DType::BF16>{});
+      } else {
+        run(DTypeTag<DType::F16>{});
+      }
+    });
+  });
+}
+
+template <class Ops>
+void probe_range(const OptimizerTensors& t, int state_count, std::size_t begin, std::size_t end) {
+  switch (state_count) {
+    case 0: return probe_dispatch<Ops, 0>(t, begin, end);
+    case 1: return probe_dispatch<Ops, 1>(t, begin, end);
+    case 2: return probe_dispatch<Ops, 2>(t, begin, end);
+    default: unsupported_combination();
+  }
+}
+
+template <class Ops>
+bool unscale_range(void* data, DType dtype, float scale, std::size_t begin, std::size_t end) {
+  bool nonfinite = false;
+  with_dtype(dtype, [&](auto tag) {
+    constexpr DType kDType = decltype(tag)::value;
+    using V = typename Ops::V;
+    const V s(scale);
+    std::size_t i = begin;
+    for (; i + Ops::kWidth <= end; i += Ops::kWidth) {
+      const V x = load_as_float<Ops, kDType>(data, i) * s;
+      nonfinite |= Ops::any_nonfinite(x);
+      store_from_float<Ops, kDType>(data, i, x);
+    }
+    for (; i < end; ++i) {
+      const float x = load_as_float<ScalarOps, kDType>(data, i) * scale;
+      nonfinite |= ScalarOps::any_nonfinite(x);
+      store_from_float<ScalarOps, kDType>(data, i, x);
+    }
+  });
+  return nonfinite;
+}
+
+template <class Ops>
+double squared_norm_block_range(const void* data, DType dtype, std::size_t begin, std::size_t end) {
+  double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  with_dtype(dtype, [&](auto tag) {
+    constexpr DType kDType = decltype(tag)::value;
+    std::size_t i = begin;
+    if constexpr (Ops::kWidth > 1) {
+      typename Ops::SquareAcc acc;
+      for (; i + Ops::kWidth <= end; i += Ops::kWidth) {
+        Ops::accumulate_squares(load_as_float<Ops, kDType>(data, i), acc);
+      }
+      Ops::spill(acc, lanes);
+    }
+    for (; i < end; ++i) {
+      ScalarOps::accumulate_squares(load_as_float<ScalarOps, kDType>(data, i), lanes, (i - begin) % 8);
+    }
+  });
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+template <class Ops>
+void cast_range(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t begin,
+                std::size_t end) {
+  with_dtype(src_dtype, [&](auto from) {
+    with_dtype(dst_dtype, [&](auto to) {
+      constexpr DType kFrom = decltype(from)::value;
+      constexpr DType kTo = decltype(to)::value;
+      std::size_t i = begin;
+      for (; i + Ops::kWidth <= end; i += Ops::kWidth) {
+        store_from_float<Ops, kTo>(dst, i, load_as_float<Ops, kFrom>(src, i));
+      }
+      for (; i < end; ++i) {
+        store_from_float<ScalarOps, kTo>(dst, i, load_as_float<ScalarOps, kFrom>(src, i));
+      }
+    });
+  });
+}
+
+template <class Ops>
+constexpr detail::CpuKernels make_cpu_kernels() {
+  return detail::CpuKernels{&optimizer_range<Ops>, &probe_range<Ops>, &unscale_range<Ops>,
+                            &squared_norm_block_range<Ops>, &cast_range<Ops>};
+}
+
+}  // namespace ZERO_KERNELS_ABI
+}  // namespace zero::kernels::math

@@ -1,0 +1,41 @@
+// Internal: the table of range functions one CPU ISA translation unit provides. The drivers
+// (optimizer_cpu.cpp, companions_cpu.cpp) validate arguments, split the work into tiles and call
+// these on [begin, end) element ranges; the range functions assume valid arguments.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/isa.h"
+#include "kernels/optimizer.h"
+#include "zero/dtype.h"
+
+namespace zero::kernels::detail {
+
+// Norm blocks have a fixed size so the sum does not depend on the thread count.
+inline constexpr std::size_t kNormBlockElems = 4096;
+// Optimizer tiles: a tile's arrays (≤ 30 B/element) stay well inside a core's L2.
+inline constexpr std::size_t kTileElems = 16384;
+
+struct CpuKernels {
+  void (*optimizer)(const math::StepCoeffs& coeffs, const OptimizerTensors& t, std::size_t begin,
+                    std::size_t end);
+  // Same loads and stores as `optimizer` for `state_count` states, no optimizer arithmetic.
+  void (*traffic_probe)(const OptimizerTensors& t, int state_count, std::size_t begin,
+                        std::size_t end);
+  // data[i] *= scale in place; true when any result is ±inf or NaN.
+  bool (*unscale)(void* data, DType dtype, float scale, std::size_t begin, std::size_t end);
+  // Sum of squares of one norm block [begin, end), begin a multiple of kNormBlockElems, in double
+  // with eight lanes (element k of the block goes to lane k % 8) added in a fixed tree.
+  double (*squared_norm_block)(const void* data, DType dtype, std::size_t begin, std::size_t end);
+  void (*cast)(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t begin,
+               std::size_t end);
+};
+
+const CpuKernels& cpu_kernels_scalar();
+const CpuKernels& cpu_kernels_avx2();
+const CpuKernels& cpu_kernels_avx512();
+
+// The table for an ISA already resolved by resolve_isa().
+const CpuKernels& cpu_kernels(Isa resolved);
+
+}  // namespace zero::kernels::detail

@@ -1,0 +1,57 @@
+#include "kernels/cpu_kernels.h"
+#include "kernels/cpu_parallel.h"
+#include "kernels/optimizer.h"
+#include "kernels/traffic_probe.h"
+#include "zero/error.h"
+
+namespace zero::kernels {
+
+namespace detail {
+
+const CpuKernels& cpu_kernels(Isa resolved) {
+  switch (resolved) {
+    case Isa::Avx512: return cpu_kernels_avx512();
+    case Isa::Avx2: return cpu_kernels_avx2();
+    case Isa::Scalar:
+    case Isa::Auto: break;
+  }
+  return cpu_kernels_scalar();
+}
+
+}  // namespace detail
+
+void optimizer_step_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
+                        const OptimizerTensors& tensors, const CpuExec& exec) {
+  const math::StepCoeffs coeffs = make_step_coeffs(hyper, scalars);
+  validate_tensors(hyper, tensors);
+  const int threads = resolve_threads(exec.threads);
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  detail::for_each_tile(tensors.numel, detail::kTileElems, threads,
+                        [&](std::size_t begin, std::size_t end) {
+                          kernels.optimizer(coeffs, tensors, begin, end);
+                        });
+}
+
+void traffic_probe_cpu(const OptimizerTensors& tensors, int state_count, const CpuExec& exec) {
+  ZERO_CHECK(state_count >= 0 && state_count <= 2, "traffic probe: state_count must be 0, 1 or 2, got {}",
+             state_count);
+  OptimizerHyper shape;
+  shape.kind = state_count == 2 ? OptimizerKind::AdamW : OptimizerKind::Sgd;
+  shape.momentum = state_count == 1 ? 0.9 : 0.0;
+  validate_tensors(shape, tensors);
+  const int threads = resolve_threads(exec.threads);
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  detail::for_each_tile(tensors.numel, detail::kTileElems, threads,
+                        [&](std::size_t begin, std::size_t end) {
+                          kernels.traffic_probe(tensors, state_count, begin, end);
+                        });
+}
+
+std::size_t optimizer_bytes_per_elem(const OptimizerTensors& tensors, int state_count) {
+  std::size_t bytes = 2 * sizeof(float) + dtype_size(tensors.grad_dtype);
+  bytes += 2 * static_cast<std::size_t>(state_count) * dtype_size(tensors.state_dtype);
+  if (tensors.param_out != nullptr) bytes += dtype_size(tensors.param_out_dtype);
+  return bytes;
+}
+
+}  // namespace zero::kernels

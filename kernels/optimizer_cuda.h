@@ -1,0 +1,24 @@
+// Optimizer step on the GPU: multi-tensor apply over a list of partitions, one fused kernel per
+// launch, the same element functions as the CPU driver (so results agree bitwise with
+// optimizer_step_cpu: nvcc builds with --fmad=false and IEEE sqrt/division).
+#pragma once
+
+#include <span>
+
+#include "kernels/optimizer.h"
+
+namespace zero::kernels {
+
+struct CudaExec {
+  void* stream = nullptr;  // cudaStream_t; null = the legacy default stream
+};
+
+// Enqueues the step for every tensor on exec.stream and returns; the arrays may be read once the
+// stream reaches this point. All tensors share grad_dtype, state_dtype, and either all or none
+// have a param_out of the same dtype. REQUIRES: device pointers, each naturally aligned (16-byte
+// alignment of every array enables vector loads). Throws zero::Error for bad arguments and
+// zero::CudaError naming the kernel when a launch fails.
+void optimizer_step_cuda(const OptimizerHyper& hyper, const StepScalars& scalars,
+                         std::span<const OptimizerTensors> tensors, const CudaExec& exec = {});
+
+}  // namespace zero::kernels

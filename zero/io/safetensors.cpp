@@ -1,0 +1,303 @@
+#include "zero/io/safetensors.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <nlohmann/json.hpp>
+
+#include "zero/error.h"
+
+namespace zero::io {
+
+namespace {
+
+// The reference implementation refuses larger headers; so do we, before allocating.
+constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;
+
+std::optional<DType> parse_st_dtype(const std::string& name) {
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::F64}) {
+    if (name == dtype_safetensors_name(t)) return t;
+  }
+  return std::nullopt;
+}
+
+std::uint64_t read_le64(const std::byte* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<std::uint8_t>(p[i]);
+  return v;
+}
+
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu;
+  const std::uint32_t mantissa = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent == 0) {
+    float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
+    std::memcpy(&bits, &magnitude, 4);
+    bits |= sign;
+  } else {
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+std::uint64_t TensorInfo::numel() const {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+SafetensorsReader SafetensorsReader::open(const std::string& path) {
+  SafetensorsReader r;
+  r.path_ = path;
+  std::error_code ec;
+  const std::uint64_t file_bytes = std::filesystem::file_size(path, ec);
+  ZERO_CHECK_AS(IoError, !ec, "safetensors {}: cannot stat: {}", path, ec.message());
+  ZERO_CHECK_AS(IoError, file_bytes >= 8, "safetensors {}: {} bytes, too short for a header", path,
+                file_bytes);
+  std::ifstream in(path, std::ios::binary);
+  ZERO_CHECK_AS(IoError, in.good(), "safetensors {}: cannot open: {}", path, std::strerror(errno));
+  std::byte prefix[8];
+  in.read(reinterpret_cast<char*>(prefix), 8);
+  ZERO_CHECK_AS(IoError, in.good(), "safetensors {}: cannot read the header length", path);
+  const std::uint64_t header_bytes = read_le64(prefix);
+  ZERO_CHECK_AS(IoError, header_bytes <= kMaxHeaderBytes && header_bytes <= file_bytes - 8,
+                "safetensors {}: header length {} exceeds the file ({} bytes) or the 100 MiB limit",
+                path, header_bytes, file_bytes);
+  std::vector<std::byte> header(header_bytes);
+  in.read(reinterpret_cast<char*>(header.data()), static_cast<std::streamsize>(header_bytes));
+  ZERO_CHECK_AS(IoError, in.good(), "safetensors {}: cannot read the {}-byte header", path,
+                header_bytes);
+  r.data_offset_ = 8 + header_bytes;
+  r.parse(header, file_bytes - r.data_offset_);
+  return r;
+}
+
+SafetensorsReader SafetensorsReader::from_bytes(std::vector<std::byte> bytes, std::string label) {
+  SafetensorsReader r;
+  r.path_ = std::move(label);
+  ZERO_CHECK_AS(IoError, bytes.size() >= 8, "safetensors {}: {} bytes, too short for a header",
+                r.path_, bytes.size());
+  const std::uint64_t header_bytes = read_le64(bytes.data());
+  ZERO_CHECK_AS(IoError, header_bytes <= kMaxHeaderBytes && header_bytes <= bytes.size() - 8,
+                "safetensors {}: header length {} exceeds the file ({} bytes) or the 100 MiB limit",
+                r.path_, header_bytes, bytes.size());
+  const std::vector<std::byte> header(bytes.begin() + 8,
+                                      bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_bytes));
+  r.data_offset_ = 8 + header_bytes;
+  r.parse(header, bytes.size() - r.data_offset_);
+  r.memory_ = std::move(bytes);
+  return r;
+}
+
+void SafetensorsReader::parse(const std::vector<std::byte>& header_json, std::uint64_t data_bytes) {
+  const auto* first = reinterpret_cast<const char*>(header_json.data());
+  nlohmann::json header = nlohmann::json::parse(first, first + header_json.size(), nullptr, false);
+  ZERO_CHECK_AS(IoError, !header.is_discarded() && header.is_object(),
+                "safetensors {}: the header is not a JSON object", path_);
+  for (auto& [key, value] : header.items()) {
+    if (key == "__metadata__") {
+      ZERO_CHECK_AS(IoError, value.is_object(), "safetensors {}: __metadata__ is not an object", path_);
+      for (auto& [mkey, mvalue] : value.items()) {
+        ZERO_CHECK_AS(IoError, mvalue.is_string(), "safetensors {}: __metadata__.{} is not a string",
+                      path_, mkey);
+        metadata_[mkey] = mvalue.get<std::string>();
+      }
+      continue;
+    }
+    ZERO_CHECK_AS(IoError, value.is_object(), "safetensors {}: tensor {} is not an object", path_, key);
+    TensorInfo info;
+    info.name = key;
+    const auto dtype = value.find("dtype");
+    ZERO_CHECK_AS(IoError, dtype != value.end() && dtype->is_string(),
+                  "safetensors {}: tensor {} has no dtype string", path_, key);
+    const auto parsed = parse_st_dtype(dtype->get<std::string>());
+    ZERO_CHECK_AS(IoError, parsed.has_value(),
+                  "safetensors {}: tensor {} has dtype {}; supported: F32, F16, BF16, F64", path_,
+                  key, dtype->get<std::string>());
+    info.dtype = *parsed;
+    const auto shape = value.find("shape");
+    ZERO_CHECK_AS(IoError, shape != value.end() && shape->is_array(),
+                  "safetensors {}: tensor {} has no shape array", path_, key);
+    std::uint64_t numel = 1;
+    for (const auto& dim : *shape) {
+      ZERO_CHECK_AS(IoError, dim.is_number_unsigned(),
+                    "safetensors {}: tensor {} has a shape entry {} that is not a non-negative integer",
+                    path_, key, dim.dump());
+      const auto d = dim.get<std::uint64_t>();
+      ZERO_CHECK_AS(IoError, d <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) &&
+                                 (d == 0 || numel <= std::numeric_limits<std::uint64_t>::max() / 8 / d),
+                    "safetensors {}: tensor {} has an overflowing shape {}", path_, key, shape->dump());
+      numel *= d;
+      info.shape.push_back(static_cast<std::int64_t>(d));
+    }
+    const auto offsets = value.find("data_offsets");
+    ZERO_CHECK_AS(IoError,
+                  offsets != value.end() && offsets->is_array() && offsets->size() == 2 &&
+                      (*offsets)[0].is_number_unsigned() && (*offsets)[1].is_number_unsigned(),
+                  "safetensors {}: tensor {} needs data_offsets [begin, end] of non-negative integers",
+                  path_, key);
+    info.data_begin = (*offsets)[0].get<std::uint64_t>();
+    info.data_end = (*offsets)[1].get<std::uint64_t>();
+    ZERO_CHECK_AS(IoError, info.data_begin <= info.data_end && info.data_end <= data_bytes,
+                  "safetensors {}: tensor {} data_offsets [{}, {}] outside the {}-byte data section",
+                  path_, key, info.data_begin, info.data_end, data_bytes);
+    ZERO_CHECK_AS(IoError, info.size_bytes() == numel * dtype_size(info.dtype),
+                  "safetensors {}: tensor {} holds {} bytes but shape {} of {} needs {}", path_, key,
+                  info.size_bytes(), shape->dump(), dtype_safetensors_name(info.dtype),
+                  numel * dtype_size(info.dtype));
+    tensors_.push_back(std::move(info));
+  }
+  std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.data_begin != b.data_begin ? a.data_begin < b.data_begin : a.data_end < b.data_end;
+  });
+  for (std::size_t i = 1; i < tensors_.size(); ++i) {
+    ZERO_CHECK_AS(IoError, tensors_[i].data_begin >= tensors_[i - 1].data_end,
+                  "safetensors {}: tensors {} and {} overlap", path_, tensors_[i - 1].name,
+                  tensors_[i].name);
+  }
+}
+
+const TensorInfo* SafetensorsReader::find(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+const TensorInfo& SafetensorsReader::at(const std::string& name) const {
+  const TensorInfo* t = find(name);
+  ZERO_CHECK_AS(IoError, t != nullptr, "safetensors {}: no tensor named {}", path_, name);
+  return *t;
+}
+
+void SafetensorsReader::read_raw(const std::string& name, void* dst, std::size_t dst_bytes) const {
+  const TensorInfo& t = at(name);
+  ZERO_CHECK_AS(IoError, dst_bytes == t.size_bytes(),
+                "safetensors {}: tensor {} has {} bytes, the destination {}", path_, name,
+                t.size_bytes(), dst_bytes);
+  if (dst_bytes == 0) return;
+  if (!memory_.empty()) {
+    std::memcpy(dst, memory_.data() + data_offset_ + t.data_begin, dst_bytes);
+    return;
+  }
+  std::ifstream in(path_, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(data_offset_ + t.data_begin));
+  in.read(static_cast<char*>(dst), static_cast<std::streamsize>(dst_bytes));
+  ZERO_CHECK_AS(IoError, in.good(), "safetensors {}: cannot read tensor {} ({} bytes at {})", path_,
+                name, dst_bytes, data_offset_ + t.data_begin);
+}
+
+std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
+  const TensorInfo& t = at(name);
+  const std::size_t n = static_cast<std::size_t>(t.numel());
+  std::vector<float> out(n);
+  switch (t.dtype) {
+    case DType::F32: read_raw(name, out.data(), n * 4); break;
+    case DType::F64: {
+      std::vector<double> wide(n);
+      read_raw(name, wide.data(), n * 8);
+      std::transform(wide.begin(), wide.end(), out.begin(), [](double x) { return static_cast<float>(x); });
+      break;
+    }
+    case DType::BF16:
+    case DType::F16: {
+      std::vector<std::uint16_t> narrow(n);
+      read_raw(name, narrow.data(), n * 2);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (t.dtype == DType::F16) {
+          out[i] = half_to_float(narrow[i]);
+        } else {
+          const std::uint32_t bits = std::uint32_t{narrow[i]} << 16;
+          std::memcpy(&out[i], &bits, 4);
+        }
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<std::int64_t> shape,
+                            const void* data, std::size_t bytes) {
+  ZERO_CHECK_AS(IoError, name != "__metadata__" && !name.empty(),
+                "safetensors writer: invalid tensor name '{}'", name);
+  for (const auto& e : entries_) {
+    ZERO_CHECK_AS(IoError, e.name != name, "safetensors writer: tensor {} added twice", name);
+  }
+  std::uint64_t numel = 1;
+  for (auto d : shape) {
+    ZERO_CHECK_AS(IoError, d >= 0, "safetensors writer: tensor {} has negative dimension {}", name, d);
+    numel *= static_cast<std::uint64_t>(d);
+  }
+  ZERO_CHECK_AS(IoError, numel * dtype_size(dtype) == bytes,
+                "safetensors writer: tensor {} has {} bytes, its shape needs {}", name, bytes,
+                numel * dtype_size(dtype));
+  ZERO_CHECK_AS(IoError, bytes == 0 || data != nullptr, "safetensors writer: tensor {} data is null",
+                name);
+  Entry e{name, dtype, std::move(shape), std::vector<std::byte>(bytes)};
+  if (bytes > 0) std::memcpy(e.bytes.data(), data, bytes);
+  entries_.push_back(std::move(e));
+}
+
+void SafetensorsWriter::add_f32(const std::string& name, std::vector<std::int64_t> shape,
+                                const std::vector<float>& values) {
+  add(name, DType::F32, std::move(shape), values.data(), values.size() * sizeof(float));
+}
+
+std::vector<std::byte> SafetensorsWriter::to_bytes() const {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  std::uint64_t offset = 0;
+  for (const auto& e : entries_) {
+    header[e.name] = {{"dtype", std::string(dtype_safetensors_name(e.dtype))},
+                      {"shape", e.shape},
+                      {"data_offsets", {offset, offset + e.bytes.size()}}};
+    offset += e.bytes.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<std::byte> out(8 + text.size() + offset);
+  const std::uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  std::size_t at = 8 + text.size();
+  for (const auto& e : entries_) {
+    if (!e.bytes.empty()) std::memcpy(out.data() + at, e.bytes.data(), e.bytes.size());
+    at += e.bytes.size();
+  }
+  return out;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  const std::vector<std::byte> bytes = to_bytes();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    ZERO_CHECK_AS(IoError, out.good(), "safetensors {}: cannot create: {}", tmp, std::strerror(errno));
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    ZERO_CHECK_AS(IoError, out.good(), "safetensors {}: write of {} bytes failed", tmp, bytes.size());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  ZERO_CHECK_AS(IoError, !ec, "safetensors {}: cannot rename {} over it: {}", path, tmp, ec.message());
+}
+
+}  // namespace zero::io

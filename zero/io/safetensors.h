@@ -1,0 +1,90 @@
+// safetensors files (https://github.com/huggingface/safetensors, "format"): an 8-byte
+// little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__":
+// {string: string}}, then the tensor bytes. Used for golden data, replay output and checkpoints.
+//
+// Reading parses and checks the whole header up front (every offset and size against the file,
+// no overlaps, element counts against byte sizes) and reads tensor bytes on demand, so a large
+// checkpoint is never loaded whole. Only F32, F16, BF16 and F64 tensors are accepted.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "zero/dtype.h"
+
+namespace zero::io {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t data_begin = 0;  // byte offsets inside the data section
+  std::uint64_t data_end = 0;
+
+  std::uint64_t numel() const;
+  std::uint64_t size_bytes() const { return data_end - data_begin; }
+};
+
+// Not thread-safe; one reader per thread. Errors throw zero::IoError naming the file.
+class SafetensorsReader {
+ public:
+  // Opens and validates `path`. The file is reopened for each read, so the reader holds no
+  // descriptor between calls.
+  static SafetensorsReader open(const std::string& path);
+  // Parses a whole file image held in memory (tests, fuzzing).
+  static SafetensorsReader from_bytes(std::vector<std::byte> bytes, std::string label = "<memory>");
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // In file order (ascending offsets).
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // Null when absent.
+  const TensorInfo* find(const std::string& name) const;
+  // Throws when absent.
+  const TensorInfo& at(const std::string& name) const;
+
+  // Copies the tensor's raw bytes (little-endian) to dst. REQUIRES: dst_bytes == size_bytes().
+  void read_raw(const std::string& name, void* dst, std::size_t dst_bytes) const;
+  // The tensor converted to float (exact for F32/F16/BF16; F64 rounded).
+  std::vector<float> read_f32(const std::string& name) const;
+
+ private:
+  void parse(const std::vector<std::byte>& header_json, std::uint64_t data_bytes);
+
+  std::string path_;
+  std::vector<std::byte> memory_;  // whole image for from_bytes(), else empty
+  std::uint64_t data_offset_ = 0;  // 8 + header length
+  std::map<std::string, std::string> metadata_;
+  std::vector<TensorInfo> tensors_;
+};
+
+// Collects tensors (copies their bytes) and writes one file. Tensors are laid out in the order
+// added; the header is padded with spaces to a multiple of 8 bytes so the data is aligned.
+class SafetensorsWriter {
+ public:
+  void set_metadata(const std::string& key, const std::string& value);
+  // REQUIRES: bytes == product(shape) × dtype_size(dtype); a name not added before and not
+  // "__metadata__".
+  void add(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* data,
+           std::size_t bytes);
+  void add_f32(const std::string& name, std::vector<std::int64_t> shape, const std::vector<float>& values);
+
+  std::vector<std::byte> to_bytes() const;
+  // Writes to `path` + ".tmp", then renames it over `path`, so a reader never sees half a file.
+  void write(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    DType dtype;
+    std::vector<std::int64_t> shape;
+    std::vector<std::byte> bytes;
+  };
+  std::map<std::string, std::string> metadata_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace zero::io

@@ -1,0 +1,117 @@
+// Unscale with overflow detection, deterministic squared norm, and casts on every ISA.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cast.h"
+#include "kernels/cast_math.h"
+#include "kernels/norm.h"
+#include "kernels/unscale.h"
+#include "tests/kernels/test_util.h"
+#include "zero/error.h"
+
+namespace zk = zero::kernels;
+using zero::DType;
+
+namespace {
+
+constexpr std::size_t kNumel = 5 * 4096 + 16384 + 21;
+
+std::vector<std::byte> encode(const std::vector<float>& v, DType dtype) {
+  std::vector<std::byte> out(v.size() * zero::dtype_size(dtype));
+  zk::cast_cpu(v.data(), DType::F32, out.data(), dtype, v.size(), {1, zk::Isa::Scalar});
+  return out;
+}
+
+std::vector<float> decode(const std::vector<std::byte>& b, DType dtype) {
+  std::vector<float> out(b.size() / zero::dtype_size(dtype));
+  zk::cast_cpu(b.data(), dtype, out.data(), DType::F32, out.size(), {1, zk::Isa::Scalar});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("unscale multiplies in place and flags an inf or NaN anywhere, on every ISA and dtype") {
+  const auto values = zk::test::random_floats(kNumel, 1, -100.0f, 100.0f);
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (zk::Isa isa : zk::test::runnable_isas()) {
+      INFO(zero::dtype_name(dtype) << " on " << zk::isa_name(isa));
+      auto data = encode(values, dtype);
+      const auto before = decode(data, dtype);
+      REQUIRE_FALSE(zk::unscale_and_check_cpu(data.data(), dtype, kNumel, 0.25f, {2, isa}));
+      const auto after = decode(data, dtype);
+      for (std::size_t i = 0; i < kNumel; ++i) REQUIRE(after[i] == before[i] * 0.25f);
+      for (std::size_t where : {std::size_t{0}, kNumel / 2, kNumel - 1}) {
+        for (float bad : {INFINITY, -INFINITY, NAN}) {
+          auto poisoned = values;
+          poisoned[where] = bad;
+          auto b = encode(poisoned, dtype);
+          INFO("bad value " << bad << " at " << where);
+          REQUIRE(zk::unscale_and_check_cpu(b.data(), dtype, kNumel, 0.5f, {3, isa}));
+        }
+      }
+    }
+  }
+  // Overflow produced by the scaling itself counts too.
+  std::vector<float> big = {3e38f, 1.0f};
+  REQUIRE(zk::unscale_and_check_cpu(big.data(), DType::F32, 2, 4.0f));
+  REQUIRE_FALSE(zk::unscale_and_check_cpu(nullptr, DType::F32, 0, 1.0f));
+  REQUIRE_THROWS_WITH(zk::unscale_and_check_cpu(big.data(), DType::F32, 2, NAN), Catch::Contains("scale"));
+}
+
+TEST_CASE("squared norm is accurate and bitwise independent of ISA and thread count") {
+  const auto values = zk::test::random_floats(kNumel, 2, -3.0f, 3.0f);
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    const auto data = encode(values, dtype);
+    const auto exact_values = decode(data, dtype);
+    long double exact = 0;
+    for (float x : exact_values) exact += static_cast<long double>(x) * x;
+    const double reference = zk::squared_l2_norm_cpu(data.data(), dtype, kNumel, {1, zk::Isa::Scalar});
+    INFO(zero::dtype_name(dtype));
+    REQUIRE(reference > 1000.0);
+    REQUIRE(std::fabs(reference - static_cast<double>(exact)) <= 1e-12 * static_cast<double>(exact));
+    for (zk::Isa isa : zk::test::runnable_isas()) {
+      for (int threads : {1, 2, 3, 5}) {
+        const double got = zk::squared_l2_norm_cpu(data.data(), dtype, kNumel, {threads, isa});
+        INFO(zk::isa_name(isa) << " threads " << threads);
+        REQUIRE(std::memcmp(&got, &reference, sizeof got) == 0);
+      }
+    }
+  }
+  std::vector<float> with_inf(100, 1.0f);
+  with_inf[57] = INFINITY;
+  REQUIRE(std::isinf(zk::squared_l2_norm_cpu(with_inf.data(), DType::F32, with_inf.size())));
+  REQUIRE(zk::squared_l2_norm_cpu(nullptr, DType::F32, 0) == 0.0);
+}
+
+TEST_CASE("casts between fp32 and bf16/fp16 agree bitwise on every ISA with the scalar conversions") {
+  auto values = zk::test::random_floats(kNumel, 3, -70000.0f, 70000.0f);
+  values[5] = NAN;
+  values[6] = -INFINITY;
+  values[7] = 1e-7f;
+  values[8] = -0.0f;
+  for (DType dtype : {DType::BF16, DType::F16}) {
+    std::vector<std::uint16_t> expected(kNumel);
+    for (std::size_t i = 0; i < kNumel; ++i) {
+      expected[i] = dtype == DType::BF16 ? zk::test::reference_bf16(values[i]) : zk::math::float_to_f16(values[i]);
+    }
+    for (zk::Isa isa : zk::test::runnable_isas()) {
+      INFO(zero::dtype_name(dtype) << " on " << zk::isa_name(isa));
+      std::vector<std::uint16_t> narrow(kNumel);
+      zk::cast_cpu(values.data(), DType::F32, narrow.data(), dtype, kNumel, {2, isa});
+      REQUIRE(narrow == expected);
+      std::vector<float> wide(kNumel);
+      zk::cast_cpu(narrow.data(), dtype, wide.data(), DType::F32, kNumel, {2, isa});
+      for (std::size_t i = 0; i < kNumel; ++i) {
+        const float want = dtype == DType::BF16 ? zk::math::bf16_to_float(narrow[i]) : zk::math::f16_to_float(narrow[i]);
+        REQUIRE(std::memcmp(&wide[i], &want, 4) == 0);
+      }
+    }
+  }
+  std::vector<float> a(8), b(8);
+  REQUIRE_THROWS_WITH(zk::cast_cpu(a.data(), DType::BF16, b.data(), DType::F16, 8), Catch::Contains("fp32"));
+  REQUIRE_THROWS_WITH(zk::cast_cpu(a.data(), DType::F32, a.data() + 1, DType::F32, 4), Catch::Contains("overlap"));
+  REQUIRE_THROWS_WITH(zk::cast_cpu(nullptr, DType::F32, b.data(), DType::BF16, 8), Catch::Contains("src is null"));
+}

@@ -1,0 +1,124 @@
+// Every ISA path and every thread count give bitwise the same optimizer step.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/optimizer.h"
+#include "tests/kernels/test_util.h"
+
+namespace zk = zero::kernels;
+using zero::DType;
+
+namespace {
+
+// Several tiles, plus a tail shorter than any vector.
+constexpr std::size_t kNumel = 3 * 16384 + 1000 + 13;
+
+struct Buffers {
+  std::vector<float> master;
+  std::vector<std::byte> grad, state0, state1, out;
+
+  Buffers(DType grad_dtype, DType state_dtype, DType out_dtype) {
+    master = zk::test::random_floats(kNumel, 1, -1.0f, 1.0f);
+    const auto g = zk::test::random_floats(kNumel, 2, -1.0f, 1.0f);
+    const auto s = zk::test::random_floats(kNumel, 3, 0.0f, 0.1f);
+    grad = encode(g, grad_dtype);
+    state0 = encode(s, state_dtype);
+    state1 = encode(s, state_dtype);
+    out.assign(kNumel * zero::dtype_size(out_dtype), std::byte{0});
+  }
+  static std::vector<std::byte> encode(const std::vector<float>& v, DType dtype) {
+    std::vector<std::byte> b(v.size() * zero::dtype_size(dtype));
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (dtype == DType::F32) {
+        std::memcpy(b.data() + 4 * i, &v[i], 4);
+      } else {
+        // Any 16-bit pattern works as input here; take bf16 truncation for both formats.
+        std::uint32_t u;
+        std::memcpy(&u, &v[i], 4);
+        const auto h = static_cast<std::uint16_t>(dtype == DType::BF16 ? u >> 16 : (u >> 16) & 0x3bff);
+        std::memcpy(b.data() + 2 * i, &h, 2);
+      }
+    }
+    return b;
+  }
+  zk::OptimizerTensors view(DType grad_dtype, DType state_dtype, bool with_out, DType out_dtype) {
+    return {master.data(), grad.data(), grad_dtype, state0.data(), state1.data(), state_dtype,
+            with_out ? out.data() : nullptr, out_dtype, kNumel};
+  }
+  bool operator==(const Buffers&) const = default;
+};
+
+std::vector<zk::OptimizerHyper> all_optimizers() {
+  std::vector<zk::OptimizerHyper> out;
+  for (auto kind : {zk::OptimizerKind::Adam, zk::OptimizerKind::AdamW, zk::OptimizerKind::Adagrad,
+                    zk::OptimizerKind::Lion, zk::OptimizerKind::Sgd}) {
+    zk::OptimizerHyper h;
+    h.kind = kind;
+    h.weight_decay = 0.05;
+    if (kind == zk::OptimizerKind::Sgd) {
+      h.momentum = 0.9;
+      h.nesterov = true;
+    }
+    out.push_back(h);
+  }
+  zk::OptimizerHyper plain_sgd;
+  plain_sgd.kind = zk::OptimizerKind::Sgd;
+  out.push_back(plain_sgd);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every ISA and thread count produce bitwise identical optimizer steps") {
+  const auto isas = zk::test::runnable_isas();
+  INFO("runnable ISAs: " << isas.size());
+  REQUIRE(!isas.empty());
+  for (const auto& hyper : all_optimizers()) {
+    for (DType grad : {DType::F32, DType::BF16, DType::F16}) {
+      for (DType state : {DType::F32, DType::BF16}) {
+        for (DType out : {DType::F64, DType::BF16, DType::F16}) {
+          const bool with_out = out != DType::F64;
+          const DType out_dtype = with_out ? out : DType::BF16;
+          INFO(zk::optimizer_name(hyper.kind) << " grad " << zero::dtype_name(grad) << " state "
+                                              << zero::dtype_name(state) << " out " << zero::dtype_name(out));
+          Buffers expected(grad, state, out_dtype);
+          const Buffers initial = expected;
+          for (int step = 1; step <= 2; ++step) {
+            zk::optimizer_step_cpu(hyper, {1e-2, step, 0.5}, expected.view(grad, state, with_out, out_dtype),
+                                   {1, zk::Isa::Scalar});
+          }
+          REQUIRE(expected.master != initial.master);
+          for (zk::Isa isa : isas) {
+            for (int threads : {1, 2, 3, 7}) {
+              INFO("isa " << zk::isa_name(isa) << " threads " << threads);
+              Buffers got = initial;
+              for (int step = 1; step <= 2; ++step) {
+                zk::optimizer_step_cpu(hyper, {1e-2, step, 0.5}, got.view(grad, state, with_out, out_dtype),
+                                       {threads, isa});
+              }
+              REQUIRE(got == expected);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ZERO_ISA chooses the path Auto resolves to, and an unknown name is an error") {
+  const char* saved = std::getenv("ZERO_ISA");
+  const std::string restore = saved ? saved : "";
+  setenv("ZERO_ISA", "scalar", 1);
+  REQUIRE(zk::resolve_isa(zk::Isa::Auto) == zk::Isa::Scalar);
+  setenv("ZERO_ISA", "sse9", 1);
+  REQUIRE_THROWS_WITH(zk::resolve_isa(zk::Isa::Auto), Catch::Contains("ZERO_ISA=sse9"));
+  unsetenv("ZERO_ISA");
+  REQUIRE(zk::resolve_isa(zk::Isa::Auto) == zk::best_isa());
+  REQUIRE(zk::resolve_isa(zk::Isa::Scalar) == zk::Isa::Scalar);
+  if (saved) setenv("ZERO_ISA", restore.c_str(), 1);
+  REQUIRE(zk::parse_isa("avx512") == zk::Isa::Avx512);
+  REQUIRE_FALSE(zk::parse_isa("AVX512").has_value());
+}

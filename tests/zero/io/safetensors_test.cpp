@@ -1,0 +1,104 @@
+// zero_io reads what it writes, reads the golden files, and rejects malformed headers with an
+// IoError instead of reading out of bounds.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "zero/error.h"
+#include "zero/io/safetensors.h"
+
+using zero::DType;
+using zero::io::SafetensorsReader;
+using zero::io::SafetensorsWriter;
+
+namespace {
+
+std::vector<std::byte> file_image(const std::string& header_json, std::size_t data_bytes) {
+  std::vector<std::byte> out(8 + header_json.size() + data_bytes, std::byte{0});
+  const std::uint64_t n = header_json.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
+  std::memcpy(out.data() + 8, header_json.data(), header_json.size());
+  return out;
+}
+
+void rejects(const std::string& header, std::size_t data_bytes, const std::string& why) {
+  INFO(header);
+  REQUIRE_THROWS_WITH(SafetensorsReader::from_bytes(file_image(header, data_bytes)), Catch::Contains(why));
+  REQUIRE_THROWS_AS(SafetensorsReader::from_bytes(file_image(header, data_bytes)), zero::IoError);
+}
+
+}  // namespace
+
+TEST_CASE("a written file reads back with the same tensors, dtypes, shapes and metadata") {
+  SafetensorsWriter w;
+  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
+  const std::vector<std::uint16_t> b = {0x3f80, 0xbf80, 0x7fc0};
+  const std::vector<double> c = {0.1, 0.2};
+  w.set_metadata("optimizer", "adamw");
+  w.add_f32("a", {2, 3}, a);
+  w.add("b", DType::BF16, {3}, b.data(), 6);
+  w.add("c", DType::F64, {2, 1}, c.data(), 16);
+  w.add("empty", DType::F16, {0}, nullptr, 0);
+  const auto path = (std::filesystem::temp_directory_path() / "zero_safetensors_test.st").string();
+  w.write(path);
+  const auto r = SafetensorsReader::open(path);
+  REQUIRE(r.metadata().at("optimizer") == "adamw");
+  REQUIRE(r.tensors().size() == 4);
+  REQUIRE(r.at("a").shape == std::vector<std::int64_t>{2, 3});
+  REQUIRE(r.at("b").dtype == DType::BF16);
+  REQUIRE(r.read_f32("a") == a);
+  REQUIRE(r.read_f32("b")[0] == 1.0f);
+  REQUIRE(r.read_f32("b")[1] == -1.0f);
+  REQUIRE(r.read_f32("c") == std::vector<float>{0.1f, 0.2f});
+  REQUIRE(r.read_f32("empty").empty());
+  REQUIRE(r.find("missing") == nullptr);
+  REQUIRE_THROWS_AS(r.at("missing"), zero::IoError);
+  std::vector<std::byte> small(4);
+  REQUIRE_THROWS_WITH(r.read_raw("a", small.data(), small.size()), Catch::Contains("24 bytes"));
+  // The data section starts 8-byte aligned.
+  const auto bytes = w.to_bytes();
+  std::uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data(), 8);
+  REQUIRE(header_bytes % 8 == 0);
+  REQUIRE(bytes.size() == 8 + header_bytes + 24 + 6 + 16);
+  REQUIRE(SafetensorsReader::from_bytes(bytes).read_f32("a") == a);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("the optimizer golden files parse with their metadata and shapes") {
+  const auto r = SafetensorsReader::open(std::string(ZERO_TEST_GOLDEN_DIR) + "/adamw_default.safetensors");
+  REQUIRE(r.metadata().at("optimizer") == "adamw");
+  REQUIRE(r.metadata().count("hyper") == 1);
+  REQUIRE(r.at("grads").shape == std::vector<std::int64_t>{12, 4099});
+  REQUIRE(r.read_f32("p0").size() == 4099);
+}
+
+TEST_CASE("malformed headers are rejected with an IoError naming the problem") {
+  rejects(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, "outside");
+  rejects(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, "needs 12");
+  rejects(R"({"a":{"dtype":"I8","shape":[8],"data_offsets":[0,8]}})", 8, "dtype I8");
+  rejects(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8, "non-negative");
+  rejects(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8, "outside");
+  rejects(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8, "data_offsets");
+  rejects(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          12, "overlap");
+  rejects(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8, "overflowing");
+  rejects(R"({"__metadata__":{"k":1}})", 0, "not a string");
+  rejects(R"([1,2])", 0, "not a JSON object");
+  rejects(R"({"a":)", 0, "not a JSON object");
+  // Header length beyond the file.
+  auto image = file_image("{}", 0);
+  image[0] = std::byte{0xff};
+  REQUIRE_THROWS_WITH(SafetensorsReader::from_bytes(image), Catch::Contains("exceeds"));
+  REQUIRE_THROWS_AS(SafetensorsReader::from_bytes(std::vector<std::byte>(3)), zero::IoError);
+  REQUIRE_THROWS_AS(SafetensorsReader::open("/nonexistent/file.safetensors"), zero::IoError);
+  SafetensorsWriter w;
+  const float x = 1.0f;
+  REQUIRE_THROWS_AS(w.add("x", DType::F32, {2}, &x, 4), zero::IoError);
+  w.add("x", DType::F32, {1}, &x, 4);
+  REQUIRE_THROWS_WITH(w.add("x", DType::F32, {1}, &x, 4), Catch::Contains("twice"));
+}

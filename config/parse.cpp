@@ -137,7 +137,6 @@ class DocumentBuilder final : public nlohmann::json_sax<json> {
   std::vector<ConfigError::Problem> duplicates;
   bool failed = false;
   std::size_t error_position = 0;
-  std::string error_token;
   std::string error_message;
 
   bool null() override { return add(nullptr); }
@@ -162,11 +161,10 @@ class DocumentBuilder final : public nlohmann::json_sax<json> {
     return true;
   }
 
-  bool parse_error(std::size_t position, const std::string& last_token,
+  bool parse_error(std::size_t position, const std::string& /*last_token*/,
                    const nlohmann::detail::exception& ex) override {
     failed = true;
     error_position = position;
-    error_token = last_token;
     error_message = ex.what();
     return false;
   }
@@ -285,9 +283,24 @@ nlohmann::json parse_relaxed_json(std::string_view text) {
   if (builder.failed) {
     // The lexer has consumed the offending token when it reports; its start is the position
     // the reader needs. last_token escapes control characters, so clamp.
+    // The library's last token can run back over earlier tokens ('"key": B'), so the error is
+    // located from the last character read: the start of a word, of a string, or that character.
     const std::size_t consumed = std::min(builder.error_position, text.size());
-    std::size_t start = consumed >= builder.error_token.size() ? consumed - builder.error_token.size() : 0;
-    if (builder.error_token.empty() && start > 0) start = consumed - 1;
+    std::size_t start = consumed > 0 ? consumed - 1 : 0;
+    if (builder.error_message.find("end of input") != std::string::npos) {
+      start = text.size();
+    } else if (consumed > 0 && is_word_char(text[start])) {
+      while (start > 0 && is_word_char(text[start - 1])) --start;
+    } else if (consumed > 1 && text[start] == '"' && builder.error_message.find("string literal") != std::string::npos) {
+      std::size_t open = start;
+      while (open > 0) {
+        --open;
+        std::size_t backslashes = 0;
+        while (open >= backslashes + 1 && text[open - backslashes - 1] == '\\') ++backslashes;
+        if (text[open] == '"' && backslashes % 2 == 0) break;
+      }
+      start = open;
+    }
     if (builder.error_message.find("out_of_range") != std::string::npos) {
       throw_syntax(text, start, strip_library_prefix(builder.error_message));
     }

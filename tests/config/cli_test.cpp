@@ -1,0 +1,143 @@
+// Runs the built zero-config binary (ZERO_CONFIG_BIN) and checks exit codes and line formats.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;  // stdout and stderr as they arrive, or one of them
+};
+
+// stream: "both", "stdout" or "stderr".
+Run run(const std::string& args, const std::string& stream = "both") {
+  std::string redirect = " 2>&1";
+  if (stream == "stdout") redirect = " 2>/dev/null";
+  if (stream == "stderr") redirect = " 2>&1 >/dev/null";
+  const std::string cmd = std::string("'") + ZERO_CONFIG_BIN + "' " + args + redirect;
+  Run r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::array<char, 4096> buf{};
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int rc = pclose(p);
+  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return r;
+}
+
+const std::string kData = ZERO_TEST_DATA_DIR;
+const std::string kCorpus = kData + "/corpus/ds_configs/";
+
+}  // namespace
+
+TEST_CASE("check exits 0 for a valid config and prints notes and warnings prefixed with the file") {
+  const std::string f = kData + "/configs/valid/hf_auto.json";
+  const Run r = run("check " + f, "stderr");
+  INFO(r.out);
+  CHECK(r.status == 0);
+  CHECK(r.out.find(f + ": note: zero_optimization.reduce_bucket_size: \"auto\" means DeepSpeed's default") != std::string::npos);
+  CHECK(r.out.find(f + ": note: optimizer.params.lr: \"auto\": to be supplied") != std::string::npos);
+}
+
+TEST_CASE("check exits 1 with one 'FILE: error: path: message' line per problem") {
+  const std::string f = kData + "/configs/invalid/multiple_problems.json";
+  const Run r = run("check " + f, "stderr");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(f + ": error: zero_optimization.stage3_param_persitence_threshold: unknown key; did you mean "
+                       "stage3_param_persistence_threshold?\n") != std::string::npos);
+  CHECK(r.out.find(f + ": error: communication_data_type: ") != std::string::npos);
+  std::size_t lines = 0;
+  for (std::size_t pos = 0; (pos = r.out.find(": error: ", pos)) != std::string::npos; ++pos) ++lines;
+  CHECK(lines == 6);
+}
+
+TEST_CASE("check reports a parse error with line and column") {
+  const std::string f = kData + "/configs/invalid/hjson_unquoted.json";
+  const Run r = run("check " + f, "stderr");
+  CHECK(r.status == 1);
+  CHECK(r.out.rfind(f + ": error: line 2, column 23: unquoted text 'GLOBAL_BATCH'", 0) == 0);
+}
+
+TEST_CASE("check names an unreadable file with the system's reason") {
+  const Run r = run("check /nonexistent/ds.json", "stderr");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("/nonexistent/ds.json: error: cannot open /nonexistent/ds.json: No such file or directory") !=
+        std::string::npos);
+}
+
+TEST_CASE("not-supported-yet keys are reported without failing check, and fail check --strict") {
+  const std::string f = kCorpus + "microsoft__DeepSpeedExamples__training__bing_bert__01_adam__nccl__deepspeed_bsz4k_01adam_config_seq128_nccl.json";
+  const Run lax = run("check " + f, "stderr");
+  INFO(lax.out);
+  CHECK(lax.status == 0);
+  CHECK(lax.out.find(f + ": not supported yet: optimizer.type: ") != std::string::npos);
+  CHECK(run("check --strict " + f).status == 1);
+}
+
+TEST_CASE("check with several files exits 1 when any is invalid and prints a summary line per file") {
+  const Run r = run("check " + kData + "/configs/valid/commented.json " + kData + "/configs/invalid/duplicate_nested.json",
+                    "stdout");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("commented.json: valid") != std::string::npos);
+  CHECK(r.out.find("duplicate_nested.json: invalid (1 error)") != std::string::npos);
+}
+
+TEST_CASE("--world-size makes the batch triad exact") {
+  const std::string f = kCorpus + "AndreSoble__PerformerDualEncoder__ds_config.json";  // 20000 = 20 * 100 * W
+  CHECK(run("check " + f).status == 0);
+  CHECK(run("check --world-size 10 " + f).status == 0);
+  const Run r = run("check --world-size 8 " + f, "stderr");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("error: train_batch_size: train_batch_size 20000 != train_micro_batch_size_per_gpu 20 * "
+                   "gradient_accumulation_steps 100 * world size 8 = 16000") != std::string::npos);
+}
+
+TEST_CASE("bad usage exits 2 with the usage text") {
+  CHECK(run("check").status == 2);
+  CHECK(run("check --world-size zero x.json").status == 2);
+  CHECK(run("check --bogus x.json").status == 2);
+  CHECK(run("print a.json b.json").status == 2);
+  const Run help = run("check --help", "stdout");
+  CHECK(help.status == 0);
+  CHECK(help.out.find("--strict") != std::string::npos);
+  CHECK(help.out.find("not supported yet") != std::string::npos);
+}
+
+TEST_CASE("print emits the resolved config, supplied values, provenance and findings as JSON") {
+  const std::string f = kData + "/configs/valid/hf_auto.json";
+  const Run r = run("print --world-size 2 --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=1 "
+                    "--set train_batch_size=8 --set optimizer.params.lr=3e-4 " + f, "stdout");
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["config"]["optimizer"]["params"]["lr"] == 3e-4);
+  CHECK(j["config"]["zero_optimization"]["reduce_bucket_size"] == 500000000);
+  CHECK(j["provenance"]["zero_optimization.reduce_bucket_size"]["source"] == "deepspeed-auto-default");
+  CHECK(j["provenance"]["optimizer.params.lr"]["source"] == "supplied");
+  CHECK(j["provenance"]["fp16.enabled"]["source"] == "deepspeed-auto-default");
+  CHECK(j["world_size"]["value"] == 2);
+  CHECK(j["config"]["optimizer"]["params"]["betas"] == "auto");
+  bool betas_unresolved = false;
+  for (const auto& u : j["unresolved"]) betas_unresolved |= u["path"] == "optimizer.params.betas";
+  CHECK(betas_unresolved);
+  CHECK(j["notes"].size() > 0);
+}
+
+TEST_CASE("--set takes a JSON value when it parses, else a string") {
+  const std::string f = kData + "/configs/valid/hf_auto.json";
+  const Run r = run("print --set optimizer.params.betas=[0.9,0.95] --set scheduler.params.warmup_num_steps=10 " + f,
+                    "stdout");
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["config"]["optimizer"]["params"]["betas"][1] == 0.95);
+  const Run s = run("check --set optimizer.params.lr=fast " + f, "stderr");
+  CHECK(s.status == 1);
+  CHECK(s.out.find("optimizer.params.lr: expected a finite number, got \"fast\"") != std::string::npos);
+}

@@ -1,0 +1,164 @@
+// Collective communication between the ranks of one data-parallel group.
+//
+// A Communicator is one rank's endpoint. Every collective is asynchronous: it returns a Work
+// handle at once and runs on the backend's communication thread (InProcComm) or inside the
+// library's progress engine (MpiComm) while the caller computes; wait() blocks until it is done.
+//
+// Contracts common to every backend:
+//   * Every rank of the group issues the same collectives, with the same element count, dtype,
+//     op and root, in the same order (as with MPI and NCCL). Ops issued on one communicator run
+//     in issue order.
+//   * Buffers belong to the collective from the call until wait() returns (or test() returns
+//     true): the caller must not write any buffer, nor read an output buffer, before then, and
+//     must keep them alive. Dropping a Work does not cancel the op.
+//   * Reductions over 16-bit floats (bf16, fp16) are taken in fp32 and rounded once to the
+//     element type at the end; Avg divides the fp32 (fp64 for fp64) sum by size() before that
+//     rounding. fp32 sums in fp32, fp64 in fp64. Max propagates NaN.
+//   * A collective that does not complete within timeout() fails with CommError naming the op,
+//     its size and, where the backend can know it, which ranks arrived. After a timeout or any
+//     other failure the group is unusable: later collectives fail with CommError too.
+//   * Thread safety: one thread at a time issues collectives on a Communicator and waits on its
+//     Works (the rank's thread). Different communicators may be used from different threads.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "zero/dtype.h"
+
+namespace zero {
+
+enum class ReduceOp { Sum, Avg, Max };
+std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
+
+enum class Collective { ReduceScatter, AllGather, AllReduce, Broadcast, Barrier };
+std::string_view collective_name(Collective c);  // "reduce_scatter", "all_gather", ...
+
+// One collective call as every backend receives it (after the public method checked it).
+struct CollectiveArgs {
+  Collective kind = Collective::Barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  // ReduceScatter: elements each rank receives; AllGather: elements each rank contributes;
+  // AllReduce, Broadcast: elements of the whole buffer; Barrier: 0.
+  std::size_t elems = 0;
+  DType dtype = DType::F32;
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;
+  // ReduceScatter/AllGather over one buffer of size() × elems (send == recv); AllReduce with
+  // send == recv.
+  bool in_place = false;
+};
+
+// "all_reduce (sum, fp32) of 1000 elements, 4000 bytes"; reduce_scatter and all_gather name the
+// per-rank chunk and the whole buffer ("of 4 x 1000 elements, 16000 bytes").
+std::string describe(const CollectiveArgs& args, int world_size);
+
+// The shared state behind a Work, implemented by each backend.
+class WorkState {
+ public:
+  virtual ~WorkState() = default;
+  virtual void wait() = 0;
+  virtual bool test() = 0;
+};
+
+// Completion handle of one collective. Cheap to copy (copies share the op).
+class Work {
+ public:
+  Work() = default;  // an op that is already complete
+  explicit Work(std::shared_ptr<WorkState> state) : state_(std::move(state)) {}
+
+  // Blocks until the op completes. Throws CommError if it failed (timed out, a peer failed, a
+  // fault was injected); calling again rethrows. After a successful wait the buffers are the
+  // caller's again.
+  void wait() {
+    if (state_) state_->wait();
+  }
+  // Does not block. True once the op completed successfully; throws like wait() if it failed.
+  bool test() { return state_ ? state_->test() : true; }
+
+ private:
+  std::shared_ptr<WorkState> state_;
+};
+
+struct CommOptions {
+  // A collective not complete after this long fails with CommError instead of hanging.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "inproc", "mpi", "faulty(...)".
+  virtual std::string backend_name() const = 0;
+
+  // Out of place: `send` holds size() × recv_elems elements; rank r's `recv` (recv_elems) gets
+  // the reduction over ranks of send[r·recv_elems, (r+1)·recv_elems).
+  Work reduce_scatter(const void* send, void* recv, std::size_t recv_elems, DType dtype,
+                      ReduceOp op);
+  // In place over a flat buffer of size() × chunk_elems elements (the flat layout's padded unit):
+  // afterwards rank r's chunk [r·chunk, (r+1)·chunk) holds the reduction; the other chunks'
+  // contents are unspecified.
+  Work reduce_scatter_in_place(void* buffer, std::size_t chunk_elems, DType dtype, ReduceOp op);
+  // Out of place: `recv` (size() × send_elems) gets rank q's `send` at [q·send_elems, ...).
+  Work all_gather(const void* send, void* recv, std::size_t send_elems, DType dtype);
+  // In place: rank r's contribution is already at [r·chunk, (r+1)·chunk) of `buffer`
+  // (size() × chunk_elems); afterwards every chunk holds its owner's contribution.
+  Work all_gather_in_place(void* buffer, std::size_t chunk_elems, DType dtype);
+  // `recv` gets the elementwise reduction of every rank's `send`. send == recv is allowed.
+  Work all_reduce(const void* send, void* recv, std::size_t elems, DType dtype, ReduceOp op);
+  // `buffer` on every rank gets root's `buffer`.
+  Work broadcast(void* buffer, std::size_t elems, DType dtype, int root);
+  Work barrier();
+
+  // Checks the arguments (null buffers with elements, sizes that overflow, root out of range)
+  // and issues the collective. The named methods above all come here.
+  Work start(const CollectiveArgs& args);
+
+  // Collective over this communicator, blocking: ranks with the same color form a new group,
+  // ordered by (key, rank). A negative color joins no group and gets nullptr. The new
+  // communicator inherits timeout(). Ordered after the collectives already issued.
+  std::unique_ptr<Communicator> split(int color, int key);
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // Applies to collectives issued after the call.
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+ protected:
+  explicit Communicator(const CommOptions& options) : timeout_(options.timeout) {}
+
+  // May assume the arguments were checked.
+  virtual Work start_impl(const CollectiveArgs& args) = 0;
+  virtual std::unique_ptr<Communicator> split_impl(int color, int key) = 0;
+
+ private:
+  std::chrono::milliseconds timeout_;
+};
+
+// Collective: checks that `value` is byte-identical on every rank of `comm`. All-reduces a
+// 64-bit hash of it (its max and min); on mismatch all-gathers the per-rank hashes and throws
+// CommError on every rank naming `what` and which ranks hold which value. Used at init for the
+// resolved config, the layout and the parameter specs.
+void check_agreement(Communicator& comm, std::string_view what, std::span<const std::byte> value);
+inline void check_agreement(Communicator& comm, std::string_view what, std::string_view value) {
+  check_agreement(comm, what, std::as_bytes(std::span(value.data(), value.size())));
+}
+
+// The process-level communicator of `backend`: "mpi" (MPI_COMM_WORLD; initialises MPI if
+// needed) or "nccl". Throws zero::Error naming the backend when this build lacks it. In-process
+// ranks come from InProcWorld / run_ranks (zero/comm/inproc_comm.h) instead.
+std::unique_ptr<Communicator> make_communicator(std::string_view backend,
+                                                const CommOptions& options = {});
+// Whether make_communicator(backend) can succeed in this build.
+bool communicator_available(std::string_view backend);
+
+}  // namespace zero

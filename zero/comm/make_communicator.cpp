@@ -1,0 +1,49 @@
+// The one place that chooses a process-level Communicator by build configuration (DESIGN.md §2).
+#include <string>
+
+#include "zero/comm/communicator.h"
+#include "zero/error.h"
+
+#if ZERO_WITH_MPI
+#include "zero/comm/mpi_comm.h"
+#endif
+
+namespace zero {
+
+std::unique_ptr<Communicator> make_communicator(std::string_view backend,
+                                                const CommOptions& options) {
+  if (backend == "mpi") {
+#if ZERO_WITH_MPI
+    return MpiComm::world(options);
+#else
+    (void)options;
+    throw Error(
+        "make_communicator: \"mpi\" was requested but this build has no MPI (MPI was not found "
+        "at configure time, or ZERO_WITH_MPI=OFF)");
+#endif
+  }
+  if (backend == "nccl") {
+#if ZERO_WITH_NCCL
+    throw Error("make_communicator: this build has NCCL, but NcclComm is not implemented yet");
+#else
+    throw Error(
+        "make_communicator: \"nccl\" was requested but this build has no NCCL (needs CUDA and "
+        "NCCL at configure time)");
+#endif
+  }
+  if (backend == "inproc") {
+    throw Error(
+        "make_communicator: in-process ranks are threads of one process; create them with "
+        "InProcWorld::comm(rank) or run_ranks() (zero/comm/inproc_comm.h)");
+  }
+  throw Error("make_communicator: unknown backend \"" + std::string(backend) +
+              "\"; expected \"mpi\" or \"nccl\"");
+}
+
+bool communicator_available(std::string_view backend) {
+  if (backend == "inproc") return true;
+  if (backend == "mpi") return ZERO_WITH_MPI != 0;
+  return false;
+}
+
+}  // namespace zero

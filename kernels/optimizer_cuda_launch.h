@@ -1,0 +1,52 @@
+// Internal: the boundary between the host driver (optimizer_cuda.cpp, plain C++ with the argument
+// checks and the launch plan) and the CUDA kernel (optimizer_cuda.cu, no fmt, no exceptions).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/optimizer_math.h"
+#include "zero/dtype.h"
+
+namespace zero::kernels::detail {
+
+// FusedAdam's shape (SPEC_DEEPSPEED.md §6.2): 64 Ki-element chunks, 512 threads, 4 elements per
+// thread step.
+inline constexpr int kCudaThreadsPerBlock = 512;
+inline constexpr int kCudaMaxTensorsPerLaunch = 24;
+inline constexpr int kCudaMaxBlocksPerLaunch = 320;
+inline constexpr long long kCudaChunkElems = 65536;
+
+struct CudaTensorSlot {
+  float* master;
+  const void* grad;
+  void* state0;
+  void* state1;
+  void* param_out;
+  long long numel;
+};
+
+// The kernel parameter, passed by value (__grid_constant__: read in place, never copied).
+struct CudaLaunchArgs {
+  math::StepCoeffs coeffs;
+  CudaTensorSlot tensors[kCudaMaxTensorsPerLaunch];
+  std::int32_t block_slot[kCudaMaxBlocksPerLaunch];
+  std::int32_t block_chunk[kCudaMaxBlocksPerLaunch];
+  long long chunk_elems;
+  DType grad_dtype;
+  DType state_dtype;
+  DType param_out_dtype;
+  bool has_param_out;
+  bool vectorized;  // every array 16-byte aligned: 4 elements per access
+};
+static_assert(sizeof(CudaLaunchArgs) <= 4096, "kernel parameters are limited to 4 KiB");
+
+struct CudaLaunchStatus {
+  const char* kernel;  // name of the kernel launched
+  const char* error;   // null on success, else cudaGetErrorString of cudaGetLastError()
+};
+
+// Launches one multi-tensor step over `blocks` blocks on `stream` (a cudaStream_t).
+CudaLaunchStatus launch_multi_tensor_step(const CudaLaunchArgs& args, int blocks, int state_count,
+                                          void* stream);
+
+}  // namespace zero::kernels::detail

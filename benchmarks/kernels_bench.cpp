@@ -37,6 +37,7 @@ struct KernelsArgs {
   int threads = 0;
   kernels::Isa isa = kernels::Isa::Auto;
   int repetitions = 7;
+  std::string only_optimizer;  // empty = all
 };
 
 KernelsArgs parse_args(std::span<const std::string_view> args) {
@@ -60,13 +61,17 @@ KernelsArgs parse_args(std::span<const std::string_view> args) {
       r.threads = static_cast<int>(number(i, a));
     } else if (a == "--reps") {
       r.repetitions = std::max(1, static_cast<int>(number(i, a)));
+    } else if (a == "--optimizer" && i + 1 < args.size()) {
+      r.only_optimizer = args[++i];
+      ZERO_CHECK(kernels::parse_optimizer_kind(r.only_optimizer).has_value(),
+                 "--optimizer {}: expected adam, adamw, adagrad, lion or sgd", r.only_optimizer);
     } else if (a == "--isa" && i + 1 < args.size()) {
       const auto isa = kernels::parse_isa(args[++i]);
       ZERO_CHECK(isa.has_value(), "--isa {}: expected auto, scalar, avx2 or avx512", args[i]);
       r.isa = *isa;
     } else {
       ZERO_CHECK(false, "unexpected argument '{}'; usage: zero-bench kernels [--json] [--params N] "
-                        "[--threads T] [--isa I] [--reps R]", a);
+                        "[--threads T] [--isa I] [--reps R] [--optimizer O]", a);
     }
   }
   return r;
@@ -230,6 +235,7 @@ int run_kernels(std::span<const std::string_view> argv) {
   std::vector<OptimizerHyper> optimizers;
   for (auto kind : {OptimizerKind::AdamW, OptimizerKind::Adam, OptimizerKind::Adagrad,
                     OptimizerKind::Lion, OptimizerKind::Sgd}) {
+    if (!args.only_optimizer.empty() && kernels::optimizer_name(kind) != args.only_optimizer) continue;
     OptimizerHyper h;
     h.kind = kind;
     h.weight_decay = 0.01;

@@ -16,7 +16,7 @@ struct Subcommand {
 };
 
 constexpr Subcommand kSubcommands[] = {
-    {"kernels", "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] [--isa I]",
+    {"kernels", "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] [--isa I] [--reps R] [--optimizer O]",
      zero::bench::run_kernels},
     {"replay", "replay an optimizer golden file  GOLDEN.safetensors --out OUT.safetensors [--isa I]",
      zero::bench::run_replay},

@@ -130,7 +130,7 @@ math::StepCoeffs make_step_coeffs(const OptimizerHyper& h, const StepScalars& s)
   c.adam.beta2 = f(h.beta2);
   c.adam.one_minus_beta2 = f(1.0 - h.beta2);
   c.adam.eps = f(h.eps);
-  c.adam.bias_correction2_sqrt = f(std::sqrt(bias_correction2));
+  c.adam.inv_bias_correction2_sqrt = f(1.0 / std::sqrt(bias_correction2));
   c.adam.neg_step_size = f(-(s.lr / bias_correction1));
   c.adam.l2 = h.kind == OptimizerKind::Adam && h.weight_decay != 0.0;
   c.adam.l2_weight_decay = c.adam.l2 ? f(h.weight_decay) : 0.0f;

@@ -36,7 +36,7 @@ struct KernelsArgs {
   std::size_t params = std::size_t{1} << 26;
   int threads = 0;
   kernels::Isa isa = kernels::Isa::Auto;
-  int repetitions = 7;
+  int repetitions = 9;
   std::string only_optimizer;  // empty = all
 };
 

@@ -122,7 +122,7 @@ nlohmann::json tier_json(const TierBytes& t) {
 
 int config_estimate(const Args& args) {
   EstimateInput in;
-  bool have_params = false, have_world = false, json = false;
+  bool have_world = false, json = false;
   bool saw_params = false, saw_world = false;
   std::string config_path;
   std::vector<std::string> problems;
@@ -153,7 +153,7 @@ int config_estimate(const Args& args) {
     };
     if (flag == "--params") {
       saw_params = true;
-      have_params = count(in.params, "parameters");
+      count(in.params, "parameters");
     } else if (flag == "--largest-param") {
       count(in.largest_param, "elements");
     } else if (flag == "--world-size") {

@@ -16,6 +16,8 @@ struct Subcommand {
 };
 
 constexpr Subcommand kSubcommands[] = {
+    {"comm", "collective bus bandwidth vs memcpy  [--json] [--world-size N] [--sizes LIST] [--backend inproc|mpi|all] [--reps R]",
+     zero::bench::run_comm},
     {"kernels", "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] [--isa I] [--reps R] [--optimizer O]",
      zero::bench::run_kernels},
     {"replay", "replay an optimizer golden file  GOLDEN.safetensors --out OUT.safetensors [--isa I]",

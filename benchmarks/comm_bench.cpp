@@ -1,0 +1,378 @@
+// zero-bench comm: bus bandwidth of reduce_scatter, all_gather and all_reduce, fp32 and bf16, for
+// InProcComm (W ranks as threads of this process) and, when launched by mpirun, MpiComm (the
+// job's processes). Each figure is validated (a sum over ranks of known values) before it is
+// timed: best of R single ops after a warm-up, the slowest rank's time.
+//
+// Figures follow nccl-tests (zero/comm/bandwidth.h): with S the bytes of the full buffer per rank
+// (reduce_scatter's input, all_gather's output, all_reduce's buffer), algbw = S / t; busbw =
+// algbw·(W-1)/W for reduce_scatter and all_gather, algbw·2(W-1)/W for all_reduce.
+//
+// The limit next to each figure is memcpy, measured in the same run with the same ranks: every
+// rank std::memcpy's S bytes at once; limit = S / (slowest rank's time). It is a reference, not a
+// bound: with 2 ranks a shared-memory reduce_scatter moves less than a memcpy of S per rank
+// (reads S, writes S/2), so a ratio above 1 is possible.
+//
+// The figure the issue quotes: OpenMPI 4.1's reduce_scatter_block (MPI_Ireduce_scatter_block,
+// which MpiComm uses) reached about 0.4 GB/s bus bandwidth on this machine for 64 MB per rank
+// between 2 processes; a shared-memory collective should be an order of magnitude faster.
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/commands.h"
+#include "zero/comm/bandwidth.h"
+#include "zero/comm/communicator.h"
+#include "zero/comm/inproc_comm.h"
+#include "zero/device/device.h"
+#include "zero/dtype.h"
+#include "zero/error.h"
+
+namespace zero::bench {
+
+namespace {
+
+enum class BackendChoice { Inproc, Mpi, All };
+
+struct CommArgs {
+  bool json = false;
+  int world_size = 2;  // inproc only; under mpirun the job's size
+  std::vector<std::size_t> sizes_bytes = {std::size_t{1} << 20, std::size_t{16} << 20,
+                                          std::size_t{64} << 20};
+  BackendChoice backend = BackendChoice::All;
+  int repetitions = 5;
+};
+
+constexpr std::string_view kUsage =
+    "usage: zero-bench comm [--json] [--world-size N] [--sizes LIST] [--backend inproc|mpi|all] "
+    "[--reps R]";
+
+// "64K", "1M", "2G" (binary units) or a plain byte count.
+std::size_t parse_size(std::string_view text) {
+  ZERO_CHECK(!text.empty(), "--sizes: empty size; {}", kUsage);
+  std::size_t scale = 1;
+  std::string digits(text);
+  const std::size_t unit = std::string_view("KMG").find(
+      static_cast<char>(std::toupper(static_cast<unsigned char>(text.back()))));
+  if (unit != std::string_view::npos) {
+    scale = std::size_t{1} << (10 * (unit + 1));
+    digits.pop_back();
+  }
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(digits.c_str(), &end, 10);
+  ZERO_CHECK(!digits.empty() && end != digits.c_str() && *end == '\0' && v > 0 &&
+                 v <= std::numeric_limits<std::size_t>::max() / scale,
+             "--sizes {}: expected a positive byte count such as 65536, 64K, 16M or 1G", text);
+  return static_cast<std::size_t>(v) * scale;
+}
+
+std::string size_label(std::size_t bytes) {
+  if (bytes % (std::size_t{1} << 30) == 0) return std::to_string(bytes >> 30) + "G";
+  if (bytes % (std::size_t{1} << 20) == 0) return std::to_string(bytes >> 20) + "M";
+  if (bytes % (std::size_t{1} << 10) == 0) return std::to_string(bytes >> 10) + "K";
+  return std::to_string(bytes);
+}
+
+CommArgs parse_args(std::span<const std::string_view> args) {
+  CommArgs r;
+  auto value = [&](std::size_t& i, std::string_view flag) {
+    ZERO_CHECK(i + 1 < args.size(), "{} needs a value; {}", flag, kUsage);
+    return args[++i];
+  };
+  auto integer = [&](std::size_t& i, std::string_view flag, long long min) {
+    const std::string text(value(i, flag));
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    ZERO_CHECK(end != text.c_str() && *end == '\0' && v >= min && v <= 1 << 20,
+               "{} {}: expected an integer >= {}", flag, text, min);
+    return static_cast<int>(v);
+  };
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    if (a == "--json") {
+      r.json = true;
+    } else if (a == "--world-size") {
+      r.world_size = integer(i, a, 2);
+      // Each rank contributes rank + 1, which bf16 holds exactly up to 256.
+      ZERO_CHECK(r.world_size <= 256, "--world-size {}: at most 256 ranks", r.world_size);
+    } else if (a == "--reps") {
+      r.repetitions = integer(i, a, 1);
+    } else if (a == "--sizes") {
+      r.sizes_bytes.clear();
+      std::string_view list = value(i, a);
+      while (!list.empty()) {
+        const std::size_t comma = list.find(',');
+        r.sizes_bytes.push_back(parse_size(list.substr(0, comma)));
+        list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+      }
+      ZERO_CHECK(!r.sizes_bytes.empty(), "--sizes needs at least one size; {}", kUsage);
+    } else if (a == "--backend") {
+      const std::string_view b = value(i, a);
+      if (b == "inproc") {
+        r.backend = BackendChoice::Inproc;
+      } else if (b == "mpi") {
+        r.backend = BackendChoice::Mpi;
+      } else if (b == "all") {
+        r.backend = BackendChoice::All;
+      } else {
+        ZERO_CHECK(false, "--backend {}: expected inproc, mpi or all", b);
+      }
+    } else {
+      ZERO_CHECK(false, "unexpected argument '{}'; {}", a, kUsage);
+    }
+  }
+  return r;
+}
+
+// Whether a launcher started this process as one rank of a job (OpenMPI's mpirun sets the first,
+// PMIx launchers the second, MPICH's Hydra the third). Decided without initialising MPI.
+bool launched_by_mpirun() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+// bf16 bits of `value`, rounded to nearest even (no NaN here).
+std::uint16_t to_bf16(float value) {
+  std::uint32_t u;
+  std::memcpy(&u, &value, 4);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// time_collective (zero/comm/bandwidth.h) for bf16, which it does not take: the same buffers,
+// check and protocol (validate one run, barrier, time `iterations` ops, slowest rank's average),
+// with bf16 elements. Every rank's value is rank + 1, exact in bf16 for the world sizes used here.
+CollectiveTiming time_collective_bf16(Communicator& comm, Device& device, Collective kind,
+                                      std::size_t bytes_per_rank, int iterations) {
+  const auto world = static_cast<std::size_t>(comm.size());
+  ZERO_CHECK(bytes_per_rank % (2 * world) == 0 && bytes_per_rank > 0,
+             "time_collective_bf16: {} bytes is not a positive multiple of 2 x {} ranks",
+             bytes_per_rank, world);
+  const std::size_t elems = bytes_per_rank / 2;
+  const std::size_t chunk = elems / world;
+  Buffer big = device.allocate(bytes_per_rank, MemoryKind::Host, MemoryTag::Other);
+  Buffer small = device.allocate(bytes_per_rank / world, MemoryKind::Host, MemoryTag::Other);
+  auto big_h = big.as<std::uint16_t>();
+  auto small_h = small.as<std::uint16_t>();
+
+  auto issue = [&]() -> Work {
+    switch (kind) {
+      case Collective::ReduceScatter:
+        return comm.reduce_scatter(big_h.data(), small_h.data(), chunk, DType::BF16, ReduceOp::Sum);
+      case Collective::AllGather:
+        return comm.all_gather(small_h.data(), big_h.data(), chunk, DType::BF16);
+      default:
+        return comm.all_reduce(big_h.data(), big_h.data(), elems, DType::BF16, ReduceOp::Sum);
+    }
+  };
+
+  const std::uint16_t mine = to_bf16(static_cast<float>(comm.rank() + 1));
+  std::fill(big_h.begin(), big_h.end(), mine);
+  std::fill(small_h.begin(), small_h.end(), mine);
+  issue().wait();
+  const auto n = static_cast<float>(world);
+  const std::uint16_t sum = to_bf16(n * (n + 1) / 2);
+  bool ok = true;
+  switch (kind) {
+    case Collective::ReduceScatter:
+      ok = std::all_of(small_h.begin(), small_h.end(), [&](std::uint16_t v) { return v == sum; });
+      break;
+    case Collective::AllGather:
+      for (std::size_t i = 0; i < elems && ok; ++i) {
+        ok = big_h[i] == to_bf16(static_cast<float>(i / chunk + 1));
+      }
+      break;
+    default:
+      ok = std::all_of(big_h.begin(), big_h.end(), [&](std::uint16_t v) { return v == sum; });
+  }
+  ZERO_CHECK(ok, "time_collective_bf16: {} on rank {} gave a wrong result", collective_name(kind),
+             comm.rank());
+
+  comm.barrier().wait();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iterations; ++i) issue().wait();
+  double seconds[1] = {
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  comm.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
+
+  CollectiveTiming t;
+  t.bytes_per_rank = bytes_per_rank;
+  t.iterations = iterations;
+  t.seconds_per_op = seconds[0] / iterations;
+  t.algorithm_gbps = static_cast<double>(bytes_per_rank) / t.seconds_per_op / 1e9;
+  t.bus_gbps = t.algorithm_gbps * bus_bandwidth_factor(kind, comm.size());
+  return t;
+}
+
+// Seconds for every rank of `comm` to std::memcpy `bytes` at the same time (the slowest rank's),
+// best of `repetitions` after one warm-up copy. Collective over `comm`.
+double memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes, int repetitions) {
+  Buffer src = device.allocate(bytes, MemoryKind::Host, MemoryTag::Other);
+  Buffer dst = device.allocate(bytes, MemoryKind::Host, MemoryTag::Other);
+  std::memset(src.data(), comm.rank() + 1, bytes);
+  std::memset(dst.data(), 0, bytes);
+  std::memcpy(dst.data(), src.data(), bytes);
+  ZERO_CHECK(std::memcmp(dst.data(), src.data(), bytes) == 0,
+             "comm bench: memcpy of {} bytes on rank {} gave a wrong result", bytes, comm.rank());
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < repetitions; ++r) {
+    comm.barrier().wait();
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    double seconds[1] = {
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+    comm.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
+    best = std::min(best, seconds[0]);
+  }
+  return best;
+}
+
+struct Figure {
+  std::string backend;
+  Collective op = Collective::ReduceScatter;
+  DType dtype = DType::F32;
+  int world_size = 0;
+  CollectiveTiming timing;
+  double memcpy_gbps = 0;
+};
+
+void print_header(const CommArgs& args) {
+  if (args.json) return;
+  std::printf(
+      "zero-bench comm: bus bandwidth (nccl-tests convention), best of %d single ops; "
+      "limit: memcpy of the same bytes on every rank at once\n",
+      args.repetitions);
+  std::printf("%-7s %-15s %-5s %5s %9s %10s %11s %11s %12s %7s\n", "backend", "op", "dtype",
+              "ranks", "per rank", "time ms", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "ratio");
+}
+
+void print_figure(const CommArgs& args, const Figure& f) {
+  const std::string op(collective_name(f.op));
+  const std::string dtype(dtype_name(f.dtype));
+  const double ratio = f.timing.bus_gbps / f.memcpy_gbps;
+  if (args.json) {
+    std::printf(
+        "{\"bench\":\"comm\",\"backend\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\","
+        "\"world_size\":%d,\"bytes_per_rank\":%zu,\"reps\":%d,\"time_s\":%.6g,"
+        "\"algbw_gb_per_s\":%.4g,\"busbw_gb_per_s\":%.4g,\"limit\":\"memcpy\","
+        "\"limit_gb_per_s\":%.4g,\"ratio\":%.3f}\n",
+        f.backend.c_str(), op.c_str(), dtype.c_str(), f.world_size, f.timing.bytes_per_rank,
+        args.repetitions, f.timing.seconds_per_op, f.timing.algorithm_gbps, f.timing.bus_gbps,
+        f.memcpy_gbps, ratio);
+  } else {
+    std::printf("%-7s %-15s %-5s %5d %9s %10.3f %11.2f %11.2f %12.2f %7.3f\n", f.backend.c_str(),
+                op.c_str(), dtype.c_str(), f.world_size,
+                size_label(f.timing.bytes_per_rank).c_str(), f.timing.seconds_per_op * 1e3,
+                f.timing.algorithm_gbps, f.timing.bus_gbps, f.memcpy_gbps, ratio);
+  }
+  std::fflush(stdout);
+}
+
+// Every size must split into `world_size` fp32 (and so bf16) chunks; names all that do not.
+void check_sizes(const CommArgs& args, int world_size) {
+  const auto world = static_cast<std::size_t>(world_size);
+  std::string bad_sizes;
+  for (std::size_t bytes : args.sizes_bytes) {
+    if (bytes % (4 * world) != 0) bad_sizes += (bad_sizes.empty() ? "" : ", ") + size_label(bytes);
+  }
+  ZERO_CHECK(bad_sizes.empty(),
+             "--sizes: {} bytes per rank cannot be split into {} fp32 chunks (use multiples of "
+             "{} bytes)",
+             bad_sizes, world, 4 * world);
+}
+
+// Every figure for one backend. Collective over `comm`; rank 0 prints.
+void measure(Communicator& comm, const CommArgs& args) {
+  check_sizes(args, comm.size());
+  const auto device = make_device("cpu", comm.rank());
+  for (std::size_t bytes : args.sizes_bytes) {
+    const double memcpy_gbps =
+        static_cast<double>(bytes) / memcpy_seconds(comm, *device, bytes, args.repetitions) / 1e9;
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      for (Collective op :
+           {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
+        // Single ops, each after its own validated warm-up run; every rank gets the same
+        // figures, so every rank keeps the same best.
+        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps};
+        for (int r = 0; r < args.repetitions; ++r) {
+          const CollectiveTiming t = dtype == DType::F32
+                                         ? time_collective(comm, *device, op, bytes, 1)
+                                         : time_collective_bf16(comm, *device, op, bytes, 1);
+          if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
+        }
+        if (comm.rank() == 0) print_figure(args, f);
+      }
+    }
+  }
+}
+
+void measure_inproc(const CommArgs& args) {
+  run_ranks(args.world_size, [&](Communicator& comm) { measure(comm, args); });
+}
+
+}  // namespace
+
+int run_comm(std::span<const std::string_view> argv) {
+  const CommArgs args = parse_args(argv);
+  const bool under_mpirun = launched_by_mpirun();
+  const bool mpi_built = communicator_available("mpi");
+  ZERO_CHECK(args.backend != BackendChoice::Mpi || mpi_built,
+             "--backend mpi: this build has no MPI (MPI was not found at configure time, or "
+             "ZERO_WITH_MPI=OFF)");
+  ZERO_CHECK(args.backend != BackendChoice::Mpi || under_mpirun,
+             "--backend mpi: not launched by mpirun; run e.g. `mpirun -np 2 zero-bench comm "
+             "--backend mpi`");
+  ZERO_CHECK(!under_mpirun || mpi_built,
+             "launched by mpirun, but this build has no MPI to coordinate the processes; run "
+             "zero-bench comm without mpirun for the inproc figures");
+
+  const bool run_inproc = args.backend != BackendChoice::Mpi;
+  if (run_inproc) check_sizes(args, args.world_size);
+  if (!under_mpirun) {
+    print_header(args);
+    measure_inproc(args);
+    if (args.backend == BackendChoice::All) {
+      std::fprintf(stderr, "zero-bench comm: mpi skipped (not launched by mpirun)\n");
+    }
+    return 0;
+  }
+
+  const auto mpi = make_communicator("mpi");
+  ZERO_CHECK(mpi->size() >= 2 || args.backend != BackendChoice::Mpi,
+             "--backend mpi: the job has 1 process; run it with mpirun -np 2 or more");
+  const bool run_mpi = args.backend != BackendChoice::Inproc && mpi->size() >= 2;
+  if (run_mpi) check_sizes(args, mpi->size());
+  if (!run_mpi && args.backend == BackendChoice::All && mpi->rank() == 0) {
+    std::fprintf(stderr, "zero-bench comm: mpi skipped (the job has 1 process)\n");
+  }
+  if (mpi->rank() == 0) print_header(args);
+  if (run_mpi) measure(*mpi, args);
+  if (run_inproc) {
+    // The other processes wait in the barrier, sleeping rather than spinning (MpiComm's wait
+    // backs off), so rank 0's threads have the machine. A failure on rank 0 is rethrown only
+    // after the barrier, so the others are not left waiting.
+    std::exception_ptr failure;
+    if (mpi->rank() == 0) {
+      try {
+        measure_inproc(args);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    mpi->set_timeout(std::chrono::hours(1));
+    mpi->barrier().wait();
+    if (failure) std::rethrow_exception(failure);
+  }
+  return 0;
+}
+
+}  // namespace zero::bench

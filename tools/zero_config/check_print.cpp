@@ -52,14 +52,9 @@ warnings, not-supported-yet keys and engine refusals. Options as for 'zero-confi
 Exit status: 0 printed, 1 invalid config (problems on stderr), 2 bad usage.
 )";
 
-struct Options {
-  config::Supplied supplied;
-  bool strict = false;
-  std::vector<std::string> files;
-};
+}  // namespace
 
-// Returns an error message for bad usage, empty when the arguments parse.
-std::string parse_options(const Args& args, bool allow_strict, Options& o) {
+std::string parse_config_options(const Args& args, bool allow_strict, ConfigOptions& o) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value_of = [&](const std::string& flag, std::string& out) -> bool {
@@ -110,6 +105,8 @@ bool wants_help(const Args& args) {
   return false;
 }
 
+namespace {
+
 std::string located(const std::string& path, const std::string& message) {
   return path.empty() ? message : fmt::format("{}: {}", path, message);
 }
@@ -124,8 +121,9 @@ std::string_view finding_label(config::Severity s) {
   return "note";
 }
 
-// Loads one file, printing its problems; nullopt when it is invalid or unreadable.
-std::optional<config::DsConfig> load_reporting(const std::string& file, const Options& o) {
+}  // namespace
+
+std::optional<config::DsConfig> load_reporting(const std::string& file, const ConfigOptions& o) {
   try {
     return config::load_config_file(file, o.supplied);
   } catch (const ConfigError& e) {
@@ -140,15 +138,13 @@ std::optional<config::DsConfig> load_reporting(const std::string& file, const Op
   return std::nullopt;
 }
 
-}  // namespace
-
 int config_check(const Args& args) {
   if (wants_help(args)) {
     std::fputs(kCheckUsage, stdout);
     return 0;
   }
-  Options o;
-  if (const std::string bad = parse_options(args, /*allow_strict=*/true, o); !bad.empty() || o.files.empty()) {
+  ConfigOptions o;
+  if (const std::string bad = parse_config_options(args, /*allow_strict=*/true, o); !bad.empty() || o.files.empty()) {
     std::fprintf(stderr, "zero-config check: %s\n\n%s", bad.empty() ? "no FILE given" : bad.c_str(), kCheckUsage);
     return 2;
   }
@@ -186,8 +182,8 @@ int config_print(const Args& args) {
     std::fputs(kPrintUsage, stdout);
     return 0;
   }
-  Options o;
-  if (const std::string bad = parse_options(args, /*allow_strict=*/false, o); !bad.empty() || o.files.size() != 1) {
+  ConfigOptions o;
+  if (const std::string bad = parse_config_options(args, /*allow_strict=*/false, o); !bad.empty() || o.files.size() != 1) {
     std::fprintf(stderr, "zero-config print: %s\n\n%s", bad.empty() ? "give exactly one FILE" : bad.c_str(), kPrintUsage);
     return 2;
   }

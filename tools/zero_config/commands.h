@@ -2,8 +2,11 @@
 // process exit code: 0 success, 1 the input is invalid (problems printed), 2 bad usage.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "config/ds_config.h"
 
 namespace zero::tools {
 
@@ -12,6 +15,25 @@ using Args = std::vector<std::string>;
 int config_check(const Args& args);     // check_print.cpp
 int config_print(const Args& args);     // check_print.cpp
 int config_estimate(const Args& args);  // estimate.cpp
+int config_schedule(const Args& args);  // schedule.cpp
+
+// The options of the subcommands that load a ds_config (check_print.cpp): --world-size N,
+// --set key=value (repeatable), --strict when allowed, and the FILE arguments.
+struct ConfigOptions {
+  config::Supplied supplied;
+  bool strict = false;
+  std::vector<std::string> files;
+};
+
+// Returns an error message for bad usage, empty when the arguments parse.
+std::string parse_config_options(const Args& args, bool allow_strict, ConfigOptions& o);
+
+// Whether --help or -h is among the arguments.
+bool wants_help(const Args& args);
+
+// Loads one file, printing its problems (stderr) and a summary line (stdout); nullopt when it is
+// invalid or unreadable.
+std::optional<config::DsConfig> load_reporting(const std::string& file, const ConfigOptions& o);
 
 }  // namespace zero::tools
 

@@ -1,4 +1,5 @@
-// zero-config: check, print and estimate DeepSpeed ds_config files as zero sees them.
+// zero-config: check, print and estimate DeepSpeed ds_config files as zero sees them, and show
+// the LR and loss-scale schedule they give.
 #include <cstdio>
 #include <exception>
 #include <string_view>
@@ -22,6 +23,9 @@ commands:
            [--precision fp16|bf16|fp32] [--offload-optimizer none|cpu|nvme]
            [--offload-param none|cpu|nvme] [--config FILE] [--json]
       Per-rank model-state bytes (ZeRO paper §5) on device, host and NVMe.
+  schedule FILE [--steps N] [--overflows BITS] [--json] [--world-size N] [--set key=value]...
+      Per optimizer step: the lr and betas/momentum in effect, the loss scale and whether the
+      step is skipped, given which steps overflow (--overflows 0010...: character t = step t).
 
 Run 'zero-config COMMAND --help' for the options of one command.
 )";
@@ -39,6 +43,7 @@ int main(int argc, char** argv) {
     if (command == "check") return zero::tools::config_check(args);
     if (command == "print") return zero::tools::config_print(args);
     if (command == "estimate") return zero::tools::config_estimate(args);
+    if (command == "schedule") return zero::tools::config_schedule(args);
     if (command == "--help" || command == "-h" || command == "help") {
       std::fputs(kUsage, stdout);
       return 0;

@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "config/ds_config.h"
 #include "zero/error.h"
+#include "zero/schedule/from_config.h"
 
 namespace {
 
@@ -18,61 +20,14 @@ nlohmann::json load_golden(const std::string& name) {
   return nlohmann::json::parse(in);
 }
 
-// Builds our parameters from a DeepSpeed scheduler block as the golden file records it. The
-// config layer does this for real configs; the test keeps its own small reading so that a
-// mistake in one is not hidden by the same mistake in the other.
-zero::LrScheduleParams params_from(const nlohmann::json& scheduler) {
-  zero::LrScheduleParams p;
-  const std::string type = scheduler.at("type");
-  const auto& q = scheduler.at("params");
-  auto num = [&](const char* key, double fallback) {
-    return q.contains(key) && !q.at(key).is_null() ? q.at(key).get<double>() : fallback;
-  };
-  auto warmup_type = [&] {
-    return q.value("warmup_type", std::string("log")) == "linear" ? zero::WarmupType::Linear
-                                                                  : zero::WarmupType::Log;
-  };
-  if (type == "WarmupLR" || type == "WarmupDecayLR") {
-    p.kind =
-        type == "WarmupLR" ? zero::LrScheduleKind::WarmupLR : zero::LrScheduleKind::WarmupDecayLR;
-    p.warmup_min_lr = {num("warmup_min_lr", 0.0)};
-    if (q.contains("warmup_max_lr")) p.warmup_max_lr = {q.at("warmup_max_lr").get<double>()};
-    p.warmup_num_steps = static_cast<std::int64_t>(num("warmup_num_steps", 1000));
-    p.warmup_type = warmup_type();
-    p.total_num_steps = static_cast<std::int64_t>(num("total_num_steps", 0));
-  } else if (type == "WarmupCosineLR") {
-    p.kind = zero::LrScheduleKind::WarmupCosineLR;
-    p.total_num_steps = static_cast<std::int64_t>(num("total_num_steps", 0));
-    p.warmup_min_ratio = num("warmup_min_ratio", 0.0);
-    p.warmup_num_steps = static_cast<std::int64_t>(num("warmup_num_steps", 1000));
-    p.cos_min_ratio = num("cos_min_ratio", 1e-4);
-    p.warmup_type = warmup_type();
-  } else if (type == "OneCycle") {
-    p.kind = zero::LrScheduleKind::OneCycle;
-    p.cycle_min_lr = num("cycle_min_lr", 0);
-    p.cycle_max_lr = num("cycle_max_lr", 0);
-    p.decay_lr_rate = num("decay_lr_rate", 0);
-    p.cycle_first_step_size = num("cycle_first_step_size", 2000);
-    if (q.contains("cycle_second_step_size") && !q.at("cycle_second_step_size").is_null())
-      p.cycle_second_step_size = q.at("cycle_second_step_size").get<double>();
-    p.cycle_first_stair_count = static_cast<std::int64_t>(num("cycle_first_stair_count", 0));
-    if (q.contains("cycle_second_stair_count") && !q.at("cycle_second_stair_count").is_null())
-      p.cycle_second_stair_count = q.at("cycle_second_stair_count").get<std::int64_t>();
-    p.decay_step_size = num("decay_step_size", 0);
-    p.cycle_momentum = q.value("cycle_momentum", true);
-    p.cycle_min_mom = num("cycle_min_mom", 0.8);
-    p.cycle_max_mom = num("cycle_max_mom", 0.9);
-    p.decay_mom_rate = num("decay_mom_rate", 0);
-  } else if (type == "LRRangeTest") {
-    p.kind = zero::LrScheduleKind::LRRangeTest;
-    p.lr_range_test_min_lr = {num("lr_range_test_min_lr", 1e-3)};
-    p.lr_range_test_step_size = num("lr_range_test_step_size", 2000);
-    p.lr_range_test_step_rate = num("lr_range_test_step_rate", 1.0);
-    p.lr_range_test_staircase = q.value("lr_range_test_staircase", false);
-  } else {
-    FAIL("unknown scheduler type in golden file: " << type);
-  }
-  return p;
+// The config a golden case was produced with: the optimizer's lr and the scheduler block.
+zero::config::DsConfig config_of(const nlohmann::json& golden_case) {
+  return zero::config::load_config_json(
+      {{"train_batch_size", 1},
+       {"optimizer",
+        {{"type", "Adam"},
+         {"params", {{"lr", golden_case.at("optimizer_lr")}, {"betas", {0.9, 0.999}}}}}},
+       {"scheduler", golden_case.at("scheduler")}});
 }
 
 }  // namespace
@@ -83,8 +38,11 @@ TEST_CASE("every DeepSpeed LR schedule reproduces DeepSpeed 0.19.6's own sequenc
   for (const auto& c : golden.at("cases")) {
     const std::string type = c.at("scheduler").at("type");
     INFO("scheduler " << c.at("scheduler").dump());
-    const auto params = params_from(c.at("scheduler"));
-    zero::GroupBase base{c.at("optimizer_lr").get<double>(), std::array<double, 2>{0.9, 0.999}};
+    const auto cfg = config_of(c);
+    const auto params = zero::lr_schedule_from_config(cfg);
+    CHECK(params.kind != zero::LrScheduleKind::Constant);
+    const zero::GroupBase base = zero::group_base_from_config(cfg);
+    REQUIRE(base.lr == c.at("optimizer_lr").get<double>());
     const auto& steps = c.at("steps");
     REQUIRE(steps.size() >= 40);
     bool lr_varies = false;

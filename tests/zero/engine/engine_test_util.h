@@ -1,0 +1,187 @@
+// A small trainer for the engine tests: the teacher–student MLP of zero-train, run on in-process
+// ranks exactly the way zero-train feeds it (rank r takes its contiguous share of every global
+// batch), with hooks to corrupt a gradient or to swap the communicator.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config/ds_config.h"
+#include "kernels/cast.h"
+#include "tools/zero_train/mlp.h"
+#include "zero/comm/inproc_comm.h"
+#include "zero/device/device.h"
+#include "zero/engine.h"
+
+namespace zero::test {
+
+struct TrainSpec {
+  nlohmann::json config;
+  int world = 1;
+  int steps = 5;
+  std::uint64_t seed = 7;
+  std::string model = "mlp:8,24,16,4";
+  // Per-layer unit (default) or one unit for the whole model.
+  bool one_unit = false;
+  std::vector<ParamGroupOptions> groups;
+  // Param index → group / frozen.
+  std::function<int(std::size_t)> group_of;
+  std::function<bool(std::size_t)> frozen;
+  // Called after a rank wrote its fp32 gradients, before they go to the engine:
+  // (rank, optimizer step, micro-step, param, gradient).
+  std::function<void(int, int, int, std::size_t, std::vector<float>&)> corrupt;
+  // Wraps the rank's communicator (fault injection); returns the one the engine uses.
+  std::function<Communicator&(int, Communicator&)> wrap_comm;
+};
+
+struct TrainResult {
+  std::vector<std::string> names;
+  std::vector<std::vector<float>> params;     // final fp32 master, per parameter (rank 0)
+  std::vector<std::vector<float>> initial;    // initial values
+  std::vector<StepResult> steps;              // rank 0's step results at boundaries
+  std::vector<MemorySnapshot> memory;         // per rank, at the end
+  std::vector<double> losses;                 // rank 0's local loss per window
+};
+
+inline nlohmann::json base_config(int stage, const std::string& precision, int gas,
+                                  int micro = 4) {
+  nlohmann::json c = {
+      {"train_micro_batch_size_per_gpu", micro},
+      {"gradient_accumulation_steps", gas},
+      {"gradient_clipping", 1.0},
+      {"optimizer",
+       {{"type", "AdamW"},
+        {"params", {{"lr", 0.003}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}}},
+      {"scheduler",
+       {{"type", "WarmupLR"},
+        {"params", {{"warmup_min_lr", 0}, {"warmup_max_lr", 0.003}, {"warmup_num_steps", 3}}}}},
+      {"zero_optimization",
+       {{"stage", stage}, {"reduce_bucket_size", 300}, {"allgather_bucket_size", 300},
+        {"overlap_comm", true}}}};
+  if (precision == "bf16") c["bf16"] = {{"enabled", true}};
+  if (precision == "fp16") c["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  return c;
+}
+
+inline std::vector<float> to_f32(std::span<const std::byte> bytes, DType t) {
+  const std::size_t n = bytes.size() / dtype_size(t);
+  std::vector<float> out(n);
+  kernels::cast_cpu(bytes.data(), t, out.data(), DType::F32, n);
+  return out;
+}
+
+inline TrainResult train(const TrainSpec& spec) {
+  using namespace zero::train;
+  const MlpShape shape = MlpShape::parse(spec.model);
+  const std::vector<MlpParam> mp = mlp_params(shape);
+  config::Supplied supplied;
+  supplied.world_size = spec.world;
+  const config::DsConfig cfg = config::load_config_json(spec.config, supplied);
+  const DType dtype = cfg.model_dtype;
+  std::vector<ParamSpec> specs;
+  for (std::size_t i = 0; i < mp.size(); ++i) {
+    ParamSpec s;
+    s.name = mp[i].name;
+    for (std::size_t d : mp[i].shape) s.shape.push_back(static_cast<std::int64_t>(d));
+    s.dtype = dtype;
+    s.unit = spec.one_unit ? 0 : static_cast<int>(i / 2);
+    s.group = spec.group_of ? spec.group_of(i) : 0;
+    s.trainable = !(spec.frozen && spec.frozen(i));
+    specs.push_back(s);
+  }
+  const auto micro = static_cast<std::size_t>(*cfg.train_micro_batch_size_per_gpu);
+  const int gas = static_cast<int>(*cfg.gradient_accumulation_steps);
+  TrainResult result;
+  result.memory.resize(static_cast<std::size_t>(spec.world));
+  std::mutex mu;
+  const TeacherStudentData data(shape, spec.seed);
+  run_ranks(spec.world, [&](Communicator& base_comm) {
+    Communicator& comm = spec.wrap_comm ? spec.wrap_comm(base_comm.rank(), base_comm) : base_comm;
+    const int r = comm.rank();
+    auto device = make_device("cpu", r);
+    EngineOptions options;
+    options.groups = spec.groups;
+    options.exec.threads = 1;
+    auto engine = Engine::create(
+        cfg, comm, *device, specs,
+        [&](std::size_t i, std::span<float> out) { init_param(shape, i, spec.seed, 0, out); },
+        options);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      std::vector<float> v = engine->gather_master(i);
+      if (r != 0) continue;
+      result.names.push_back(specs[i].name);
+      result.initial.push_back(std::move(v));
+    }
+    std::vector<std::vector<float>> weights(specs.size()), grads(specs.size());
+    for (std::size_t i = 0; i < specs.size(); ++i) grads[i].resize(mp[i].numel());
+    for (int t = 0; t < spec.steps; ++t) {
+      double loss_sum = 0;
+      for (int k = 0; k < gas; ++k) {
+        for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
+        for (std::size_t i = 0; i < specs.size(); ++i) weights[i] = to_f32(engine->param(i), dtype);
+        const std::uint64_t first = static_cast<std::uint64_t>(r) * micro * gas + k * micro;
+        const Batch batch = data.batch(static_cast<std::uint64_t>(t), first, micro);
+        std::vector<std::span<const float>> w(weights.begin(), weights.end());
+        std::vector<std::span<float>> g(grads.begin(), grads.end());
+        loss_sum += forward_backward(shape, w, batch, static_cast<float>(engine->backward_scale()), g);
+        for (std::size_t u = engine->num_units(); u-- > 0;) engine->release(static_cast<int>(u));
+        for (std::size_t i = specs.size(); i-- > 0;) {
+          if (!specs[i].trainable) continue;
+          if (spec.corrupt) spec.corrupt(r, t, k, i, grads[i]);
+          std::span<std::byte> slot = engine->grad(i);
+          kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size());
+          engine->grad_ready(i);
+        }
+        const StepResult sr = engine->step();
+        if (r == 0 && sr.boundary) {
+          result.steps.push_back(sr);
+          result.losses.push_back(loss_sum / gas);
+        }
+      }
+    }
+    std::vector<std::vector<float>> final_params;
+    for (std::size_t i = 0; i < specs.size(); ++i) final_params.push_back(engine->gather_master(i));
+    std::lock_guard<std::mutex> lock(mu);
+    result.memory[static_cast<std::size_t>(r)] = engine->memory();
+    if (r == 0) result.params = std::move(final_params);
+  });
+  return result;
+}
+
+// Bitwise equality of two runs' final parameters, with a guard against a vacuous pass (the
+// parameters moved away from their initial values).
+inline void require_bitwise_equal(const TrainResult& a, const TrainResult& b) {
+  REQUIRE(a.params.size() == b.params.size());
+  REQUIRE(!a.params.empty());
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    REQUIRE(a.params[i].size() == b.params[i].size());
+    INFO("parameter " << a.names[i]);
+    REQUIRE(std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * sizeof(float)) == 0);
+    for (std::size_t j = 0; j < a.params[i].size(); ++j) moved += a.params[i][j] != a.initial[i][j];
+  }
+  REQUIRE(moved > 0);
+}
+
+// Largest |a − b| over every element.
+inline double max_abs_diff(const std::vector<std::vector<float>>& a,
+                           const std::vector<std::vector<float>>& b) {
+  REQUIRE(a.size() == b.size());
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].size() == b[i].size());
+    for (std::size_t j = 0; j < a[i].size(); ++j) {
+      m = std::max(m, std::fabs(static_cast<double>(a[i][j]) - b[i][j]));
+    }
+  }
+  return m;
+}
+
+}  // namespace zero::test

@@ -1,0 +1,147 @@
+// The ZeRO engine: one rank's optimizer backend for a data-parallel trainer (DESIGN.md §1, §3, §4).
+//
+// A trainer registers its parameters (ParamSpec), reads the low-precision model copy through
+// param(), writes each parameter's gradient into the slot grad() hands out, calls grad_ready(),
+// and calls step() once per micro-batch. The engine owns sharding (ZeRO stages 0–3 as the
+// ds_config says), precision (fp32 master weights, fp16 loss scaling, bf16), gradient
+// accumulation, bucketed reduction, clipping, the optimizer and the LR schedule.
+//
+// One micro-step, on every rank, in the same order:
+//   for each unit in forward order: gather(u); read param(i) of its parameters; release(u)
+//   loss ×= backward_scale()                      (loss scale / gradient_accumulation_steps)
+//   for each trainable parameter as its gradient is ready: write grad(i); grad_ready(i)
+//   step()                                        (the optimizer runs at the accumulation boundary)
+//
+// Collectives: gather() (stage 3), grad_ready() (stage 2/3: a full bucket is reduced), step(),
+// gather_master() and create() are collective — every rank calls them in the same order with the
+// same arguments. The engine checks at create() that every rank registered the same parameters
+// with the same config, and refuses to start otherwise.
+//
+// Thread safety: an Engine is used by one thread (the rank's thread). Different ranks' engines
+// run on different threads (InProcComm) or processes (MpiComm).
+//
+// Failure: an exception from step() leaves master weights, optimizer states, the loss scaler and
+// the schedule as they were before the call (every collective that can fail runs before the
+// first write). A failed collective leaves the group unusable (Communicator contract).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/ds_config.h"
+#include "kernels/isa.h"
+#include "zero/comm/communicator.h"
+#include "zero/device/device.h"
+#include "zero/dtype.h"
+
+namespace zero {
+
+// One parameter as the trainer registers it.
+struct ParamSpec {
+  std::string name;                // unique; checkpoints and dumps use it
+  std::vector<std::int64_t> shape;  // numel = product (a scalar has shape {})
+  // The model copy's dtype. REQUIRES: the config's training dtype (fp16 / bf16 / fp32).
+  DType dtype = DType::F32;
+  int group = 0;  // param group: index into EngineOptions::groups (own lr / weight decay)
+  int unit = 0;   // what stage 3 gathers together (a layer); units are 0..U-1
+  bool trainable = true;  // frozen: kept whole on every rank, never updated, no gradient
+};
+
+// Overrides of the config's optimizer values for one param group.
+struct ParamGroupOptions {
+  std::optional<double> lr;            // the group's base lr (schedules scale from it)
+  std::optional<double> weight_decay;  // 0 for "no decay" groups (biases, norms)
+};
+
+struct EngineOptions {
+  // groups[g] overrides group g; groups beyond the list use the config's values.
+  std::vector<ParamGroupOptions> groups;
+  kernels::CpuExec exec;  // threads and ISA of the CPU kernels on this rank
+};
+
+// Fills `out` (numel elements) with the initial fp32 value of parameter `index`. Called on rank 0
+// only; the engine broadcasts the values, as DeepSpeed broadcasts from data-parallel rank 0.
+using InitFn = std::function<void(std::size_t index, std::span<float> out)>;
+
+// What one step() call did.
+struct StepResult {
+  bool boundary = false;  // this micro-step closed an accumulation window: an optimizer step ran
+  bool skipped = false;   // ... and was skipped on overflow (fp16, or bf16 with check_grad_overflow)
+  std::int64_t global_steps = 0;   // optimizer steps so far, skipped ones included
+  std::int64_t skipped_steps = 0;  // of those, skipped
+  double lr = 0;                   // lr of group 0 used by this optimizer step
+  // Global L2 norm of the unscaled gradients before clipping (DeepSpeed's global_grad_norm: the
+  // norm of the scaled gradients divided by the scale they were produced with). NaN when skipped
+  // or not a boundary.
+  double grad_norm = 0;
+  double loss_scale = 1;  // the scale this window's gradients were produced with
+};
+
+class Engine {
+ public:
+  // Builds the engine for this rank. Collective. Throws ConfigError listing every reason the
+  // config cannot run (not supported yet, values still to be supplied, a world size that
+  // disagrees with comm.size()), zero::Error for bad specs (duplicate names, dtypes other than
+  // the config's, negative units or groups, groups without options where the config has none),
+  // CommError when ranks disagree on config or specs.
+  // REQUIRES: comm and device outlive the engine.
+  static std::unique_ptr<Engine> create(const config::DsConfig& config, Communicator& comm,
+                                        Device& device, std::span<const ParamSpec> params,
+                                        const InitFn& init, const EngineOptions& options = {});
+  virtual ~Engine() = default;
+
+  virtual int stage() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual int gradient_accumulation_steps() const = 0;
+  virtual std::size_t num_params() const = 0;
+  virtual const ParamSpec& spec(std::size_t param) const = 0;
+  virtual std::size_t num_units() const = 0;
+
+  // --- forward ---
+  // Stage 3: makes the unit's parameters readable (all-gathers it unless already gathered).
+  // Other stages: only checks the unit id. Collective at stage 3.
+  virtual void gather(int unit) = 0;
+  // Stage 3: the unit's gathered copy may be freed. REQUIRES: gathered. Other stages: checks.
+  virtual void release(int unit) = 0;
+  // The low-precision model copy of `param` (spec dtype, numel elements, row-major).
+  // Throws when the parameter's unit is not gathered (stage 3) or the id is unknown.
+  virtual std::span<const std::byte> param(std::size_t param) const = 0;
+
+  // --- backward ---
+  // Multiply the loss by this before backward: the current loss scale divided by
+  // gradient_accumulation_steps (DeepSpeed scales the loss by the scale and divides the output
+  // gradient by GAS).
+  virtual double backward_scale() const = 0;
+  virtual double loss_scale() const = 0;
+  // The slot for d(loss · backward_scale())/d(param) of this micro-step, spec dtype, numel
+  // elements; the trainer overwrites it, then calls grad_ready(). Valid until grad_ready(param).
+  // Throws for a frozen or unknown parameter, or one already ready in this micro-step.
+  virtual std::span<std::byte> grad(std::size_t param) = 0;
+  // The gradient in grad(param) is complete. Stage 2/3: may start a bucket reduction (collective).
+  virtual void grad_ready(std::size_t param) = 0;
+  // Ends the micro-step. At the accumulation boundary: reduce (stage 0/1), overflow vote, loss
+  // scale update, clip by the global norm, optimizer, refresh of the low-precision copy,
+  // LR schedule. A trainable parameter without grad_ready() this micro-step counts as a zero
+  // gradient when zero_optimization.ignore_unused_parameters is true (the default), else it is an
+  // error naming it. Collective.
+  virtual StepResult step() = 0;
+
+  // --- state ---
+  // The full fp32 master value of `param` (frozen: its model copy widened). Collective at stages
+  // 1–3: every rank calls it for the same parameters in the same order.
+  virtual std::vector<float> gather_master(std::size_t param) = 0;
+  virtual std::int64_t global_steps() const = 0;
+  virtual double current_lr(int group = 0) const = 0;
+  // This rank's memory ledger.
+  virtual MemorySnapshot memory() const = 0;
+};
+
+}  // namespace zero

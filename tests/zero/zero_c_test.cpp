@@ -1,0 +1,245 @@
+// The C ABI (zero/zero_c.h): a small problem trained through it, and failures coming back as
+// statuses with messages instead of exceptions.
+#include "zero/zero_c.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cast.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The trained problem: minimise 0.5 * mean((w - target)^2) over every element of two tensors.
+constexpr std::int64_t kShape0[] = {4, 8};
+constexpr std::int64_t kShape1[] = {8};
+constexpr std::size_t kNumel[] = {32, 8};
+constexpr int kSteps = 30;
+// Adam with lr 0.05 over 30 steps moves each weight by up to ~1.5: the loss must fall well below
+// its start, not merely wiggle.
+constexpr double kRequiredLossRatio = 0.5;
+
+float target(std::size_t param, std::size_t e) {
+  return std::sin(0.7f * static_cast<float>(e + 13 * param));
+}
+
+int init_weights(void* user, std::size_t index, float* out, std::size_t numel) {
+  ++*static_cast<int*>(user);
+  for (std::size_t e = 0; e < numel; ++e) out[e] = 1.5f + 0.01f * static_cast<float>(e + index);
+  return 0;
+}
+
+int init_fails(void*, std::size_t, float*, std::size_t) {
+  return 3;
+}
+
+// A config file under the temp directory, removed when the test ends.
+class TempConfig {
+ public:
+  TempConfig(const std::string& name, const std::string& text)
+      : path_(fs::temp_directory_path() / ("zero_c_test_" + name + ".json")) {
+    std::ofstream(path_) << text;
+  }
+  ~TempConfig() {
+    std::error_code ec;
+    fs::remove(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+std::string config_text(int stage, const std::string& precision) {
+  std::string dtype_block;
+  if (precision == "bf16") dtype_block = R"("bf16": {"enabled": true},)";
+  if (precision == "fp16") dtype_block = R"("fp16": {"enabled": true, "initial_scale_power": 12},)";
+  return R"({
+  "train_micro_batch_size_per_gpu": 1,
+  "gradient_accumulation_steps": 2,
+  "gradient_clipping": 0,
+  )" + dtype_block +
+         R"(
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.0}},
+  "zero_optimization": {"stage": )" +
+         std::to_string(stage) + R"(}
+})";
+}
+
+zero::DType to_zero_dtype(int d) {
+  return d == ZERO_DTYPE_BF16  ? zero::DType::BF16
+         : d == ZERO_DTYPE_F16 ? zero::DType::F16
+                               : zero::DType::F32;
+}
+
+std::vector<zero_param_spec> specs_of(int dtype) {
+  return {{"layer.weight", kShape0, 2, dtype, 0, 0, 1}, {"layer.bias", kShape1, 1, dtype, 0, 1, 1}};
+}
+
+// One micro-step through the C ABI; returns the unscaled loss.
+double micro_step(zero_engine* e, int dtype, zero_step_result* result) {
+  const zero::DType dt = to_zero_dtype(dtype);
+  for (int u = 0; u < 2; ++u) REQUIRE(zero_engine_gather(e, u) == ZERO_OK);
+  double scale = 0;
+  REQUIRE(zero_engine_backward_scale(e, &scale) == ZERO_OK);
+  double loss = 0;
+  std::vector<std::vector<float>> grads(2);
+  const std::size_t total = kNumel[0] + kNumel[1];
+  for (std::size_t p = 0; p < 2; ++p) {
+    const void* data = nullptr;
+    std::size_t bytes = 0;
+    REQUIRE(zero_engine_param(e, p, &data, &bytes) == ZERO_OK);
+    REQUIRE(bytes == kNumel[p] * zero::dtype_size(dt));
+    std::vector<float> w(kNumel[p]);
+    zero::kernels::cast_cpu(data, dt, w.data(), zero::DType::F32, w.size());
+    grads[p].resize(kNumel[p]);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const double d = w[i] - target(p, i);
+      loss += 0.5 * d * d / static_cast<double>(total);
+      grads[p][i] = static_cast<float>(d / static_cast<double>(total) * scale);
+    }
+  }
+  for (std::size_t p = 2; p-- > 0;) {
+    void* slot = nullptr;
+    std::size_t bytes = 0;
+    REQUIRE(zero_engine_grad(e, p, &slot, &bytes) == ZERO_OK);
+    REQUIRE(bytes == kNumel[p] * zero::dtype_size(dt));
+    zero::kernels::cast_cpu(grads[p].data(), zero::DType::F32, slot, dt, kNumel[p]);
+    REQUIRE(zero_engine_grad_ready(e, p) == ZERO_OK);
+    REQUIRE(zero_engine_release(e, static_cast<int>(p)) == ZERO_OK);
+  }
+  REQUIRE(zero_engine_step(e, result) == ZERO_OK);
+  return loss;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a small problem trained through the C ABI lowers its loss at every stage and precision") {
+  const auto [stage, precision, dtype] = GENERATE(std::make_tuple(0, "fp32", ZERO_DTYPE_F32),
+                                                  std::make_tuple(2, "bf16", ZERO_DTYPE_BF16),
+                                                  std::make_tuple(3, "fp16", ZERO_DTYPE_F16));
+  const std::string text = config_text(stage, precision);
+  INFO("config: " << text);
+  const TempConfig config(std::string(precision) + std::to_string(stage), text);
+  const std::vector<zero_param_spec> specs = specs_of(dtype);
+  int init_calls = 0;
+  zero_engine* e = nullptr;
+  const int rc = zero_engine_create(config.path().c_str(), 0, specs.data(), specs.size(),
+                                    init_weights, &init_calls, &e);
+  INFO(zero_last_error());
+  REQUIRE(rc == ZERO_OK);
+  REQUIRE(e != nullptr);
+  CHECK(init_calls == 2);
+
+  double first_loss = 0, last_loss = 0;
+  zero_step_result r{};
+  for (int t = 0; t < kSteps; ++t) {
+    double window = 0;
+    for (int k = 0; k < 2; ++k) {
+      window += micro_step(e, dtype, &r);
+      CHECK(r.boundary == (k == 1 ? 1 : 0));
+    }
+    if (t == 0) first_loss = window / 2;
+    last_loss = window / 2;
+  }
+  CHECK(r.global_steps == kSteps);
+  CHECK(r.skipped_steps <= 2);  // fp16: the dynamic scaler may back off at the start
+  REQUIRE(first_loss > 0.5);    // the weights start away from the target
+  CHECK(last_loss < kRequiredLossRatio * first_loss);
+
+  // The master weights moved toward the target too.
+  std::vector<float> master(kNumel[0]);
+  REQUIRE(zero_engine_gather_master(e, 0, master.data(), master.size()) == ZERO_OK);
+  double dist = 0, dist0 = 0;
+  for (std::size_t i = 0; i < master.size(); ++i) {
+    dist += std::abs(master[i] - target(0, i));
+    dist0 += std::abs(1.5f + 0.01f * static_cast<float>(i) - target(0, i));
+  }
+  CHECK(dist < 0.75 * dist0);
+  CHECK(zero_engine_destroy(e) == ZERO_OK);
+}
+
+TEST_CASE("C ABI failures come back as statuses with a message naming the problem") {
+  const TempConfig config("errors", config_text(2, "fp32"));
+  const std::vector<zero_param_spec> specs = specs_of(ZERO_DTYPE_F32);
+  int calls = 0;
+  zero_engine* e = nullptr;
+
+  SECTION("an unreadable config file") {
+    CHECK(zero_engine_create("/nonexistent/ds.json", 0, specs.data(), 2, init_weights, &calls,
+                             &e) == ZERO_ERR_IO);
+    CHECK_THAT(zero_last_error(), Catch::Contains("/nonexistent/ds.json"));
+    CHECK(e == nullptr);
+  }
+  SECTION("an invalid config lists the key path") {
+    const TempConfig bad(
+        "bad", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 7}})");
+    CHECK(zero_engine_create(bad.path().c_str(), 0, specs.data(), 2, init_weights, &calls, &e) ==
+          ZERO_ERR_CONFIG);
+    CHECK_THAT(zero_last_error(), Catch::Contains("zero_optimization.stage"));
+  }
+  SECTION("arguments the caller got wrong") {
+    CHECK(zero_engine_create(config.path().c_str(), 4, specs.data(), 2, init_weights, &calls, &e) ==
+          ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("world_size_or_0 is 4"));
+    CHECK(zero_engine_create(config.path().c_str(), 0, specs.data(), 2, init_weights, &calls,
+                             nullptr) == ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("out is null"));
+    std::vector<zero_param_spec> bad = specs;
+    bad[1].dtype = 9;
+    CHECK(zero_engine_create(config.path().c_str(), 0, bad.data(), 2, init_weights, &calls, &e) ==
+          ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("specs[1].dtype is 9"));
+    CHECK(e == nullptr);
+  }
+  SECTION("a dtype other than the config's is refused by the engine") {
+    const std::vector<zero_param_spec> bf16 = specs_of(ZERO_DTYPE_BF16);
+    CHECK(zero_engine_create(config.path().c_str(), 1, bf16.data(), 2, init_weights, &calls, &e) !=
+          ZERO_OK);
+    CHECK(std::string(zero_last_error()).size() > std::string("zero_engine_create: ").size());
+    CHECK(e == nullptr);
+  }
+  SECTION("an init callback that fails") {
+    CHECK(zero_engine_create(config.path().c_str(), 0, specs.data(), 2, init_fails, nullptr, &e) ==
+          ZERO_ERR_CALLBACK);
+    CHECK_THAT(zero_last_error(), Catch::Contains("returned 3 for parameter 0"));
+    CHECK(e == nullptr);
+  }
+  SECTION("misuse of a live engine") {
+    REQUIRE(zero_engine_create(config.path().c_str(), 0, specs.data(), 2, init_weights, &calls,
+                               &e) == ZERO_OK);
+    const void* data = nullptr;
+    std::size_t bytes = 0;
+    CHECK(zero_engine_param(e, 99, &data, &bytes) == ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("parameter 99 does not exist"));
+    std::vector<float> master(5);
+    CHECK(zero_engine_gather_master(e, 0, master.data(), master.size()) ==
+          ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("has 32 elements, but numel is 5"));
+    void* slot = nullptr;
+    REQUIRE(zero_engine_grad(e, 1, &slot, &bytes) == ZERO_OK);
+    REQUIRE(zero_engine_grad_ready(e, 1) == ZERO_OK);
+    CHECK(zero_engine_grad(e, 1, &slot, &bytes) == ZERO_ERR_RUNTIME);  // already ready
+    CHECK_THAT(zero_last_error(), Catch::StartsWith("zero_engine_grad: "));
+    CHECK(zero_engine_step(nullptr, nullptr) == ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("engine is null"));
+
+    // The message is per thread: a failure elsewhere leaves this thread's message alone.
+    std::string other;
+    std::thread([&] {
+      zero_engine_gather(nullptr, 0);
+      other = zero_last_error();
+    }).join();
+    CHECK_THAT(other, Catch::StartsWith("zero_engine_gather: "));
+    CHECK_THAT(zero_last_error(), Catch::StartsWith("zero_engine_step: "));
+    CHECK(zero_engine_destroy(e) == ZERO_OK);
+  }
+  CHECK(zero_engine_destroy(nullptr) == ZERO_OK);
+}

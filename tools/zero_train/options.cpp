@@ -1,0 +1,139 @@
+#include "tools/zero_train/options.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <limits>
+#include <string_view>
+
+#include "zero/error.h"
+
+namespace zero::train {
+
+const char* const kUsage = R"(usage: zero-train --config FILE [options]
+
+Trains a teacher-student MLP with the ZeRO engine on N ranks, as the ds_config says (stage,
+precision, optimizer, LR schedule, batch sizes), and prints loss, lr, gradient norm and loss
+scale per optimizer step, then each rank's measured memory next to the ZeRO paper's formula.
+
+options:
+  --config FILE               DeepSpeed ds_config.json (required)
+  --world-size N              data-parallel ranks (default 1); under --comm mpi it comes from
+                              MPI, and a different N is an error
+  --comm inproc|mpi           ranks as threads of this process (default), or MPI processes
+                              (run under mpirun)
+  --steps K                   optimizer steps, skipped ones included (default 20)
+  --seed S                    seeds the initial weights, the teacher and the data (default 0)
+  --model mlp:IN,H1,...,OUT   layer widths (default mlp:32,256,256,10)
+  --threads T                 kernel threads per rank (default: cores / ranks on this host)
+  --dump-params FILE          after training, write every parameter's fp32 master value to one
+                              safetensors file (names layers.<k>.weight / layers.<k>.bias)
+  --json                      one JSON object per step, then a summary object
+  --quiet                     no per-step output; only the final summary
+  --help                      this text
+
+The global batch of optimizer step t (micro x accumulation x ranks rows) depends only on
+(seed, t), so runs at different world sizes and stages see the same data.
+Exit status: 0 trained, 1 runtime or config error, 2 bad usage.
+)";
+
+namespace {
+
+template <typename Int>
+std::optional<Int> parse_int(std::string_view text) {
+  Int value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+TrainOptions parse_options(std::span<const std::string> args) {
+  TrainOptions o;
+  bool have_config = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::optional<std::string> inline_value;
+    if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
+      inline_value = flag.substr(eq + 1);
+      flag.resize(eq);
+    }
+    auto switch_flag = [&]() {
+      if (inline_value) {
+        throw UsageError(fmt::format("{}={}: {} takes no value", flag, *inline_value, flag));
+      }
+    };
+    // The flag's value; `expected` says what it should be when it is missing.
+    auto value = [&](std::string_view expected) -> std::string {
+      if (inline_value) return *inline_value;
+      if (i + 1 >= args.size())
+        throw UsageError(fmt::format("{} needs a value: {}", flag, expected));
+      return args[++i];
+    };
+    auto positive = [&](std::string_view expected) -> std::int64_t {
+      const std::string v = value(expected);
+      const auto n = parse_int<std::int64_t>(v);
+      if (!n || *n <= 0) throw UsageError(fmt::format("{} {}: expected {}", flag, v, expected));
+      return *n;
+    };
+    constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
+
+    if (flag == "--help" || flag == "-h") {
+      o.help = true;
+      return o;
+    } else if (flag == "--config") {
+      o.config_path = value("a ds_config.json path");
+      if (o.config_path.empty())
+        throw UsageError("--config: expected a ds_config.json path, got ''");
+      have_config = true;
+    } else if (flag == "--world-size") {
+      const std::int64_t n = positive("a positive number of ranks");
+      if (n > kMaxInt) throw UsageError(fmt::format("--world-size {}: too many ranks", n));
+      o.world_size = static_cast<int>(n);
+    } else if (flag == "--comm") {
+      o.comm = value("inproc or mpi");
+      if (o.comm != "inproc" && o.comm != "mpi") {
+        throw UsageError(fmt::format("--comm {}: expected inproc or mpi", o.comm));
+      }
+    } else if (flag == "--steps") {
+      o.steps = positive("a positive number of optimizer steps");
+    } else if (flag == "--seed") {
+      const std::string v = value("a non-negative integer");
+      const auto s = parse_int<std::uint64_t>(v);
+      if (!s) throw UsageError(fmt::format("--seed {}: expected a non-negative integer", v));
+      o.seed = *s;
+    } else if (flag == "--model") {
+      const std::string v = value("mlp:IN,H1,...,OUT");
+      try {
+        o.model = MlpShape::parse(v);
+      } catch (const Error& e) {
+        throw UsageError(fmt::format("--model {}: {}", v, e.what()));
+      }
+    } else if (flag == "--threads") {
+      const std::int64_t n = positive("a positive number of kernel threads per rank");
+      if (n > kMaxInt) throw UsageError(fmt::format("--threads {}: too many threads", n));
+      o.threads = static_cast<int>(n);
+    } else if (flag == "--dump-params") {
+      o.dump_params = value("a .safetensors path");
+      if (o.dump_params.empty()) {
+        throw UsageError("--dump-params: expected a .safetensors path, got ''");
+      }
+    } else if (flag == "--json") {
+      switch_flag();
+      o.json = true;
+    } else if (flag == "--quiet") {
+      switch_flag();
+      o.quiet = true;
+    } else if (flag.starts_with("-")) {
+      throw UsageError(fmt::format("unknown option '{}' (see zero-train --help)", flag));
+    } else {
+      throw UsageError(fmt::format(
+          "unexpected argument '{}': every option is a --flag (see zero-train --help)", flag));
+    }
+  }
+  if (!have_config) throw UsageError("--config FILE is required (a DeepSpeed ds_config.json)");
+  return o;
+}
+
+}  // namespace zero::train

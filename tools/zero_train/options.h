@@ -1,0 +1,41 @@
+// zero-train's command line: flags, defaults and the one-line usage errors (exit 2).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "tools/zero_train/mlp.h"
+
+namespace zero::train {
+
+// A bad flag or value. The message names the flag, the value and what is expected; zero-train
+// prints it as one line and exits 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainOptions {
+  std::string config_path;
+  std::optional<int> world_size;  // as given; under --comm mpi it must equal MPI's size
+  std::string comm = "inproc";    // "inproc" or "mpi"
+  std::int64_t steps = 20;        // optimizer steps, skipped ones included
+  std::uint64_t seed = 0;
+  MlpShape model = MlpShape::parse("mlp:32,256,256,10");
+  std::optional<int> threads;  // kernel threads per rank; nullopt: cores / ranks on this host
+  std::string dump_params;     // safetensors path; empty: no dump
+  bool json = false;
+  bool quiet = false;
+  bool help = false;  // --help: print kUsage and exit 0; nothing else is checked
+};
+
+extern const char* const kUsage;
+
+// Parses the arguments after the program name. Accepts "--flag value" and "--flag=value".
+// Throws UsageError for an unknown flag, a missing or malformed value, or a missing --config.
+TrainOptions parse_options(std::span<const std::string> args);
+
+}  // namespace zero::train

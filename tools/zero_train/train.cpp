@@ -1,0 +1,277 @@
+#include "tools/zero_train/train.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <span>
+
+#include "kernels/cast.h"
+#include "tools/zero_train/mlp.h"
+#include "zero/device/device.h"
+#include "zero/engine.h"
+#include "zero/error.h"
+#include "zero/io/safetensors.h"
+
+namespace zero::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A MemorySnapshot as doubles (exact below 2^53 bytes), so ranks in other processes can send it.
+constexpr std::size_t kPackedSnapshot = kNumMemoryKinds * kNumMemoryTags * 4 + kNumMemoryKinds * 4;
+
+void pack_usage(const MemoryUsage& u, double*& out) {
+  *out++ = static_cast<double>(u.current_bytes);
+  *out++ = static_cast<double>(u.peak_bytes);
+  *out++ = static_cast<double>(u.live_allocations);
+  *out++ = static_cast<double>(u.total_allocations);
+}
+
+void unpack_usage(MemoryUsage& u, const double*& in) {
+  u.current_bytes = static_cast<std::size_t>(*in++);
+  u.peak_bytes = static_cast<std::size_t>(*in++);
+  u.live_allocations = static_cast<std::size_t>(*in++);
+  u.total_allocations = static_cast<std::size_t>(*in++);
+}
+
+// Collective: every rank's snapshot, in rank order (meaningful on every rank).
+std::vector<MemorySnapshot> gather_snapshots(Communicator& comm, const MemorySnapshot& mine) {
+  std::vector<double> send(kPackedSnapshot);
+  double* out = send.data();
+  for (const auto& kind : mine.by_kind_tag) {
+    for (const MemoryUsage& u : kind) pack_usage(u, out);
+  }
+  for (const MemoryUsage& u : mine.by_kind) pack_usage(u, out);
+  ZERO_ASSERT(out == send.data() + send.size());
+
+  std::vector<double> all(send.size() * static_cast<std::size_t>(comm.size()));
+  comm.all_gather(send.data(), all.data(), send.size(), DType::F64).wait();
+
+  std::vector<MemorySnapshot> snapshots(static_cast<std::size_t>(comm.size()));
+  for (std::size_t r = 0; r < snapshots.size(); ++r) {
+    MemorySnapshot& s = snapshots[r];
+    s.rank = static_cast<int>(r);
+    const double* in = all.data() + r * send.size();
+    for (auto& kind : s.by_kind_tag) {
+      for (MemoryUsage& u : kind) unpack_usage(u, in);
+    }
+    for (MemoryUsage& u : s.by_kind) unpack_usage(u, in);
+  }
+  return snapshots;
+}
+
+std::vector<std::int64_t> to_int64(const std::vector<std::size_t>& shape) {
+  return {shape.begin(), shape.end()};
+}
+
+}  // namespace
+
+std::optional<EstimateInput> estimate_input_for(const config::DsConfig& config,
+                                                std::uint64_t params, std::uint64_t largest_param,
+                                                int world_size) {
+  EstimateInput in;
+  in.params = params;
+  in.largest_param = largest_param;
+  in.world_size = static_cast<std::uint64_t>(world_size);
+  in.stage = config.zero_optimization.stage;
+  switch (config.model_dtype) {
+    case DType::F16: in.precision = Precision::Fp16; break;
+    case DType::BF16: in.precision = Precision::Bf16; break;
+    default: in.precision = Precision::Fp32; break;
+  }
+  using config::OptimizerKind;
+  const OptimizerKind kind = config.optimizer ? config.optimizer->kind : OptimizerKind::Adam;
+  switch (kind) {
+    case OptimizerKind::Adam:
+    case OptimizerKind::AdamW: in.optimizer = EstimateOptimizer::Adam; break;
+    case OptimizerKind::Adagrad: in.optimizer = EstimateOptimizer::Adagrad; break;
+    case OptimizerKind::Lion: in.optimizer = EstimateOptimizer::Lion; break;
+    case OptimizerKind::Sgd:
+      in.optimizer =
+          config.optimizer->momentum != 0 ? EstimateOptimizer::SgdMomentum : EstimateOptimizer::Sgd;
+      break;
+    default: return std::nullopt;
+  }
+  auto tier = [](config::OffloadDevice d) {
+    switch (d) {
+      case config::OffloadDevice::Cpu: return OffloadTier::Cpu;
+      case config::OffloadDevice::Nvme: return OffloadTier::Nvme;
+      case config::OffloadDevice::None: break;
+    }
+    return OffloadTier::None;
+  };
+  const auto& z = config.zero_optimization;
+  if (z.offload_optimizer) in.offload_optimizer = tier(z.offload_optimizer->device);
+  if (z.offload_param) in.offload_param = tier(z.offload_param->device);
+  return in;
+}
+
+void train_rank(const TrainOptions& options, const config::DsConfig& config, int threads,
+                Communicator& comm, TrainObserver* observer) {
+  const MlpShape& shape = options.model;
+  const std::vector<MlpParam> mlp = mlp_params(shape);
+  const std::size_t num_params = mlp.size();
+  const DType dtype = config.model_dtype;
+
+  std::vector<ParamSpec> specs;
+  std::uint64_t total_params = 0, largest_param = 0;
+  for (std::size_t i = 0; i < num_params; ++i) {
+    // Weight and bias of layer k form unit k: stage 3 gathers a layer at a time.
+    specs.push_back({.name = mlp[i].name,
+                     .shape = to_int64(mlp[i].shape),
+                     .dtype = dtype,
+                     .group = 0,
+                     .unit = static_cast<int>(i / 2)});
+    total_params += mlp[i].numel();
+    largest_param = std::max<std::uint64_t>(largest_param, mlp[i].numel());
+  }
+
+  // The device outlives the engine (Engine::create's REQUIRES).
+  const std::unique_ptr<Device> device = make_device("cpu", comm.rank());
+  EngineOptions engine_options;
+  engine_options.exec.threads = threads;
+  const InitFn init = [&](std::size_t index, std::span<float> out) {
+    init_param(shape, index, options.seed, /*stream=*/0, out);
+  };
+  const std::unique_ptr<Engine> engine =
+      Engine::create(config, comm, *device, specs, init, engine_options);
+
+  const int rank = comm.rank();
+  const int world = comm.size();
+  ZERO_CHECK(config.train_micro_batch_size_per_gpu && config.gradient_accumulation_steps,
+             "zero-train: the config's batch sizes are unresolved after Engine::create");
+  const std::int64_t micro = *config.train_micro_batch_size_per_gpu;
+  const std::int64_t accumulation = *config.gradient_accumulation_steps;
+  ZERO_CHECK(engine->gradient_accumulation_steps() == accumulation,
+             "zero-train: the engine accumulates {} micro-steps, the config says {}",
+             engine->gradient_accumulation_steps(), accumulation);
+  const std::int64_t global_batch = micro * accumulation * world;
+
+  if (observer != nullptr) {
+    RunInfo info;
+    info.model = shape.to_string();
+    info.params = total_params;
+    info.tensors = num_params;
+    info.world_size = world;
+    info.backend = comm.backend_name();
+    info.threads = threads;
+    info.stage = engine->stage();
+    info.dtype = std::string(dtype_name(dtype));
+    info.optimizer = config.optimizer ? config.optimizer->type : "none";
+    info.scheduler = config.scheduler ? config.scheduler->type : "";
+    info.micro_batch = micro;
+    info.accumulation = accumulation;
+    info.global_batch = global_batch;
+    info.steps = options.steps;
+    info.seed = options.seed;
+    info.steps_per_print = config.steps_per_print.value_or(10);
+    observer->on_start(info);
+  }
+
+  const TeacherStudentData data(shape, options.seed);
+  std::vector<std::vector<float>> weights(num_params), grads(num_params);
+  for (std::size_t i = 0; i < num_params; ++i) {
+    weights[i].resize(mlp[i].numel());
+    grads[i].resize(mlp[i].numel());
+  }
+  const std::vector<std::span<const float>> weight_views(weights.begin(), weights.end());
+  const std::vector<std::span<float>> grad_views(grads.begin(), grads.end());
+  const int units = static_cast<int>(shape.layers());
+  const std::size_t element_bytes = dtype_size(dtype);
+
+  RunSummary summary;
+  const Clock::time_point train_start = Clock::now();
+  for (std::int64_t done = 0; done < options.steps; ++done) {
+    const Clock::time_point step_start = Clock::now();
+    // The engine's count, not `done`: it is what a resumed run would continue from.
+    const auto step_index = static_cast<std::uint64_t>(engine->global_steps());
+    double loss_sum = 0;
+    StepResult result;
+    for (std::int64_t k = 0; k < accumulation; ++k) {
+      const auto first = static_cast<std::uint64_t>(rank * micro * accumulation + k * micro);
+      const Batch batch = data.batch(step_index, first, static_cast<std::size_t>(micro));
+
+      // The MLP needs every layer's weights in backward too, so units stay gathered until their
+      // gradients are handed over.
+      for (int u = 0; u < units; ++u) engine->gather(u);
+      for (std::size_t i = 0; i < num_params; ++i) {
+        const std::span<const std::byte> p = engine->param(i);
+        ZERO_CHECK(p.size() == weights[i].size() * element_bytes,
+                   "zero-train: engine->param({}) has {} bytes, expected {}", i, p.size(),
+                   weights[i].size() * element_bytes);
+        kernels::cast_cpu(p.data(), dtype, weights[i].data(), DType::F32, weights[i].size(),
+                          engine_options.exec);
+      }
+      loss_sum += forward_backward(shape, weight_views, batch,
+                                   static_cast<float>(engine->backward_scale()), grad_views);
+      // Backward produces the last layer's gradients first.
+      for (int u = units - 1; u >= 0; --u) {
+        for (std::size_t i = 2 * static_cast<std::size_t>(u) + 2;
+             i-- > 2 * static_cast<std::size_t>(u);) {
+          const std::span<std::byte> slot = engine->grad(i);
+          ZERO_CHECK(slot.size() == grads[i].size() * element_bytes,
+                     "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
+                     grads[i].size() * element_bytes);
+          kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size(),
+                            engine_options.exec);
+          engine->grad_ready(i);
+        }
+        engine->release(u);
+      }
+      result = engine->step();
+      ZERO_CHECK(result.boundary == (k + 1 == accumulation),
+                 "zero-train: micro-step {} of {} {} an accumulation boundary", k + 1, accumulation,
+                 result.boundary ? "closed" : "did not close");
+    }
+    const double step_seconds = seconds_since(step_start);
+
+    double loss = loss_sum / static_cast<double>(accumulation);
+    comm.all_reduce(&loss, &loss, 1, DType::F64, ReduceOp::Avg).wait();
+
+    if (done == 0) summary.first_loss = loss;
+    summary.final_loss = loss;
+    summary.steps = result.global_steps;
+    summary.skipped_steps = result.skipped_steps;
+    if (observer != nullptr) {
+      observer->on_step({.step = result.global_steps,
+                         .loss = loss,
+                         .lr = result.lr,
+                         .grad_norm = result.skipped ? std::nan("") : result.grad_norm,
+                         .loss_scale = result.loss_scale,
+                         .skipped = result.skipped,
+                         .step_time_s = step_seconds});
+    }
+  }
+  summary.train_seconds = seconds_since(train_start);
+  summary.samples_per_s =
+      summary.train_seconds > 0
+          ? static_cast<double>(options.steps * global_batch) / summary.train_seconds
+          : 0;
+
+  summary.memory = gather_snapshots(comm, engine->memory());
+  summary.estimate_input = estimate_input_for(config, total_params, largest_param, world);
+  if (summary.estimate_input) summary.estimate = estimate_model_states(*summary.estimate_input);
+
+  if (!options.dump_params.empty()) {
+    io::SafetensorsWriter writer;
+    writer.set_metadata("model", shape.to_string());
+    writer.set_metadata("seed", std::to_string(options.seed));
+    writer.set_metadata("steps", std::to_string(summary.steps));
+    for (std::size_t i = 0; i < num_params; ++i) {
+      std::vector<float> master = engine->gather_master(i);  // collective
+      if (rank == 0) writer.add_f32(mlp[i].name, to_int64(mlp[i].shape), master);
+    }
+    if (rank == 0) writer.write(options.dump_params);
+    summary.dump_path = options.dump_params;
+  }
+
+  if (observer != nullptr) observer->on_finish(summary);
+}
+
+}  // namespace zero::train

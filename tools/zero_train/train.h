@@ -1,0 +1,83 @@
+// One rank of zero-train: registers the MLP with the engine, feeds it this rank's share of every
+// global batch, and tells rank 0's observer what happened.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/ds_config.h"
+#include "tools/zero_train/options.h"
+#include "zero/comm/communicator.h"
+#include "zero/device/memory_ledger.h"
+#include "zero/estimate/estimate.h"
+
+namespace zero::train {
+
+// What rank 0 knows before the first step.
+struct RunInfo {
+  std::string model;  // "mlp:32,256,256,10"
+  std::uint64_t params = 0;
+  std::size_t tensors = 0;
+  int world_size = 1;
+  std::string backend;  // "inproc", "mpi"
+  int threads = 1;      // kernel threads per rank
+  int stage = 0;
+  std::string dtype;      // "bf16"
+  std::string optimizer;  // as the config names it
+  std::string scheduler;  // empty: none
+  std::int64_t micro_batch = 0;
+  std::int64_t accumulation = 0;
+  std::int64_t global_batch = 0;  // micro × accumulation × world size
+  std::int64_t steps = 0;
+  std::uint64_t seed = 0;
+  std::int64_t steps_per_print = 10;
+};
+
+// One optimizer step (accumulation window) as rank 0 reports it.
+struct StepRecord {
+  std::int64_t step = 0;  // 1-based: optimizer steps done, skipped ones included
+  double loss = 0;        // mean over the global batch and the window's micro-steps
+  double lr = 0;
+  double grad_norm = 0;  // NaN when skipped
+  double loss_scale = 1;
+  bool skipped = false;
+  double step_time_s = 0;  // rank 0's wall time for the window (forward, backward, step)
+};
+
+struct RunSummary {
+  std::int64_t steps = 0;
+  double first_loss = 0;
+  double final_loss = 0;
+  std::int64_t skipped_steps = 0;
+  double train_seconds = 0;
+  double samples_per_s = 0;
+  std::vector<MemorySnapshot> memory;           // one per rank, at the end of training
+  std::optional<EstimateInput> estimate_input;  // nullopt: the optimizer has no formula
+  std::optional<EstimateResult> estimate;
+  std::string dump_path;  // written, or empty
+};
+
+// Rank 0's sink for progress. Called on rank 0's thread only.
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_start(const RunInfo& info) = 0;
+  virtual void on_step(const StepRecord& step) = 0;
+  virtual void on_finish(const RunSummary& summary) = 0;
+};
+
+// Trains options.steps optimizer steps on this rank. Collective: every rank of `comm` calls it
+// with the same options and config. `observer` is rank 0's (null on the other ranks).
+// Throws what the engine throws (ConfigError when the config cannot run, CommError, ...).
+void train_rank(const TrainOptions& options, const config::DsConfig& config, int threads,
+                Communicator& comm, TrainObserver* observer);
+
+// The ZeRO-paper estimate zero-config estimate prints for this run (Ψ, W, stage, precision,
+// optimizer, offload); nullopt when the config's optimizer has no formula.
+std::optional<EstimateInput> estimate_input_for(const config::DsConfig& config,
+                                                std::uint64_t params, std::uint64_t largest_param,
+                                                int world_size);
+
+}  // namespace zero::train

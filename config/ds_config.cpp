@@ -986,7 +986,7 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
 void Loader::check_unsupported(const json& out) {
   for (const UnsupportedRule& u : unsupported_rules()) {
     const json* v = lookup(out, u.path);
-    if (v == nullptr || is_auto(*v) || !u.applies(*v)) continue;
+    if (v == nullptr || is_auto(*v) || !u.applies(*v) || (u.when && !u.when(out))) continue;
     add(Severity::Unsupported, std::string(u.path), fmt::format("{}; the config sets {}", u.what, show(*v)));
   }
 }

@@ -322,6 +322,13 @@ bool above_one(const json& v) { return v.is_number() && v.get<double>() > 1; }
 bool above_zero(const json& v) { return v.is_number() && v.get<double>() > 0; }
 bool below_one(const json& v) { return v.is_number() && v.get<double>() < 1; }
 bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_nvme(const json& v) { return v.is_string() && v.get<std::string>() == "nvme"; }
+bool stage_3(const json& root) {
+  const auto z = root.find("zero_optimization");
+  if (z == root.end() || !z->is_object()) return false;
+  const auto s = z->find("stage");
+  return s != z->end() && s->is_number() && s->get<double>() == 3;
+}
 
 bool unsupported_optimizer(const json& type) {
   return type.is_string() && optimizer_variant(type.get<std::string>()).empty();
@@ -366,6 +373,11 @@ const std::vector<UnsupportedRule> kUnsupported = {
     {"zero_optimization.offload_optimizer.super_offload", is_true, "SuperOffload"},
     {"zero_optimization.offload_optimizer.ratio", below_one, "partial optimizer offload (ratio < 1)"},
     {"zero_optimization.offload_optimizer.fast_init", is_true, "NVMe fast init"},
+    {"zero_optimization.offload_optimizer.device", is_nvme,
+     "NVMe optimizer-state offload at stage 3 (\"cpu\" works; stages 1 and 2 treat \"nvme\" as \"cpu\")",
+     stage_3},
+    {"zero_optimization.offload_param.device", is_nvme, "NVMe parameter offload (\"cpu\" works)",
+     stage_3},
     {"torch_autocast.enabled", is_true, "torch.autocast mixed precision"},
     {"amp.enabled", is_true, "Apex AMP"},
     {"elasticity.enabled", is_true, "elastic training"},

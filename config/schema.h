@@ -76,6 +76,8 @@ struct UnsupportedRule {
   std::string_view path;
   bool (*applies)(const nlohmann::json& value);
   std::string_view what;
+  // Also required, when set: a condition on the whole resolved config (e.g. the ZeRO stage).
+  bool (*when)(const nlohmann::json& root) = nullptr;
 };
 
 struct SubsystemBlock {

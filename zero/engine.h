@@ -84,6 +84,22 @@ struct StepResult {
   double loss_scale = 1;  // the scale this window's gradients were produced with
 };
 
+// Where this rank's time went since create() (or the last reset_timings()), wall-clock seconds
+// on the rank's thread. Communication that overlapped with compute shows only as the time spent
+// waiting for it.
+struct EngineTimings {
+  double pack_s = 0;            // gradients into buckets (cast to the communication dtype)
+  double reduce_wait_s = 0;     // waiting for bucket reductions
+  double unpack_s = 0;          // reduced buckets into the partition gradients
+  double accumulate_s = 0;      // stages 0/1: micro-step gradients into the accumulation buffer
+  double norm_s = 0;            // overflow check, squared norm and their all-reduces
+  double optimizer_s = 0;       // the optimizer kernels (with the low-precision write)
+  double all_gather_s = 0;      // stages 1/2: the updated model copy to every rank
+  double gather_s = 0;          // stage 3: gather() of units
+  std::int64_t buckets = 0;     // bucket reductions issued
+  std::int64_t gathers = 0;     // stage 3 unit all-gathers issued
+};
+
 class Engine {
  public:
   // Builds the engine for this rank. Collective. Throws ConfigError listing every reason the
@@ -142,6 +158,8 @@ class Engine {
   virtual double current_lr(int group = 0) const = 0;
   // This rank's memory ledger.
   virtual MemorySnapshot memory() const = 0;
+  virtual EngineTimings timings() const = 0;
+  virtual void reset_timings() = 0;
 };
 
 }  // namespace zero

@@ -16,6 +16,7 @@
 #include "zero/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -118,6 +119,8 @@ class EngineImpl final : public Engine {
   std::int64_t global_steps() const override { return global_steps_; }
   double current_lr(int group) const override;
   MemorySnapshot memory() const override { return device_.ledger().snapshot(); }
+  EngineTimings timings() const override { return timings_; }
+  void reset_timings() override { timings_ = {}; }
 
  private:
   struct ParamState {
@@ -179,8 +182,8 @@ class EngineImpl final : public Engine {
 
   void init_state(const InitFn& init);
   void build_runs();
-  Buffer alloc(std::size_t elems, DType dtype, MemoryTag tag) {
-    return device_.allocate(elems * dtype_size(dtype), MemoryKind::Device, tag);
+  Buffer alloc(std::size_t elems, DType dtype, MemoryTag tag, MemoryKind kind = MemoryKind::Device) {
+    return device_.allocate(elems * dtype_size(dtype), kind, tag);
   }
 
   void unit_complete(int unit);
@@ -210,6 +213,11 @@ class EngineImpl final : public Engine {
   bool overlap_comm_ = false;
   bool reduce_scatter_ = true;
   bool ignore_unused_ = true;
+  // Where the optimizer's partition (master, states, reduced gradients) and, at stage 3, the
+  // model copy's own slices live: the device, or host memory with offload ("cpu"; "nvme" at
+  // stages 1/2 too, as DeepSpeed does). On a CpuDevice both are host memory; the ledger says which.
+  MemoryKind optimizer_kind_ = MemoryKind::Device;
+  MemoryKind param_kind_ = MemoryKind::Device;
   double clip_ = 0;
   ReduceOp reduce_op_ = ReduceOp::Avg;
   float pack_scale_ = 1.0f;     // prescale_gradients / gradient_predivide_factor, before the sum
@@ -243,6 +251,22 @@ class EngineImpl final : public Engine {
   std::int64_t skipped_steps_ = 0;
   std::int64_t applied_steps_ = 0;
   std::int64_t last_batch_iteration_ = -1;
+  EngineTimings timings_;
+};
+
+// Adds the wall time of its scope to one EngineTimings field.
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(double& into) : into_(into), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() {
+    into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  ScopedTimer(const ScopedTimer&) = delete;
+  ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+ private:
+  double& into_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -294,6 +318,12 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   reduce_scatter_ = zo.reduce_scatter;
   ignore_unused_ = zo.ignore_unused_parameters;
   clip_ = cfg_.gradient_clipping;
+  if (zo.offload_optimizer && zo.offload_optimizer->device != config::OffloadDevice::None && stage_ > 0) {
+    optimizer_kind_ = zo.offload_optimizer->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
+  }
+  if (zo.offload_param && zo.offload_param->device != config::OffloadDevice::None && stage_ == 3) {
+    param_kind_ = zo.offload_param->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
+  }
   const double f = cfg_.gradient_predivide_factor;
   if (cfg_.gradient_allreduce_sum) {
     reduce_op_ = ReduceOp::Sum;
@@ -367,19 +397,19 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
 void EngineImpl::init_state(const InitFn& init) {
   const std::size_t P = partition_elems();
   const std::size_t domains = static_cast<std::size_t>(num_domains());
-  master_ = alloc(domains * P, DType::F32, MemoryTag::MasterParams);
+  master_ = alloc(domains * P, DType::F32, MemoryTag::MasterParams, optimizer_kind_);
   if (stage_ != 0) {
-    grads_ = alloc(P, accum_dtype_, MemoryTag::Gradients);
+    grads_ = alloc(P, accum_dtype_, MemoryTag::Gradients, optimizer_kind_);
     fill_zero(grads_.data(), accum_dtype_, P);
   }
   const int nstates = kernels::optimizer_state_count(groups_[0].hyper);
   for (int k = 0; k < nstates; ++k) {
-    states_.push_back(alloc(domains * P, DType::F32, MemoryTag::OptimizerStates));
+    states_.push_back(alloc(domains * P, DType::F32, MemoryTag::OptimizerStates, optimizer_kind_));
     std::span<float> s = states_.back().as<float>();
     // Param groups share one optimizer kind, so the initial value is the same everywhere.
     std::fill(s.begin(), s.end(), kernels::optimizer_state_initial_value(groups_[0].hyper, k));
   }
-  if (stage_ == 3) model_part_ = alloc(P, model_dtype_, MemoryTag::LowPrecisionParams);
+  if (stage_ == 3) model_part_ = alloc(P, model_dtype_, MemoryTag::LowPrecisionParams, param_kind_);
 
   std::vector<float> flat;
   for (std::size_t u = 0; u < layout_units_; ++u) {
@@ -455,6 +485,8 @@ void EngineImpl::gather(int unit) {
   UnitState& us = units_[static_cast<std::size_t>(unit)];
   const UnitLayout* ul = layout_unit(unit);
   if (!us.gathered.empty() || ul == nullptr || ul->padded_elems == 0) return;
+  ScopedTimer timer(timings_.gather_s);
+  ++timings_.gathers;
   Buffer full = alloc(ul->padded_elems, model_dtype_, MemoryTag::GatherBuffers);
   comm_.all_gather(at(model_part_, model_dtype_, ul->partition_offset), full.data(), ul->slice_elems,
                    model_dtype_)
@@ -531,6 +563,7 @@ void EngineImpl::unit_complete(int unit) {
   const UnitLayout* ul = layout_unit(unit);
   if (ul == nullptr || ul->padded_elems == 0) return;
   if (stage_ <= 1) {
+    ScopedTimer timer(timings_.accumulate_s);
     combine(us.accum.data(), accum_dtype_, us.staging.data(), model_dtype_, ul->padded_elems, 1.0f,
             micro_in_window_ > 0, exec_);
     us.staging.reset();
@@ -564,6 +597,8 @@ void EngineImpl::flush_bucket() {
   BucketSlot& slot = slots_[next_slot_];
   next_slot_ = (next_slot_ + 1) % slots_.size();
   if (slot.in_flight) finish_slot(slot);
+  ++timings_.buckets;
+  std::optional<ScopedTimer> pack_timer(std::in_place, timings_.pack_s);
   const std::size_t W = static_cast<std::size_t>(world_);
   const std::size_t chunk = open_bucket_elems_;
   const std::size_t capacity = bucket_chunk_capacity_;
@@ -590,6 +625,7 @@ void EngineImpl::flush_bucket() {
   }
   slot.chunk_elems = chunk;
   slot.accumulate = stage_ >= 2 && !window_first_reduction_;
+  pack_timer.reset();
   if (W == 1) {
     slot.work = Work();  // the sum over one rank is the bucket itself
   } else if (stage_ != 0 && reduce_scatter_) {
@@ -605,8 +641,12 @@ void EngineImpl::flush_bucket() {
 
 // Waits for a bucket's reduction and moves the reduced values into the partition gradients.
 void EngineImpl::finish_slot(BucketSlot& slot) {
-  slot.work.wait();
+  {
+    ScopedTimer timer(timings_.reduce_wait_s);
+    slot.work.wait();
+  }
   slot.in_flight = false;
+  ScopedTimer timer(timings_.unpack_s);
   const bool own_chunk_in_recv = world_ > 1 && stage_ != 0 && reduce_scatter_;
   for (int d = 0; d < num_domains(); ++d) {
     const std::size_t q = static_cast<std::size_t>(domain_rank(d));
@@ -673,6 +713,7 @@ void EngineImpl::reset_micro_step() {
 
 void EngineImpl::all_gather_model() {
   if (world_ == 1 || stage_ == 0 || stage_ == 3) return;
+  ScopedTimer timer(timings_.all_gather_s);
   // Several units in flight, up to allgather_bucket_size elements.
   const auto limit = static_cast<std::size_t>(std::max<std::int64_t>(cfg_.zero_optimization.allgather_bucket_elems, 1));
   std::deque<std::pair<Work, std::size_t>> inflight;
@@ -717,6 +758,7 @@ StepResult EngineImpl::step() {
   // norm walk this rank's slice of each unit in unit order, whatever the stage, so every stage
   // sums the same numbers in the same order.
   const int own = stage_ == 0 ? rank_ : 0;
+  std::optional<ScopedTimer> norm_timer(std::in_place, timings_.norm_s);
   float overflow = 0.0f;
   if (check_overflow_) {
     for (std::size_t u = 0; u < layout_units_ && overflow == 0.0f; ++u) {
@@ -736,6 +778,8 @@ StepResult EngineImpl::step() {
     }
     if (world_ > 1) comm_.all_reduce(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum).wait();
   }
+
+  norm_timer.reset();
 
   // Per-group coefficients, validated before any write.
   std::vector<kernels::OptimizerHyper> hypers;
@@ -786,6 +830,7 @@ StepResult EngineImpl::step() {
   }
   result.lr = scalars[0].lr;
   const bool fused_out = model_dtype_ != DType::F32;
+  std::optional<ScopedTimer> optimizer_timer(std::in_place, timings_.optimizer_s);
   for (const OptimizerRun& run : runs_) {
     const UnitLayout& ul = layout_->unit(run.unit);
     const std::size_t off = domain_offset(run.domain) + ul.partition_offset + run.begin;
@@ -813,6 +858,7 @@ StepResult EngineImpl::step() {
     kernels::optimizer_step_cpu(hypers[g], scalars[g], t, exec_);
     if (!fused_out) std::memcpy(model_out, t.master, n * sizeof(float));
   }
+  optimizer_timer.reset();
   ++applied_steps_;
   ++last_batch_iteration_;
   all_gather_model();

@@ -95,9 +95,11 @@ struct EngineTimings {
   double norm_s = 0;            // overflow check, squared norm and their all-reduces
   double optimizer_s = 0;       // the optimizer kernels (with the low-precision write)
   double all_gather_s = 0;      // stages 1/2: the updated model copy to every rank
-  double gather_s = 0;          // stage 3: gather() of units
+  double gather_s = 0;          // stage 3: time inside gather() (issuing prefetches included)
+  double gather_wait_s = 0;     // stage 3: of which waiting for all-gathers to complete
   std::int64_t buckets = 0;     // bucket reductions issued
-  std::int64_t gathers = 0;     // stage 3 unit all-gathers issued
+  std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
+  std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
 };
 
 class Engine {

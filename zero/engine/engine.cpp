@@ -30,6 +30,7 @@
 #include "kernels/unscale.h"
 #include "zero/engine/elementwise.h"
 #include "zero/engine/optimizer_setup.h"
+#include "zero/engine/param_fetcher.h"
 #include "zero/error.h"
 #include "zero/layout/flat_layout.h"
 #include "zero/log.h"
@@ -136,7 +137,6 @@ class EngineImpl final : public Engine {
     Buffer staging;                      // this micro-step's gradients, unit-flat, model dtype
     Buffer model;                        // stages 0–2: the full model copy, unit-flat
     Buffer accum;                        // stages 0/1: the window's accumulated gradients
-    Buffer gathered;                     // stage 3: the gathered model copy
     std::size_t unpacked = 0;            // stage 2/3: pieces submitted but not yet packed
   };
   // One in-flight bucket reduction.
@@ -235,6 +235,7 @@ class EngineImpl final : public Engine {
   std::vector<Buffer> states_;
   Buffer grads_;       // stages 1–3: reduced gradients of the partition, accum dtype
   Buffer model_part_;  // stage 3: own slices of the model copy
+  std::unique_ptr<engine_detail::ParamFetcher> fetcher_;  // stage 3
 
   std::size_t bucket_chunk_capacity_ = 0;  // per-rank elements a bucket holds
   std::vector<BucketSource> open_bucket_;
@@ -391,6 +392,18 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
 
   init_state(init);
   build_runs();
+  if (stage_ == 3) {
+    auto elems = [](std::int64_t v) { return static_cast<std::size_t>(std::max<std::int64_t>(v, 0)); };
+    engine_detail::FetchOptions fo;
+    fo.prefetch_bucket_elems = elems(zo.prefetch_bucket_elems);
+    fo.max_live_elems = elems(zo.max_live_parameters_elems);
+    fo.max_reuse_distance_elems = elems(zo.max_reuse_distance_elems);
+    fo.param_persistence_threshold_elems = elems(zo.param_persistence_threshold_elems);
+    fo.model_persistence_threshold_elems = elems(zo.model_persistence_threshold_elems);
+    fetcher_ = std::make_unique<engine_detail::ParamFetcher>(
+        comm_, device_, *layout_, num_units_, model_dtype_,
+        static_cast<const std::byte*>(model_part_.data()), fo, timings_);
+  }
 }
 
 // Rank 0 initialises each unit in full, broadcasts it, and every rank keeps what its stage needs.
@@ -481,28 +494,12 @@ void EngineImpl::build_runs() {
 
 void EngineImpl::gather(int unit) {
   check_unit(unit, "gather");
-  if (stage_ != 3) return;
-  UnitState& us = units_[static_cast<std::size_t>(unit)];
-  const UnitLayout* ul = layout_unit(unit);
-  if (!us.gathered.empty() || ul == nullptr || ul->padded_elems == 0) return;
-  ScopedTimer timer(timings_.gather_s);
-  ++timings_.gathers;
-  Buffer full = alloc(ul->padded_elems, model_dtype_, MemoryTag::GatherBuffers);
-  comm_.all_gather(at(model_part_, model_dtype_, ul->partition_offset), full.data(), ul->slice_elems,
-                   model_dtype_)
-      .wait();
-  us.gathered = std::move(full);
+  if (fetcher_) fetcher_->gather(unit);
 }
 
 void EngineImpl::release(int unit) {
   check_unit(unit, "release");
-  if (stage_ != 3) return;
-  UnitState& us = units_[static_cast<std::size_t>(unit)];
-  const UnitLayout* ul = layout_unit(unit);
-  if (ul == nullptr || ul->padded_elems == 0) return;
-  ZERO_CHECK(!us.gathered.empty(), "release: unit {} is not gathered on rank {} (release without gather)",
-             unit, rank_);
-  us.gathered.reset();
+  if (fetcher_) fetcher_->release(unit);
 }
 
 std::span<const std::byte> EngineImpl::param(std::size_t param) const {
@@ -511,16 +508,13 @@ std::span<const std::byte> EngineImpl::param(std::size_t param) const {
   const std::size_t bytes = ps.numel * dtype_size(model_dtype_);
   if (!ps.layout_index) return {static_cast<const std::byte*>(ps.frozen.data()), bytes};
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
-  const UnitState& us = units_[static_cast<std::size_t>(pl.unit)];
-  const Buffer* src = &us.model;
-  if (stage_ == 3) {
-    ZERO_CHECK(!us.gathered.empty() || ps.numel == 0,
-               "param: parameter '{}' (unit {}) is not gathered on rank {}: call gather({}) first",
-               specs_[param].name, pl.unit, rank_, pl.unit);
-    src = &us.gathered;
-  }
   if (ps.numel == 0) return {};
-  return {at(*src, model_dtype_, pl.offset), bytes};
+  if (!fetcher_) return {at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset), bytes};
+  const std::byte* data = fetcher_->data(pl.unit);
+  ZERO_CHECK(data != nullptr,
+             "param: parameter '{}' (unit {}) is not gathered on rank {}: call gather({}) first",
+             specs_[param].name, pl.unit, rank_, pl.unit);
+  return {data + pl.offset * dtype_size(model_dtype_), bytes};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -734,6 +728,7 @@ void EngineImpl::all_gather_model() {
 }
 
 StepResult EngineImpl::step() {
+  if (fetcher_) fetcher_->end_micro_step();
   finish_micro_step();
   StepResult result;
   result.loss_scale = scaler_->scale();
@@ -862,9 +857,7 @@ StepResult EngineImpl::step() {
   ++applied_steps_;
   ++last_batch_iteration_;
   all_gather_model();
-  if (stage_ == 3) {
-    for (UnitState& us : units_) us.gathered.reset();  // stale: gather again
-  }
+  if (fetcher_) fetcher_->refresh_after_step();
   return result;
 }
 

@@ -345,6 +345,8 @@ TEST_CASE("the memory ledger matches the ZeRO formulas within padding and bucket
     TrainSpec spec;
     spec.config = base_config(stage, "bf16", 1);
     spec.config["zero_optimization"]["reduce_bucket_size"] = 4096;
+    // Nothing persistent: stage 3 holds only its slices between gathers.
+    spec.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
     spec.world = world;
     spec.steps = 2;
     spec.model = model;
@@ -458,7 +460,9 @@ TEST_CASE("misuse is an error that says what and where", "[engine]") {
   const config::DsConfig cfg = [] {
     config::Supplied s;
     s.world_size = 1;
-    return config::load_config_json(base_config(3, "fp32", 1), s);
+    json c = base_config(3, "fp32", 1);
+    c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    return config::load_config_json(c, s);
   }();
   std::vector<ParamSpec> specs = {{"a", {4, 3}, DType::F32, 0, 0, true},
                                   {"b", {3}, DType::F32, 0, 1, true},

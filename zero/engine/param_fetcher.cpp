@@ -1,0 +1,232 @@
+#include "zero/engine/param_fetcher.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "zero/error.h"
+
+namespace zero::engine_detail {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::uint64_t order_hash(const std::vector<int>& order) {
+  std::uint64_t h = 0xcbf29ce484222325ull ^ order.size();
+  for (int u : order) h = (h ^ static_cast<std::uint64_t>(u + 1)) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+ParamFetcher::ParamFetcher(Communicator& comm, Device& device, const FlatLayout& layout,
+                           std::size_t units, DType dtype, const std::byte* partition,
+                           const FetchOptions& options, EngineTimings& timings)
+    : comm_(comm), device_(device), layout_(layout), dtype_(dtype), partition_(partition),
+      options_(options), timings_(timings), units_(units) {
+  // Persistence by unit, walking units in order (DeepSpeed walks parameters in order).
+  std::size_t persistent_total = 0;
+  for (std::size_t u = 0; u < layout_.num_units() && u < units; ++u) {
+    const UnitLayout& ul = layout_.unit(static_cast<int>(u));
+    units_[u].elems = ul.padded_elems;
+    if (ul.padded_elems == 0) continue;
+    std::size_t numel = 0;
+    bool small = true;
+    for (std::size_t p : ul.params) {
+      numel += layout_.param(p).numel;
+      small = small && layout_.param(p).numel <= options_.param_persistence_threshold_elems;
+    }
+    if (small && persistent_total + numel <= options_.model_persistence_threshold_elems) {
+      units_[u].persistent = true;
+      persistent_total += numel;
+    }
+  }
+  refresh_after_step();
+}
+
+ParamFetcher::~ParamFetcher() {
+  // Buffers handed to a collective must outlive it.
+  for (Unit& u : units_) {
+    if (u.state != State::InFlight) continue;
+    try {
+      u.work.wait();
+    } catch (...) {
+    }
+  }
+}
+
+void ParamFetcher::start_gather(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  const UnitLayout& ul = layout_.unit(unit);
+  u.buffer = device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
+                              u.persistent ? MemoryTag::LowPrecisionParams : MemoryTag::GatherBuffers);
+  u.work = comm_.all_gather(partition_ + ul.partition_offset * dtype_size(dtype_), u.buffer.data(),
+                            ul.slice_elems, dtype_);
+  u.state = State::InFlight;
+  ++timings_.gathers;
+  if (!u.persistent) live_elems_ += u.elems;
+}
+
+void ParamFetcher::wait(Unit& u) {
+  if (u.state != State::InFlight) return;
+  const auto start = std::chrono::steady_clock::now();
+  u.work.wait();
+  timings_.gather_wait_s += seconds_since(start);
+  u.state = State::Gathered;
+  if (u.prefetched) inflight_elems_ -= u.elems;
+}
+
+void ParamFetcher::free(Unit& u) {
+  if (u.state == State::Released) return;
+  wait(u);
+  u.buffer.reset();
+  u.state = State::Released;
+  u.prefetched = false;
+  if (!u.persistent) live_elems_ -= u.elems;
+}
+
+void ParamFetcher::gather(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (u.elems == 0) return;
+  if (u.persistent) {
+    ZERO_ASSERT(u.state == State::Gathered);
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (mode_ == Trace::Complete &&
+      (current_.size() >= trace_.size() || trace_[current_.size()] != unit)) {
+    invalidate_trace();
+  }
+  current_.push_back(unit);
+  if (u.state == State::Released) {
+    make_room(unit);
+    start_gather(unit);
+  }
+  wait(u);
+  u.prefetched = false;
+  if (mode_ == Trace::Complete && options_.prefetch_bucket_elems > 0) prefetch();
+  timings_.gather_s += seconds_since(start);
+}
+
+// Frees prefetched-but-unused units until `unit` fits under max_live; fails if it cannot.
+void ParamFetcher::make_room(int unit) {
+  const Unit& want = units_[static_cast<std::size_t>(unit)];
+  for (std::size_t i = units_.size(); i-- > 0 && live_elems_ + want.elems > options_.max_live_elems;) {
+    if (units_[i].prefetched) free(units_[i]);
+  }
+  if (live_elems_ + want.elems <= options_.max_live_elems) return;
+  std::vector<int> held;
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    if (!units_[i].persistent && units_[i].state != State::Released) held.push_back(static_cast<int>(i));
+  }
+  throw Error(fmt::format(
+      "gather({}): rank {} would hold {} gathered elements, over stage3_max_live_parameters = {} "
+      "(unit {} has {}; units {} are gathered): release units before gathering more, or raise "
+      "the limit",
+      unit, comm_.rank(), live_elems_ + want.elems, options_.max_live_elems, unit, want.elems,
+      fmt::join(held, ", ")));
+}
+
+// Starts all-gathers of the next units of the trace, within the prefetch and live budgets.
+void ParamFetcher::prefetch() {
+  for (std::size_t k = current_.size(); k < trace_.size(); ++k) {
+    Unit& v = units_[static_cast<std::size_t>(trace_[k])];
+    if (v.persistent || v.elems == 0 || v.state != State::Released) continue;
+    if (inflight_elems_ + v.elems > options_.prefetch_bucket_elems) break;
+    if (live_elems_ + v.elems > options_.max_live_elems) break;
+    start_gather(trace_[k]);
+    ++timings_.prefetches;
+    v.prefetched = true;
+    inflight_elems_ += v.elems;
+  }
+}
+
+void ParamFetcher::invalidate_trace() {
+  for (Unit& u : units_) {
+    if (u.prefetched) free(u);
+  }
+  mode_ = Trace::Invalid;
+}
+
+void ParamFetcher::release(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (u.elems == 0 || u.persistent) return;
+  ZERO_CHECK(u.state != State::Released,
+             "release: unit {} is not gathered on rank {} (release without gather)", unit,
+             comm_.rank());
+  if (mode_ == Trace::Complete) {
+    // Kept when the trace uses it again within max_reuse_distance elements of other units.
+    std::size_t distance = 0;
+    for (std::size_t k = current_.size(); k < trace_.size(); ++k) {
+      if (trace_[k] == unit) return;
+      distance += units_[static_cast<std::size_t>(trace_[k])].elems;
+      if (distance >= options_.max_reuse_distance_elems) break;
+    }
+  }
+  free(u);
+}
+
+const std::byte* ParamFetcher::data(int unit) const {
+  const Unit& u = units_[static_cast<std::size_t>(unit)];
+  return u.state == State::Gathered ? static_cast<const std::byte*>(u.buffer.data()) : nullptr;
+}
+
+void ParamFetcher::end_micro_step() {
+  check_same_order();
+  for (Unit& u : units_) {
+    if (u.prefetched) free(u);
+  }
+  if (mode_ == Trace::Record) {
+    trace_ = current_;
+    mode_ = Trace::Complete;
+  } else if (mode_ == Trace::Invalid || current_ != trace_) {
+    mode_ = Trace::Record;
+  }
+  current_.clear();
+}
+
+void ParamFetcher::refresh_after_step() {
+  for (Unit& u : units_) free(u);
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    if (units_[i].persistent) start_gather(static_cast<int>(i));
+  }
+  for (Unit& u : units_) wait(u);
+}
+
+// Collective: every rank must have gathered the same units in the same order this micro-step.
+void ParamFetcher::check_same_order() {
+  if (comm_.size() == 1) return;
+  const auto h = static_cast<double>(order_hash(current_) >> 11);  // exact in a double
+  double minmax[2] = {h, -h};
+  comm_.all_reduce(minmax, minmax, 2, DType::F64, ReduceOp::Max).wait();
+  if (minmax[0] == -minmax[1]) return;
+  // Someone differs: share the orders to say where.
+  const auto W = static_cast<std::size_t>(comm_.size());
+  double len = static_cast<double>(current_.size());
+  comm_.all_reduce(&len, &len, 1, DType::F64, ReduceOp::Max).wait();
+  const auto n = static_cast<std::size_t>(len);
+  std::vector<double> mine(n + 1, -1.0), all(W * (n + 1));
+  for (std::size_t i = 0; i < current_.size(); ++i) mine[i] = current_[i];
+  mine[n] = static_cast<double>(current_.size());
+  comm_.all_gather(mine.data(), all.data(), n + 1, DType::F64).wait();
+  std::string detail;
+  for (std::size_t k = 0; k < n && detail.empty(); ++k) {
+    for (std::size_t r = 1; r < W; ++r) {
+      if (all[r * (n + 1) + k] == all[k]) continue;
+      auto name = [](double u) { return u < 0 ? std::string("nothing") : fmt::format("unit {}", u); };
+      detail = fmt::format("gather #{}: rank 0 gathered {}, rank {} gathered {}", k, name(all[k]), r,
+                           name(all[r * (n + 1) + k]));
+      break;
+    }
+  }
+  throw CommError(fmt::format(
+      "stage 3: the ranks gathered units in different orders this micro-step (first difference "
+      "at {}); every rank must gather the same units in the same order",
+      detail.empty() ? std::string("the number of gathers") : detail));
+}
+
+}  // namespace zero::engine_detail

@@ -1,0 +1,106 @@
+// Stage 3's parameter fetching: which units' model copies are gathered on this rank, when they are
+// all-gathered from the rank slices, and when they are freed (SPEC_DEEPSPEED.md §4.1–4.2, by
+// unit instead of by module).
+//
+//   * Persistent units (every parameter ≤ stage3_param_persistence_threshold, the total bounded by
+//     stage3_model_persistence_threshold) stay gathered; they are refreshed after each optimizer
+//     step.
+//   * Trace-based prefetch: the first micro-step records the order of gather() calls; later
+//     micro-steps follow it and all-gather upcoming units asynchronously, up to
+//     stage3_prefetch_bucket_size elements in flight. A gather() that does not match the trace
+//     drops the prefetches, falls back to on-demand gathers and records the trace again.
+//   * stage3_max_live_parameters bounds the gathered (and in-flight) non-persistent elements: a
+//     prefetch never exceeds it, a demand gather first frees units prefetched but not yet used,
+//     and otherwise fails with an Error naming the units holding the memory.
+//   * release() keeps a unit gathered when the trace uses it again within
+//     stage3_max_reuse_distance elements of other units.
+//   * At the end of every micro-step all ranks compare the sequence of units they gathered; a
+//     difference is a CommError naming the first differing gather, the units and the ranks.
+//
+// Every collective is issued in the same order on every rank as long as the ranks gather the same
+// units in the same order, which the end-of-micro-step check enforces.
+// Thread safety: the rank's thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "zero/comm/communicator.h"
+#include "zero/device/device.h"
+#include "zero/dtype.h"
+#include "zero/engine.h"
+#include "zero/layout/flat_layout.h"
+
+namespace zero::engine_detail {
+
+struct FetchOptions {
+  std::size_t prefetch_bucket_elems = 50'000'000;  // 0: no prefetch
+  std::size_t max_live_elems = 1'000'000'000;
+  std::size_t max_reuse_distance_elems = 1'000'000'000;
+  std::size_t param_persistence_threshold_elems = 100'000;
+  std::size_t model_persistence_threshold_elems = SIZE_MAX;
+};
+
+class ParamFetcher {
+ public:
+  // `partition` is this rank's slices of the model copy (layout order), read by every gather.
+  // `units` may exceed layout.num_units(): the extra units hold no trainable parameter.
+  ParamFetcher(Communicator& comm, Device& device, const FlatLayout& layout, std::size_t units,
+               DType dtype, const std::byte* partition, const FetchOptions& options,
+               EngineTimings& timings);
+  ~ParamFetcher();
+  ParamFetcher(const ParamFetcher&) = delete;
+  ParamFetcher& operator=(const ParamFetcher&) = delete;
+
+  void gather(int unit);
+  void release(int unit);
+  // The unit's gathered flat buffer, or null when it is not gathered (or holds nothing).
+  const std::byte* data(int unit) const;
+
+  // End of a micro-step: checks that every rank gathered the same units in the same order
+  // (collective), closes the trace recording, frees prefetches that were never used.
+  void end_micro_step();
+  // After an optimizer step changed the slices: every gathered copy is stale. Frees them and
+  // re-gathers the persistent units (collective).
+  void refresh_after_step();
+
+  bool persistent(int unit) const { return units_[static_cast<std::size_t>(unit)].persistent; }
+  std::size_t live_elems() const { return live_elems_; }
+
+ private:
+  enum class State { Released, InFlight, Gathered };
+  struct Unit {
+    State state = State::Released;
+    bool persistent = false;
+    bool prefetched = false;  // gathered ahead of its use and not yet asked for
+    std::size_t elems = 0;    // padded flat size (0: nothing to gather)
+    Buffer buffer;
+    Work work;
+  };
+  enum class Trace { Record, Complete, Invalid };
+
+  void start_gather(int unit);
+  void wait(Unit& u);
+  void free(Unit& u);
+  void prefetch();
+  void invalidate_trace();
+  void make_room(int unit);
+  void check_same_order();
+
+  Communicator& comm_;
+  Device& device_;
+  const FlatLayout& layout_;
+  const DType dtype_;
+  const std::byte* partition_;
+  const FetchOptions options_;
+  EngineTimings& timings_;
+  std::vector<Unit> units_;
+  std::size_t live_elems_ = 0;      // gathered or in flight, persistent units excluded
+  std::size_t inflight_elems_ = 0;  // prefetches not yet waited for
+  Trace mode_ = Trace::Record;
+  std::vector<int> trace_;    // the recorded order
+  std::vector<int> current_;  // this micro-step's gathers so far
+};
+
+}  // namespace zero::engine_detail

@@ -156,6 +156,10 @@ class Engine {
   // The full fp32 master value of `param` (frozen: its model copy widened). Collective at stages
   // 1–3: every rank calls it for the same parameters in the same order.
   virtual std::vector<float> gather_master(std::size_t param) = 0;
+  // The full low-precision model copy of `param` (spec dtype, numel elements): what
+  // stage3_gather_16bit_weights_on_model_save writes. Collective at stage 3 (gathers the unit's
+  // slices; the unit's gather state is left as it was).
+  virtual std::vector<std::byte> gather_model(std::size_t param) = 0;
   virtual std::int64_t global_steps() const = 0;
   virtual double current_lr(int group = 0) const = 0;
   // This rank's memory ledger.

@@ -117,6 +117,7 @@ class EngineImpl final : public Engine {
   StepResult step() override;
 
   std::vector<float> gather_master(std::size_t param) override;
+  std::vector<std::byte> gather_model(std::size_t param) override;
   std::int64_t global_steps() const override { return global_steps_; }
   double current_lr(int group) const override;
   MemorySnapshot memory() const override { return device_.ledger().snapshot(); }
@@ -891,6 +892,26 @@ std::vector<float> EngineImpl::gather_master(std::size_t param) {
         .wait();
   }
   std::copy_n(flat.data() + pl.offset, ps.numel, out.data());
+  return out;
+}
+
+std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
+  check_param(param, "gather_model");
+  const ParamState& ps = params_[param];
+  const std::size_t bytes = ps.numel * dtype_size(model_dtype_);
+  std::vector<std::byte> out(bytes);
+  if (!ps.layout_index || !fetcher_) {
+    if (bytes > 0) std::memcpy(out.data(), this->param(param).data(), bytes);
+    return out;
+  }
+  const ParamPlacement& pl = layout_->placement(*ps.layout_index);
+  const UnitLayout& ul = layout_->unit(pl.unit);
+  if (ul.slice_elems == 0) return out;
+  Buffer flat = alloc(ul.padded_elems, model_dtype_, MemoryTag::Staging);
+  comm_.all_gather(at(model_part_, model_dtype_, ul.partition_offset), flat.data(), ul.slice_elems,
+                   model_dtype_)
+      .wait();
+  std::memcpy(out.data(), at(flat, model_dtype_, pl.offset), bytes);
   return out;
 }
 

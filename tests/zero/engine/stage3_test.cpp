@@ -89,6 +89,14 @@ Stage3Run run_layers(const json& cfg_json, int world, int steps,
         }
         std::vector<std::vector<float>> final_params;
         for (std::size_t i = 0; i < specs.size(); ++i) final_params.push_back(engine->gather_master(i));
+        // The 16-bit model a save writes is the master rounded once (the lp copy of the step).
+        for (std::size_t i = 0; i < specs.size(); ++i) {
+          const std::vector<std::byte> lp = engine->gather_model(i);
+          std::vector<std::byte> expect(lp.size());
+          kernels::cast_cpu(final_params[i].data(), DType::F32, expect.data(), cfg.model_dtype,
+                            final_params[i].size());
+          if (lp != expect) throw Error("gather_model differs from the rounded master");
+        }
         std::lock_guard<std::mutex> lock(mu);
         out.memory[static_cast<std::size_t>(r)] = engine->memory();
         out.timings[static_cast<std::size_t>(r)] = engine->timings();

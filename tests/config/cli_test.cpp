@@ -141,3 +141,25 @@ TEST_CASE("--set takes a JSON value when it parses, else a string") {
   CHECK(s.status == 1);
   CHECK(s.out.find("optimizer.params.lr: expected a finite number, got \"fast\"") != std::string::npos);
 }
+
+TEST_CASE("estimate --config takes stage, precision, optimizer and offload from a ds_config") {
+  const std::string f = kCorpus + "huggingface__accelerate__examples__deepspeed_config_templates__zero_stage3_offload_config.json";
+  const Run with_config = run("estimate --params 1e9 --world-size 8 --json --config " + f, "stdout");
+  INFO(with_config.out);
+  REQUIRE(with_config.status == 0);
+  const nlohmann::json j = nlohmann::json::parse(with_config.out);
+  // The same figures as spelling the config's choices out by hand: stage 3, fp16, cpu offload of
+  // optimizer states and parameters.
+  const Run by_hand = run("estimate --params 1e9 --world-size 8 --json --stage 3 --precision fp16 "
+                          "--offload-optimizer cpu --offload-param cpu", "stdout");
+  REQUIRE(by_hand.status == 0);
+  CHECK(j == nlohmann::json::parse(by_hand.out));
+  // ... and not those of the defaults (stage 0, no offload).
+  const Run defaults = run("estimate --params 1e9 --world-size 8 --json", "stdout");
+  CHECK(j != nlohmann::json::parse(defaults.out));
+  // A config that cannot be read is named with its problem.
+  const Run bad = run("estimate --params 1e9 --world-size 8 --config " + kData + "/configs/invalid/multiple_problems.json");
+  CHECK(bad.status != 0);
+  CHECK(bad.out.find("--config") != std::string::npos);
+  CHECK(bad.out.find("stage3_param_persitence_threshold") != std::string::npos);
+}

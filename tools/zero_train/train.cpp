@@ -9,6 +9,7 @@
 #include "kernels/cast.h"
 #include "tools/zero_train/mlp.h"
 #include "zero/device/device.h"
+#include "zero/estimate/from_config.h"
 #include "zero/engine.h"
 #include "zero/error.h"
 #include "zero/io/safetensors.h"
@@ -79,36 +80,7 @@ std::optional<EstimateInput> estimate_input_for(const config::DsConfig& config,
   in.params = params;
   in.largest_param = largest_param;
   in.world_size = static_cast<std::uint64_t>(world_size);
-  in.stage = config.zero_optimization.stage;
-  switch (config.model_dtype) {
-    case DType::F16: in.precision = Precision::Fp16; break;
-    case DType::BF16: in.precision = Precision::Bf16; break;
-    default: in.precision = Precision::Fp32; break;
-  }
-  using config::OptimizerKind;
-  const OptimizerKind kind = config.optimizer ? config.optimizer->kind : OptimizerKind::Adam;
-  switch (kind) {
-    case OptimizerKind::Adam:
-    case OptimizerKind::AdamW: in.optimizer = EstimateOptimizer::Adam; break;
-    case OptimizerKind::Adagrad: in.optimizer = EstimateOptimizer::Adagrad; break;
-    case OptimizerKind::Lion: in.optimizer = EstimateOptimizer::Lion; break;
-    case OptimizerKind::Sgd:
-      in.optimizer =
-          config.optimizer->momentum != 0 ? EstimateOptimizer::SgdMomentum : EstimateOptimizer::Sgd;
-      break;
-    default: return std::nullopt;
-  }
-  auto tier = [](config::OffloadDevice d) {
-    switch (d) {
-      case config::OffloadDevice::Cpu: return OffloadTier::Cpu;
-      case config::OffloadDevice::Nvme: return OffloadTier::Nvme;
-      case config::OffloadDevice::None: break;
-    }
-    return OffloadTier::None;
-  };
-  const auto& z = config.zero_optimization;
-  if (z.offload_optimizer) in.offload_optimizer = tier(z.offload_optimizer->device);
-  if (z.offload_param) in.offload_param = tier(z.offload_param->device);
+  if (!apply_config_to_estimate(config, in)) return std::nullopt;
   return in;
 }
 

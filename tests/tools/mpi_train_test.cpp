@@ -1,0 +1,75 @@
+// zero-train under mpirun (MpiComm, one process per rank) against the same run on in-process ranks
+// (InProcComm): stages 1-3, bf16 and fp32, at 2 and 4 ranks. Both backends reduce in rank order in
+// fp32, so the dumps agree within kTolerance. Exits 77 (skipped) when the build has no mpirun.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "zero/io/safetensors.h"
+
+namespace {
+
+constexpr double kTolerance = 1e-6;
+
+int sh(const std::string& cmd) {
+  const int rc = std::system((cmd + " > /dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+double max_diff(const std::string& a, const std::string& b, std::size_t* tensors) {
+  const auto ra = zero::io::SafetensorsReader::open(a);
+  const auto rb = zero::io::SafetensorsReader::open(b);
+  REQUIRE(ra.tensors().size() == rb.tensors().size());
+  double m = 0;
+  for (const auto& t : ra.tensors()) {
+    const std::vector<float> x = ra.read_f32(t.name), y = rb.read_f32(t.name);
+    REQUIRE(x.size() == y.size());
+    for (std::size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(double{x[i]} - y[i]));
+  }
+  *tensors = ra.tensors().size();
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("zero-train under mpirun matches in-process ranks") {
+  const std::string dir = std::filesystem::temp_directory_path() / ("zero_mpi_train_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string train = ZERO_TRAIN_BIN;
+  const std::string common = " --steps 4 --seed 3 --model mlp:16,32,4 --threads 1 --quiet";
+  for (const char* config : {"fp32_stage2.json", "bf16_stage2_ga2.json"}) {
+    for (int stage : {1, 2, 3}) {
+      for (int np : {2, 4}) {
+        INFO(config << ", stage " << stage << ", " << np << " ranks");
+        // The bundled config with the stage replaced.
+        const std::string cfg = dir + "/c.json";
+        {
+          std::ifstream src(std::string(ZERO_TEST_DATA_DIR) + "/train/" + config);
+          std::stringstream text;
+          text << src.rdbuf();
+          const std::string replaced = std::regex_replace(
+              text.str(), std::regex("\"stage\": *[0-9]"), "\"stage\": " + std::to_string(stage));
+          REQUIRE(replaced.find("\"stage\": " + std::to_string(stage)) != std::string::npos);
+          std::ofstream(cfg) << replaced;
+        }
+        const std::string in = dir + "/in.st", mpi = dir + "/mpi.st";
+        REQUIRE(sh("'" + train + "' --config '" + cfg + "' --world-size " + std::to_string(np) + common +
+                   " --dump-params '" + in + "'") == 0);
+        REQUIRE(sh(std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '") + ZERO_MPIEXEC +
+                   "' --oversubscribe -np " + std::to_string(np) + " '" + train + "' --comm mpi --config '" +
+                   cfg + "'" + common + " --dump-params '" + mpi + "'") == 0);
+        std::size_t tensors = 0;
+        CHECK(max_diff(in, mpi, &tensors) <= kTolerance);
+        CHECK(tensors == 4);
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -2,6 +2,7 @@
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)  # CRC-32 of checkpoint tensors
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 
 set(ZERO_SUMMARY "")

@@ -6,7 +6,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
-          nlohmann-json3-dev libfmt-dev catch2
+          nlohmann-json3-dev libfmt-dev catch2 zlib1g-dev
           libopenmpi-dev openmpi-bin liburing-dev)
 
 missing=()

@@ -1,5 +1,9 @@
 #include "zero/io/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -188,16 +192,36 @@ void SafetensorsReader::read_raw(const std::string& name, void* dst, std::size_t
   ZERO_CHECK_AS(IoError, dst_bytes == t.size_bytes(),
                 "safetensors {}: tensor {} has {} bytes, the destination {}", path_, name,
                 t.size_bytes(), dst_bytes);
-  if (dst_bytes == 0) return;
+  read_range(name, 0, dst, dst_bytes);
+}
+
+void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
+                                   std::size_t bytes) const {
+  const TensorInfo& t = at(name);
+  ZERO_CHECK_AS(IoError, byte_offset <= t.size_bytes() && bytes <= t.size_bytes() - byte_offset,
+                "safetensors {}: bytes [{}, {}) are outside tensor {} ({} bytes)", path_,
+                byte_offset, byte_offset + bytes, name, t.size_bytes());
+  if (bytes == 0) return;
+  const std::uint64_t at_byte = data_offset_ + t.data_begin + byte_offset;
   if (!memory_.empty()) {
-    std::memcpy(dst, memory_.data() + data_offset_ + t.data_begin, dst_bytes);
+    std::memcpy(dst, memory_.data() + at_byte, bytes);
     return;
   }
-  std::ifstream in(path_, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(data_offset_ + t.data_begin));
-  in.read(static_cast<char*>(dst), static_cast<std::streamsize>(dst_bytes));
-  ZERO_CHECK_AS(IoError, in.good(), "safetensors {}: cannot read tensor {} ({} bytes at {})", path_,
-                name, dst_bytes, data_offset_ + t.data_begin);
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  ZERO_CHECK_AS(IoError, fd >= 0, "safetensors {}: cannot open: {}", path_, std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd, static_cast<char*>(dst) + done, bytes - done,
+                              static_cast<off_t>(at_byte + done));
+    if (n <= 0) {
+      const int err = n < 0 ? errno : 0;
+      ::close(fd);
+      throw IoError(fmt::format("safetensors {}: cannot read tensor {} ({} bytes at {}): {}", path_,
+                                name, bytes, at_byte, err ? std::strerror(err) : "file truncated"));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
 }
 
 std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
@@ -261,23 +285,47 @@ void SafetensorsWriter::add_f32(const std::string& name, std::vector<std::int64_
   add(name, DType::F32, std::move(shape), values.data(), values.size() * sizeof(float));
 }
 
-std::vector<std::byte> SafetensorsWriter::to_bytes() const {
+std::uint64_t TensorDecl::size_bytes() const {
+  std::uint64_t n = dtype_size(dtype);
+  for (std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+std::vector<std::byte> safetensors_header(const std::vector<TensorDecl>& tensors,
+                                          const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
-  for (const auto& e : entries_) {
-    header[e.name] = {{"dtype", std::string(dtype_safetensors_name(e.dtype))},
-                      {"shape", e.shape},
-                      {"data_offsets", {offset, offset + e.bytes.size()}}};
-    offset += e.bytes.size();
+  for (const TensorDecl& t : tensors) {
+    ZERO_CHECK_AS(IoError, t.name != "__metadata__" && !t.name.empty() && !header.contains(t.name),
+                  "safetensors writer: invalid or repeated tensor name '{}'", t.name);
+    for (std::int64_t d : t.shape) {
+      ZERO_CHECK_AS(IoError, d >= 0, "safetensors writer: tensor {} has negative dimension {}", t.name, d);
+    }
+    header[t.name] = {{"dtype", std::string(dtype_safetensors_name(t.dtype))},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.size_bytes()}}};
+    offset += t.size_bytes();
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  std::vector<std::byte> out(8 + text.size() + offset);
+  std::vector<std::byte> out(8 + text.size());
   const std::uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) out[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
   std::memcpy(out.data() + 8, text.data(), text.size());
-  std::size_t at = 8 + text.size();
+  return out;
+}
+
+std::vector<std::byte> SafetensorsWriter::to_bytes() const {
+  std::vector<TensorDecl> decls;
+  std::uint64_t offset = 0;
+  for (const auto& e : entries_) {
+    decls.push_back({e.name, e.dtype, e.shape});
+    offset += e.bytes.size();
+  }
+  std::vector<std::byte> out = safetensors_header(decls, metadata_);
+  std::size_t at = out.size();
+  out.resize(out.size() + offset);
   for (const auto& e : entries_) {
     if (!e.bytes.empty()) std::memcpy(out.data() + at, e.bytes.data(), e.bytes.size());
     at += e.bytes.size();
@@ -298,6 +346,94 @@ void SafetensorsWriter::write(const std::string& path) const {
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   ZERO_CHECK_AS(IoError, !ec, "safetensors {}: cannot rename {} over it: {}", path, tmp, ec.message());
+}
+
+std::uint32_t crc32_update(std::uint32_t crc, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  while (bytes > 0) {
+    const auto n = static_cast<uInt>(std::min<std::size_t>(bytes, 1u << 30));
+    c = ::crc32(c, p, n);
+    p += n;
+    bytes -= n;
+  }
+  return static_cast<std::uint32_t>(c);
+}
+
+void fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ZERO_CHECK_AS(IoError, fd >= 0, "cannot open directory {}: {}", dir, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  ZERO_CHECK_AS(IoError, rc == 0, "fsync of directory {} failed: {}", dir, std::strerror(err));
+}
+
+SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<TensorDecl> tensors,
+                                                 const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), tensors_(std::move(tensors)),
+      crcs_(tensors_.size(), 0) {
+  const std::vector<std::byte> header = safetensors_header(tensors_, metadata);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ZERO_CHECK_AS(IoError, fd_ >= 0, "safetensors {}: cannot create: {}", tmp_, std::strerror(errno));
+  try {
+    std::size_t done = 0;
+    while (done < header.size()) {
+      const ssize_t n = ::write(fd_, header.data() + done, header.size() - done);
+      ZERO_CHECK_AS(IoError, n > 0, "safetensors {}: header write failed: {}", tmp_, std::strerror(errno));
+      done += static_cast<std::size_t>(n);
+    }
+  } catch (...) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+    throw;
+  }
+  while (current_ < tensors_.size() && tensors_[current_].size_bytes() == 0) ++current_;
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() {
+  if (finished_) return;
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void SafetensorsStreamWriter::append(const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const std::byte*>(data);
+  while (bytes > 0) {
+    ZERO_CHECK_AS(IoError, current_ < tensors_.size(),
+                  "safetensors {}: {} bytes more than the declared tensors hold", path_, bytes);
+    const std::uint64_t room = tensors_[current_].size_bytes() - written_in_current_;
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(room, bytes));
+    std::size_t done = 0;
+    while (done < n) {
+      const ssize_t w = ::write(fd_, p + done, n - done);
+      ZERO_CHECK_AS(IoError, w > 0, "safetensors {}: write of tensor {} failed: {}", tmp_,
+                    tensors_[current_].name, std::strerror(errno));
+      done += static_cast<std::size_t>(w);
+    }
+    crcs_[current_] = crc32_update(crcs_[current_], p, n);
+    p += n;
+    bytes -= n;
+    written_in_current_ += n;
+    while (current_ < tensors_.size() && written_in_current_ == tensors_[current_].size_bytes()) {
+      ++current_;
+      written_in_current_ = 0;
+    }
+  }
+}
+
+void SafetensorsStreamWriter::finish() {
+  ZERO_CHECK_AS(IoError, current_ == tensors_.size(),
+                "safetensors {}: finished before tensor {} was written in full", path_,
+                current_ < tensors_.size() ? tensors_[current_].name : std::string());
+  ZERO_CHECK_AS(IoError, ::fsync(fd_) == 0, "safetensors {}: fsync failed: {}", tmp_, std::strerror(errno));
+  ZERO_CHECK_AS(IoError, ::close(fd_) == 0, "safetensors {}: close failed: {}", tmp_, std::strerror(errno));
+  fd_ = -1;
+  ZERO_CHECK_AS(IoError, ::rename(tmp_.c_str(), path_.c_str()) == 0, "safetensors {}: cannot rename {} over it: {}",
+                path_, tmp_, std::strerror(errno));
+  finished_ = true;
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
+  fsync_directory(dir.empty() ? "." : dir);
 }
 
 }  // namespace zero::io

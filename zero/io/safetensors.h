@@ -48,6 +48,10 @@ class SafetensorsReader {
 
   // Copies the tensor's raw bytes (little-endian) to dst. REQUIRES: dst_bytes == size_bytes().
   void read_raw(const std::string& name, void* dst, std::size_t dst_bytes) const;
+  // Copies `bytes` raw bytes of tensor `name` starting `byte_offset` into the tensor, so a large
+  // tensor can be read in pieces. Throws IoError when the range is outside the tensor.
+  void read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
+                  std::size_t bytes) const;
   // The tensor converted to float (exact for F32/F16/BF16; F64 rounded).
   std::vector<float> read_f32(const std::string& name) const;
 
@@ -86,5 +90,57 @@ class SafetensorsWriter {
   std::map<std::string, std::string> metadata_;
   std::vector<Entry> entries_;
 };
+
+// The header bytes (8-byte length + JSON padded to 8) of a file holding `tensors` in this order,
+// each tensor's data_offsets following from its shape and dtype.
+struct TensorDecl {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t size_bytes() const;
+};
+std::vector<std::byte> safetensors_header(const std::vector<TensorDecl>& tensors,
+                                          const std::map<std::string, std::string>& metadata);
+
+// Writes a safetensors file tensor by tensor without holding it in memory: the header first
+// (every shape is known up front), then each tensor's bytes in order, in as many pieces as the
+// caller likes. The file is written to `path` + ".tmp", fsynced and renamed over `path` by
+// finish(); destroying an unfinished writer removes the temporary file, so `path` is either the
+// old file or the complete new one. A CRC-32 (zlib) of each tensor's bytes is kept.
+class SafetensorsStreamWriter {
+ public:
+  SafetensorsStreamWriter(std::string path, std::vector<TensorDecl> tensors,
+                          const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+
+  // Appends bytes of the current tensor; moves on to the next tensor when one is complete.
+  // Throws IoError when more bytes arrive than the tensors declared, or a write fails.
+  void append(const void* data, std::size_t bytes);
+  // REQUIRES: every declared byte appended. fsyncs the file, renames it into place and fsyncs
+  // the directory.
+  void finish();
+
+  // CRC-32 of each tensor's bytes, in declaration order (complete once finish() returned).
+  const std::vector<std::uint32_t>& crc32s() const { return crcs_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  std::vector<TensorDecl> tensors_;
+  std::vector<std::uint32_t> crcs_;
+  int fd_ = -1;
+  std::size_t current_ = 0;          // tensor being written
+  std::uint64_t written_in_current_ = 0;
+  bool finished_ = false;
+};
+
+// CRC-32 (zlib's polynomial) of `bytes`, continuing from `crc` (0 to start).
+std::uint32_t crc32_update(std::uint32_t crc, const void* data, std::size_t bytes);
+
+// fsync of a directory, so a rename or a new entry in it survives a crash. Throws IoError.
+void fsync_directory(const std::string& dir);
 
 }  // namespace zero::io

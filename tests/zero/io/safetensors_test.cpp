@@ -102,3 +102,41 @@ TEST_CASE("malformed headers are rejected with an IoError naming the problem") {
   w.add("x", DType::F32, {1}, &x, 4);
   REQUIRE_THROWS_WITH(w.add("x", DType::F32, {1}, &x, 4), Catch::Contains("twice"));
 }
+
+TEST_CASE("the stream writer writes tensor by tensor, keeps CRC-32s, and leaves no file when unfinished") {
+  const std::string dir = std::filesystem::temp_directory_path() / ("zero_st_stream_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/a.safetensors";
+  std::vector<float> a(1000), b(7);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = -1.0f - static_cast<float>(i);
+  {
+    zero::io::SafetensorsStreamWriter w(path, {{"a", zero::DType::F32, {10, 100}}, {"empty", zero::DType::BF16, {0}}, {"b", zero::DType::F32, {7}}},
+                                        {{"k", "v"}});
+    w.append(a.data(), 1200);  // in pieces that do not follow tensor boundaries
+    w.append(reinterpret_cast<const char*>(a.data()) + 1200, 2800);
+    w.append(b.data(), 28);
+    REQUIRE_THROWS_AS(w.append(b.data(), 4), zero::IoError);
+    w.finish();
+    REQUIRE(w.crc32s().size() == 3);
+    CHECK(w.crc32s()[0] == zero::io::crc32_update(0, a.data(), 4000));
+    CHECK(w.crc32s()[0] != 0);
+  }
+  const auto r = zero::io::SafetensorsReader::open(path);
+  CHECK(r.read_f32("a") == a);
+  CHECK(r.read_f32("b") == b);
+  CHECK(r.metadata().at("k") == "v");
+  float mid[3];
+  r.read_range("a", 4 * 500, mid, sizeof(mid));
+  CHECK(mid[0] == a[500]);
+  CHECK(mid[2] == a[502]);
+  CHECK_THROWS_AS(r.read_range("a", 3990, mid, sizeof(mid)), zero::IoError);
+  {
+    // Unfinished: the old file stays, no temporary is left behind.
+    zero::io::SafetensorsStreamWriter w(path, {{"a", zero::DType::F32, {2}}});
+    w.append(b.data(), 4);
+  }
+  CHECK(zero::io::SafetensorsReader::open(path).read_f32("b") == b);
+  CHECK(!std::filesystem::exists(path + ".tmp"));
+  std::filesystem::remove_all(dir);
+}

@@ -11,5 +11,6 @@ namespace zero::bench {
 int run_comm(std::span<const std::string_view> args);
 int run_kernels(std::span<const std::string_view> args);
 int run_replay(std::span<const std::string_view> args);
+int run_step(std::span<const std::string_view> args);
 
 }  // namespace zero::bench

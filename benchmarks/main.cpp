@@ -22,6 +22,8 @@ constexpr Subcommand kSubcommands[] = {
      zero::bench::run_kernels},
     {"replay", "replay an optimizer golden file  GOLDEN.safetensors --out OUT.safetensors [--isa I]",
      zero::bench::run_replay},
+    {"step", "engine step time and breakdown per ZeRO stage vs memcpy  [--json] [--model mlp:IN,...,OUT | --params N] [--world-size W] [--stages LIST] [--precision P] [--steps K] [--threads T] [--bucket N]",
+     zero::bench::run_step},
 };
 
 void usage(std::FILE* to) {

@@ -35,6 +35,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "config/ds_config.h"
 #include "kernels/isa.h"
 #include "zero/comm/communicator.h"
@@ -151,6 +153,23 @@ class Engine {
   // gradient when zero_optimization.ignore_unused_parameters is true (the default), else it is an
   // error naming it. Collective.
   virtual StepResult step() = 0;
+
+  // --- checkpoints (zero/checkpoint/checkpoint.h describes the format) ---
+  // Writes this run to <dir>/<tag>: every rank its own file of partitions, rank 0 the manifest;
+  // crash-safe (a temporary directory renamed into place, `latest` replaced last), so an
+  // interrupted save never damages an earlier checkpoint. `model_16bit` (default: the config's
+  // stage3_gather_16bit_weights_on_model_save) also writes the whole low-precision model.
+  // Collective. REQUIRES: at an accumulation boundary (after the last micro-step's step()).
+  // Throws IoError naming the file on failure, on every rank.
+  virtual void save_checkpoint(const std::string& dir, const std::string& tag,
+                               const nlohmann::json& client_state = nlohmann::json::object(),
+                               std::optional<bool> model_16bit = std::nullopt) = 0;
+  // Loads <dir>/<tag> (tag empty: the one <dir>/latest names) at this engine's world size and
+  // stage, whatever they were at save time: master weights, optimizer states, step counters,
+  // loss scaler and schedule position; the model copy is refreshed from the master. Verifies
+  // the manifest and every tensor's checksum first and changes nothing when anything is wrong
+  // (IoError naming the file and tensor). Returns the client state saved with it. Collective.
+  virtual nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = {}) = 0;
 
   // --- state ---
   // The full fp32 master value of `param` (frozen: its model copy widened). Collective at stages

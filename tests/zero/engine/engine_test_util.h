@@ -39,6 +39,11 @@ struct TrainSpec {
   std::function<void(int, int, int, std::size_t, std::vector<float>&)> corrupt;
   // Wraps the rank's communicator (fault injection); returns the one the engine uses.
   std::function<Communicator&(int, Communicator&)> wrap_comm;
+  // Checkpoints: save to save_dir (tag "step<N>") after optimizer step N; load load_dir's latest
+  // right after create and continue from its step up to `steps`.
+  std::string save_dir;
+  int save_after = -1;
+  std::string load_dir;
 };
 
 struct TrainResult {
@@ -121,7 +126,12 @@ inline TrainResult train(const TrainSpec& spec) {
     }
     std::vector<std::vector<float>> weights(specs.size()), grads(specs.size());
     for (std::size_t i = 0; i < specs.size(); ++i) grads[i].resize(mp[i].numel());
-    for (int t = 0; t < spec.steps; ++t) {
+    int first_step = 0;
+    if (!spec.load_dir.empty()) {
+      engine->load_checkpoint(spec.load_dir);
+      first_step = static_cast<int>(engine->global_steps());
+    }
+    for (int t = first_step; t < spec.steps; ++t) {
       double loss_sum = 0;
       for (int k = 0; k < gas; ++k) {
         for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
@@ -144,6 +154,9 @@ inline TrainResult train(const TrainSpec& spec) {
           result.steps.push_back(sr);
           result.losses.push_back(loss_sum / gas);
         }
+      }
+      if (t + 1 == spec.save_after) {
+        engine->save_checkpoint(spec.save_dir, "step" + std::to_string(t + 1), {{"next_step", t + 1}});
       }
     }
     std::vector<std::vector<float>> final_params;

@@ -1,0 +1,424 @@
+// Engine::save_checkpoint and Engine::load_checkpoint (format: zero/checkpoint/checkpoint.h).
+//
+// Save: every rank streams its own partition (master and optimizer states, fp32) into its own
+// safetensors file inside <dir>/<tag>.tmp/; rank 0 adds the frozen parameters, the optional
+// 16-bit model and the manifest (with every rank's CRC-32s), fsyncs, swaps the directory into
+// place and replaces `latest` last.
+//
+// Load: every rank reads the manifest, verifies the checksums of its share of the files (file q
+// by rank q mod W), reads exactly the byte ranges of its new partition through the old layout
+// (any world size, any stage), and only then replaces its state.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "kernels/cast.h"
+#include "zero/engine/engine_impl.h"
+
+namespace zero::engine_detail {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::vector<std::string> state_names(const kernels::OptimizerHyper& h) {
+  switch (h.kind) {
+    case kernels::OptimizerKind::Adam:
+    case kernels::OptimizerKind::AdamW: return {"exp_avg", "exp_avg_sq"};
+    case kernels::OptimizerKind::Adagrad: return {"sum"};
+    case kernels::OptimizerKind::Lion: return {"exp_avg"};
+    case kernels::OptimizerKind::Sgd:
+      if (kernels::optimizer_state_count(h) > 0) return {"momentum_buffer"};
+      return {};
+  }
+  return {};
+}
+
+json hyper_json(const GroupOptimizer& g) {
+  const kernels::OptimizerHyper& h = g.hyper;
+  return {{"lr", g.base_lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
+          {"weight_decay", h.weight_decay}, {"bias_correction", h.bias_correction},
+          {"momentum", h.momentum}, {"dampening", h.dampening}, {"nesterov", h.nesterov},
+          {"lr_decay", h.lr_decay}, {"initial_accumulator_value", h.initial_accumulator_value}};
+}
+
+void write_text_durably(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ZERO_CHECK_AS(IoError, fd >= 0, "cannot create {}: {}", tmp.string(), std::strerror(errno));
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  ZERO_CHECK_AS(IoError, ok, "cannot write {}: {}", tmp.string(), std::strerror(err));
+  ZERO_CHECK_AS(IoError, ::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename {} to {}: {}",
+                tmp.string(), path.string(), std::strerror(errno));
+  io::fsync_directory(path.parent_path().string());
+}
+
+void check_tag(const std::string& tag) {
+  ZERO_CHECK_AS(IoError, !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' &&
+                             tag.size() < 200 && tag.find(".tmp") == std::string::npos,
+                "checkpoint tag '{}': use a plain name such as global_step100", tag);
+}
+
+}  // namespace
+
+void EngineImpl::agree_on_failure(const std::string& local_error) {
+  if (world_ == 1) {
+    if (!local_error.empty()) throw IoError(local_error);
+    return;
+  }
+  // The lowest failing rank tells everyone its message.
+  std::vector<double> failed(static_cast<std::size_t>(world_));
+  double mine = local_error.empty() ? 0.0 : 1.0;
+  comm_.all_gather(&mine, failed.data(), 1, DType::F64).wait();
+  int root = -1;
+  for (int r = 0; r < world_ && root < 0; ++r) {
+    if (failed[static_cast<std::size_t>(r)] != 0.0) root = r;
+  }
+  if (root < 0) return;
+  constexpr std::size_t kMax = 2048;
+  std::vector<double> text(kMax, 0.0);
+  if (rank_ == root) {
+    for (std::size_t i = 0; i < local_error.size() && i < kMax; ++i) {
+      text[i] = static_cast<unsigned char>(local_error[i]);
+    }
+  }
+  comm_.broadcast(text.data(), kMax, DType::F64, root).wait();
+  std::string message;
+  for (double c : text) {
+    if (c == 0.0) break;
+    message.push_back(static_cast<char>(static_cast<unsigned char>(c)));
+  }
+  throw IoError(rank_ == root ? message : fmt::format("rank {}: {}", root, message));
+}
+
+ckpt::Manifest EngineImpl::describe(const std::string& tag) const {
+  ckpt::Manifest m;
+  m.tag = tag;
+  m.world_size = world_;
+  m.stage = stage_;
+  m.model_dtype = model_dtype_;
+  m.partition_elems = partition_elems();
+  for (std::size_t u = 0; u < layout_units_; ++u) {
+    const UnitLayout& ul = layout_->unit(static_cast<int>(u));
+    m.units.push_back({ul.padded_elems, ul.slice_elems, ul.partition_offset});
+  }
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    ckpt::ParamEntry e{s.name, s.shape, s.dtype, s.group, s.unit, s.trainable, 0, params_[i].numel};
+    if (params_[i].layout_index) e.offset = layout_->placement(*params_[i].layout_index).offset;
+    m.params.push_back(std::move(e));
+  }
+  m.state_names = state_names(groups_[0].hyper);
+  json groups = json::array();
+  for (const GroupOptimizer& g : groups_) groups.push_back(hyper_json(g));
+  m.optimizer = {{"kind", std::string(kernels::optimizer_name(groups_[0].hyper.kind))}, {"groups", groups}};
+  const LossScalerState& ls = scaler_->state();
+  m.engine_state = {{"global_steps", global_steps_},
+                    {"skipped_steps", skipped_steps_},
+                    {"applied_steps", applied_steps_},
+                    {"last_batch_iteration", last_batch_iteration_},
+                    {"loss_scaler",
+                     {{"scale", ls.scale},
+                      {"iteration", ls.iteration},
+                      {"last_overflow_iteration", ls.last_overflow_iteration},
+                      {"hysteresis_left", ls.hysteresis_left}}}};
+  m.config = cfg_.to_json();
+  return m;
+}
+
+void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
+                                 const nlohmann::json& client_state, std::optional<bool> model_16bit) {
+  check_tag(tag);
+  bool mid_window = micro_in_window_ != 0;
+  for (const ParamState& p : params_) mid_window = mid_window || p.ready || p.slot_out;
+  ZERO_CHECK(!mid_window,
+             "save_checkpoint: call it at an accumulation boundary (after the step() that ended the "
+             "window), not with gradients of a micro-step pending");
+  const fs::path final_dir = fs::path(dir) / tag;
+  const fs::path tmp_dir = fs::path(dir) / (tag + ".tmp");
+  const bool with_model = model_16bit.value_or(cfg_.zero_optimization.gather_16bit_weights_on_model_save);
+  std::string error;
+  if (rank_ == 0) {
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(tmp_dir);
+      fs::create_directories(tmp_dir);
+    } catch (const std::exception& e) {
+      error = fmt::format("save_checkpoint: cannot prepare {}: {}", tmp_dir.string(), e.what());
+    }
+  }
+  agree_on_failure(error);
+
+  // This rank's file.
+  const std::vector<std::string> names = state_names(groups_[0].hyper);
+  const std::size_t P = partition_elems();
+  const std::size_t own = domain_offset(stage_ == 0 ? rank_ : 0);
+  ckpt::RankFile mine{rank_, ckpt::rank_file_name(rank_, world_), {}};
+  try {
+    std::vector<io::TensorDecl> decls{{"master", DType::F32, {static_cast<std::int64_t>(P)}}};
+    for (const std::string& n : names) decls.push_back({n, DType::F32, {static_cast<std::int64_t>(P)}});
+    std::vector<std::size_t> frozen;
+    if (rank_ == 0) {
+      for (std::size_t i = 0; i < specs_.size(); ++i) {
+        if (params_[i].layout_index) continue;
+        frozen.push_back(i);
+        decls.push_back({"frozen/" + specs_[i].name, model_dtype_, specs_[i].shape});
+      }
+    }
+    io::SafetensorsStreamWriter w((tmp_dir / mine.file).string(), decls, {{"format", "zero-checkpoint-rank"}});
+    w.append(master_.as<float>().data() + own, P * sizeof(float));
+    for (std::size_t k = 0; k < names.size(); ++k) w.append(states_[k].as<float>().data() + own, P * sizeof(float));
+    for (std::size_t i : frozen) w.append(params_[i].frozen.data(), params_[i].frozen.size_bytes());
+    w.finish();
+    for (std::size_t k = 0; k < decls.size(); ++k) {
+      mine.tensors[decls[k].name] = {w.crc32s()[k], decls[k].size_bytes()};
+    }
+  } catch (const std::exception& e) {
+    error = fmt::format("save_checkpoint: rank {}: {}", rank_, e.what());
+  }
+  agree_on_failure(error);
+
+  // Every rank's checksums of master and states, to rank 0.
+  const std::size_t nt = 1 + names.size();
+  std::vector<double> sums(nt), all_sums(nt * static_cast<std::size_t>(world_));
+  sums[0] = mine.tensors["master"].crc32;
+  for (std::size_t k = 0; k < names.size(); ++k) sums[k + 1] = mine.tensors[names[k]].crc32;
+  if (world_ > 1) {
+    comm_.all_gather(sums.data(), all_sums.data(), nt, DType::F64).wait();
+  } else {
+    all_sums = sums;
+  }
+
+  // The whole 16-bit model (collective at stage 3), written by rank 0 as it arrives.
+  std::optional<ckpt::RankFile> model_file;
+  if (with_model) {
+    std::optional<io::SafetensorsStreamWriter> w;
+    std::vector<io::TensorDecl> decls;
+    for (const ParamSpec& s : specs_) decls.push_back({s.name, model_dtype_, s.shape});
+    try {
+      if (rank_ == 0) w.emplace((tmp_dir / "model_16bit.safetensors").string(), decls, std::map<std::string, std::string>{{"format", "pt"}});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      const std::vector<std::byte> bytes = gather_model(i);
+      if (w && error.empty()) {
+        try {
+          w->append(bytes.data(), bytes.size());
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      }
+    }
+    if (w && error.empty()) {
+      try {
+        w->finish();
+        model_file = ckpt::RankFile{0, "model_16bit.safetensors", {}};
+        for (std::size_t k = 0; k < decls.size(); ++k) model_file->tensors[decls[k].name] = {w->crc32s()[k], decls[k].size_bytes()};
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    if (!error.empty()) error = "save_checkpoint: 16-bit model: " + error;
+  }
+  agree_on_failure(error);
+
+  // Rank 0: manifest, then the directory into place, then `latest`.
+  if (rank_ == 0) {
+    try {
+      ckpt::Manifest m = describe(tag);
+      m.client_state = client_state;
+      m.model_16bit = model_file;
+      for (int r = 0; r < world_; ++r) {
+        ckpt::RankFile f{r, ckpt::rank_file_name(r, world_), {}};
+        const std::size_t base = static_cast<std::size_t>(r) * nt;
+        f.tensors["master"] = {static_cast<std::uint32_t>(all_sums[base]), P * sizeof(float)};
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          f.tensors[names[k]] = {static_cast<std::uint32_t>(all_sums[base + 1 + k]), P * sizeof(float)};
+        }
+        if (r == 0) {
+          for (const auto& [name, sum] : mine.tensors) {
+            if (name.rfind("frozen/", 0) == 0) f.tensors[name] = sum;
+          }
+        }
+        m.files.push_back(std::move(f));
+      }
+      write_text_durably(tmp_dir / "manifest.json", m.to_json().dump(1));
+      io::fsync_directory(tmp_dir.string());
+      if (fs::exists(final_dir)) {
+        // Swap atomically, so a crash leaves either the old or the new checkpoint under the tag.
+        ZERO_CHECK_AS(IoError, ::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0,
+                      "cannot swap {} into place: {}", final_dir.string(), std::strerror(errno));
+        io::fsync_directory(dir);
+        fs::remove_all(tmp_dir);
+      } else {
+        ZERO_CHECK_AS(IoError, ::rename(tmp_dir.c_str(), final_dir.c_str()) == 0, "cannot rename {} to {}: {}",
+                      tmp_dir.string(), final_dir.string(), std::strerror(errno));
+        io::fsync_directory(dir);
+      }
+      write_text_durably(fs::path(dir) / "latest", tag + "\n");
+    } catch (const std::exception& e) {
+      error = fmt::format("save_checkpoint: {}", e.what());
+    }
+  }
+  agree_on_failure(error);
+}
+
+void EngineImpl::refresh_model_from_master() {
+  for (const OptimizerRun& run : runs_) {
+    const std::size_t off = domain_offset(run.domain) + layout_->unit(run.unit).partition_offset + run.begin;
+    combine(model_at(run), model_dtype_, master_.as<float>().data() + off, DType::F32, run.end - run.begin,
+            1.0f, false, exec_);
+  }
+  all_gather_model();
+  if (fetcher_) fetcher_->refresh_after_step();
+}
+
+nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
+  std::string error;
+  std::optional<ckpt::CheckpointReader> reader;
+  try {
+    reader.emplace(ckpt::CheckpointReader::open(dir, tag));
+  } catch (const std::exception& e) {
+    error = fmt::format("load_checkpoint: {}", e.what());
+  }
+  agree_on_failure(error);
+  const ckpt::Manifest& m = reader->manifest();
+
+  // What the checkpoint holds must be what this engine trains.
+  std::map<std::string, std::size_t> by_name;
+  for (std::size_t i = 0; i < m.params.size(); ++i) by_name[m.params[i].name] = i;
+  std::vector<std::string> problems;
+  std::vector<std::size_t> source(specs_.size());
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    auto it = by_name.find(specs_[i].name);
+    if (it == by_name.end()) {
+      problems.push_back(fmt::format("parameter '{}' is not in the checkpoint", specs_[i].name));
+      continue;
+    }
+    const ckpt::ParamEntry& e = m.params[it->second];
+    if (e.shape != specs_[i].shape) {
+      problems.push_back(fmt::format("parameter '{}' has shape [{}] here and [{}] in the checkpoint", specs_[i].name,
+                                     fmt::join(specs_[i].shape, ", "), fmt::join(e.shape, ", ")));
+    }
+    if (specs_[i].trainable && !e.trainable) {
+      problems.push_back(fmt::format("parameter '{}' is trainable here but was frozen in the checkpoint (no "
+                                     "master weights or optimizer states saved)", specs_[i].name));
+    }
+    source[i] = it->second;
+    by_name.erase(it);
+  }
+  for (const auto& [name, index] : by_name) {
+    if (m.params[index].trainable) problems.push_back(fmt::format("the checkpoint's parameter '{}' is not registered here", name));
+  }
+  const std::vector<std::string> names = state_names(groups_[0].hyper);
+  const std::string kind(kernels::optimizer_name(groups_[0].hyper.kind));
+  if (m.state_names != names || m.optimizer.value("kind", std::string()) != kind) {
+    problems.push_back(fmt::format("the checkpoint's optimizer is {} (states {}), this run's is {} (states {})",
+                                   m.optimizer.value("kind", std::string("?")), fmt::join(m.state_names, ", "), kind,
+                                   fmt::join(names, ", ")));
+  }
+  if (!problems.empty()) {
+    error = fmt::format("load_checkpoint {}: {}", reader->path(), fmt::join(problems, "; "));
+  }
+  agree_on_failure(error);
+
+  // Checksums: old file q is verified by new rank q mod W.
+  try {
+    for (int q = rank_; q < m.world_size; q += world_) reader->verify_rank_file(q);
+  } catch (const std::exception& e) {
+    error = fmt::format("load_checkpoint: {}", e.what());
+  }
+  agree_on_failure(error);
+
+  // Read the new partition(s) into temporaries; nothing is replaced until every rank succeeded.
+  const std::size_t P = partition_elems();
+  const std::size_t domains = static_cast<std::size_t>(num_domains());
+  std::vector<std::vector<float>> tensors(1 + names.size(), std::vector<float>(domains * P, 0.0f));
+  std::vector<std::vector<std::byte>> frozen(specs_.size());
+  try {
+    for (int d = 0; d < num_domains(); ++d) {
+      for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
+        const std::size_t cp = source[layout_to_spec_[seg.param]];
+        const std::size_t at_elem = domain_offset(d) + seg.slice_offset;
+        reader->read_param(cp, "master", seg.param_begin, seg.numel, tensors[0].data() + at_elem);
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          reader->read_param(cp, names[k], seg.param_begin, seg.numel, tensors[k + 1].data() + at_elem);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      if (params_[i].layout_index) continue;
+      const ckpt::ParamEntry& e = m.params[source[i]];
+      if (!e.trainable) {
+        std::vector<std::byte> raw = reader->read_frozen(source[i]);
+        frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
+        combine(frozen[i].data(), model_dtype_, raw.data(), e.dtype, params_[i].numel, 1.0f, false, exec_);
+      } else {
+        std::vector<float> v(params_[i].numel);
+        reader->read_param(source[i], "master", 0, v.size(), v.data());
+        frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
+        combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size(), 1.0f, false, exec_);
+      }
+    }
+    // Padding positions keep the optimizer's initial state values.
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      const float init = kernels::optimizer_state_initial_value(groups_[0].hyper, static_cast<int>(k));
+      if (init == 0.0f) continue;
+      for (int d = 0; d < num_domains(); ++d) {
+        std::vector<bool> covered(P, false);
+        for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
+          std::fill_n(covered.begin() + static_cast<std::ptrdiff_t>(seg.slice_offset), seg.numel, true);
+        }
+        for (std::size_t j = 0; j < P; ++j) {
+          if (!covered[j]) tensors[k + 1][domain_offset(d) + j] = init;
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    error = fmt::format("load_checkpoint: {}", e.what());
+  }
+  const json& es = m.engine_state;
+  LossScalerState ls;
+  try {
+    const json& s = es.at("loss_scaler");
+    ls = {s.at("scale").get<double>(), s.at("iteration").get<std::int64_t>(),
+          s.at("last_overflow_iteration").get<std::int64_t>(), s.at("hysteresis_left").get<std::int64_t>()};
+    (void)es.at("global_steps").get<std::int64_t>();
+    (void)es.at("skipped_steps").get<std::int64_t>();
+    (void)es.at("applied_steps").get<std::int64_t>();
+    (void)es.at("last_batch_iteration").get<std::int64_t>();
+  } catch (const std::exception& e) {
+    if (error.empty()) error = fmt::format("load_checkpoint {}: engine_state: {}", reader->path(), e.what());
+  }
+  agree_on_failure(error);
+
+  // Commit.
+  std::memcpy(master_.data(), tensors[0].data(), domains * P * sizeof(float));
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    std::memcpy(states_[k].data(), tensors[k + 1].data(), domains * P * sizeof(float));
+  }
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    if (!frozen[i].empty()) std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());
+  }
+  global_steps_ = es.at("global_steps").get<std::int64_t>();
+  skipped_steps_ = es.at("skipped_steps").get<std::int64_t>();
+  applied_steps_ = es.at("applied_steps").get<std::int64_t>();
+  last_batch_iteration_ = es.at("last_batch_iteration").get<std::int64_t>();
+  // A dynamic scaler continues where it was (DeepSpeed restores it); a static one keeps the
+  // config's scale.
+  if (scaler_->dynamic()) scaler_->restore(ls);
+  micro_in_window_ = 0;
+  window_first_reduction_ = true;
+  reset_micro_step();
+  refresh_model_from_master();
+  return m.client_state;
+}
+
+}  // namespace zero::engine_detail

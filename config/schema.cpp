@@ -354,8 +354,6 @@ const std::vector<UnsupportedRule> kUnsupported = {
     {"managed_gradient_accumulation", is_false, "unmanaged gradient accumulation"},
     {"sequence_parallel_size", above_one, "sequence parallelism"},
     {"fp16.fp16_master_weights_and_grads", is_true, "fp16 master weights and gradients"},
-    {"bf16.bf16_master_weights_and_grads", is_true, "bf16 master weights and gradients"},
-    {"bf16.bf16_optimizer_states", is_true, "bf16 optimizer states"},
     {"zero_optimization.zero_quantized_weights", is_true, "ZeRO++ quantized weights (qwZ)"},
     {"zero_optimization.zero_quantized_nontrainable_weights", is_true, "ZeRO++ quantized frozen weights"},
     {"zero_optimization.zero_quantized_gradients", is_true, "ZeRO++ quantized gradients (qgZ)"},

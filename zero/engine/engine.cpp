@@ -90,6 +90,8 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   ZERO_CHECK(accum_dtype_ != DType::F64 && comm_dtype_ != DType::F64,
              "fp64 gradients are not supported (data_types.grad_accum_dtype, "
              "communication_data_type)");
+  if (cfg_.bf16.enabled && cfg_.bf16.bf16_master_weights_and_grads) master_dtype_ = DType::BF16;
+  if (cfg_.bf16.enabled && cfg_.bf16.bf16_optimizer_states) state_dtype_ = DType::BF16;
   check_overflow_ = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
   overlap_comm_ = zo.overlap_comm;
   reduce_scatter_ = zo.reduce_scatter;
@@ -186,17 +188,17 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
 void EngineImpl::init_state(const InitFn& init) {
   const std::size_t P = partition_elems();
   const std::size_t domains = static_cast<std::size_t>(num_domains());
-  master_ = alloc(domains * P, DType::F32, MemoryTag::MasterParams, optimizer_kind_);
+  master_ = alloc(domains * P, master_dtype_, MemoryTag::MasterParams, optimizer_kind_);
   if (stage_ != 0) {
     grads_ = alloc(P, accum_dtype_, MemoryTag::Gradients, optimizer_kind_);
     fill_zero(grads_.data(), accum_dtype_, P);
   }
   const int nstates = kernels::optimizer_state_count(groups_[0].hyper);
   for (int k = 0; k < nstates; ++k) {
-    states_.push_back(alloc(domains * P, DType::F32, MemoryTag::OptimizerStates, optimizer_kind_));
-    std::span<float> s = states_.back().as<float>();
+    states_.push_back(alloc(domains * P, state_dtype_, MemoryTag::OptimizerStates, optimizer_kind_));
     // Param groups share one optimizer kind, so the initial value is the same everywhere.
-    std::fill(s.begin(), s.end(), kernels::optimizer_state_initial_value(groups_[0].hyper, k));
+    const std::vector<float> init_value(domains * P, kernels::optimizer_state_initial_value(groups_[0].hyper, k));
+    combine(states_.back().data(), state_dtype_, init_value.data(), DType::F32, init_value.size(), 1.0f, false, exec_);
   }
   if (stage_ == 3) model_part_ = alloc(P, model_dtype_, MemoryTag::LowPrecisionParams, param_kind_);
 
@@ -214,8 +216,8 @@ void EngineImpl::init_state(const InitFn& init) {
     const std::size_t S = ul.slice_elems;
     for (int d = 0; d < num_domains(); ++d) {
       const std::size_t src = static_cast<std::size_t>(domain_rank(d)) * S;
-      std::memcpy(master_.as<float>().data() + domain_offset(d) + ul.partition_offset,
-                  flat.data() + src, S * sizeof(float));
+      combine(master_at(domain_offset(d) + ul.partition_offset), master_dtype_, flat.data() + src,
+              DType::F32, S, 1.0f, false, exec_);
     }
     if (stage_ == 3) {
       combine(at(model_part_, model_dtype_, ul.partition_offset), model_dtype_,
@@ -600,28 +602,10 @@ StepResult EngineImpl::step() {
     return result;
   }
   result.lr = scalars[0].lr;
-  const bool fused_out = model_dtype_ != DType::F32;
   std::optional<ScopedTimer> optimizer_timer(std::in_place, timings_.optimizer_s);
   for (const OptimizerRun& run : runs_) {
-    const UnitLayout& ul = layout_->unit(run.unit);
-    const std::size_t off = domain_offset(run.domain) + ul.partition_offset + run.begin;
-    const std::size_t n = run.end - run.begin;
-    void* model_out = model_at(run);
-    kernels::OptimizerTensors t;
-    t.master = master_.as<float>().data() + off;
-    t.grad = grad_at(run.domain, run.unit, run.begin);
-    t.grad_dtype = accum_dtype_;
-    if (!states_.empty()) t.state0 = states_[0].as<float>().data() + off;
-    if (states_.size() > 1) t.state1 = states_[1].as<float>().data() + off;
-    t.state_dtype = DType::F32;
-    if (fused_out) {
-      t.param_out = model_out;
-      t.param_out_dtype = model_dtype_;
-    }
-    t.numel = n;
     const auto g = static_cast<std::size_t>(run.group);
-    kernels::optimizer_step_cpu(hypers[g], scalars[g], t, exec_);
-    if (!fused_out) std::memcpy(model_out, t.master, n * sizeof(float));
+    optimizer_run(run, hypers[g], scalars[g]);
   }
   optimizer_timer.reset();
   ++applied_steps_;
@@ -629,6 +613,44 @@ StepResult EngineImpl::step() {
   all_gather_model();
   if (fetcher_) fetcher_->refresh_after_step();
   return result;
+}
+
+void EngineImpl::optimizer_run(const OptimizerRun& run, const kernels::OptimizerHyper& hyper,
+                               const kernels::StepScalars& scalars) {
+  const std::size_t off = domain_offset(run.domain) + layout_->unit(run.unit).partition_offset + run.begin;
+  const std::size_t n = run.end - run.begin;
+  std::byte* model_out = model_at(run);
+  const std::byte* grad = grad_at(run.domain, run.unit, run.begin);
+  kernels::OptimizerTensors t;
+  t.grad_dtype = accum_dtype_;
+  t.state_dtype = state_dtype_;
+  // A 16-bit model copy is written by the kernel, rounded once from the updated master.
+  if (model_dtype_ != DType::F32) t.param_out_dtype = model_dtype_;
+  constexpr std::size_t kTile = 1 << 16;
+  const std::size_t tile = master_dtype_ == DType::F32 ? std::max<std::size_t>(n, 1) : kTile;
+  for (std::size_t b = 0; b < n; b += tile) {
+    const std::size_t m = std::min(tile, n - b);
+    if (master_dtype_ == DType::F32) {
+      t.master = reinterpret_cast<float*>(master_at(off + b));
+    } else {
+      master_tile_.resize(m);
+      combine(master_tile_.data(), DType::F32, master_at(off + b), master_dtype_, m, 1.0f, false, exec_);
+      t.master = master_tile_.data();
+    }
+    t.grad = grad + b * dtype_size(accum_dtype_);
+    if (!states_.empty()) t.state0 = state_at(0, off + b);
+    if (states_.size() > 1) t.state1 = state_at(1, off + b);
+    if (model_dtype_ != DType::F32) t.param_out = model_out + b * dtype_size(model_dtype_);
+    t.numel = m;
+    kernels::optimizer_step_cpu(hyper, scalars, t, exec_);
+    if (model_dtype_ == DType::F32) {
+      std::memcpy(model_out + b * sizeof(float), t.master, m * sizeof(float));
+    }
+    if (master_dtype_ != DType::F32) {
+      // The master keeps what the model copy got: the update rounded once to bf16.
+      combine(master_at(off + b), master_dtype_, t.master, DType::F32, m, 1.0f, false, exec_);
+    }
+  }
 }
 
 std::byte* EngineImpl::model_at(const OptimizerRun& run) const {
@@ -655,19 +677,18 @@ std::vector<float> EngineImpl::gather_master(std::size_t param) {
   }
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
   const UnitLayout& ul = layout_->unit(pl.unit);
-  std::vector<float> flat(ul.padded_elems);
+  std::vector<std::byte> flat(ul.padded_elems * dtype_size(master_dtype_));
+  const std::size_t slice_bytes = ul.slice_elems * dtype_size(master_dtype_);
   if (stage_ == 0) {
     for (int d = 0; d < world_; ++d) {
-      std::memcpy(flat.data() + static_cast<std::size_t>(d) * ul.slice_elems,
-                  master_.as<float>().data() + domain_offset(d) + ul.partition_offset,
-                  ul.slice_elems * sizeof(float));
+      std::memcpy(flat.data() + static_cast<std::size_t>(d) * slice_bytes,
+                  master_at(domain_offset(d) + ul.partition_offset), slice_bytes);
     }
   } else if (ul.slice_elems > 0) {
-    comm_.all_gather(master_.as<float>().data() + ul.partition_offset, flat.data(), ul.slice_elems,
-                     DType::F32)
-        .wait();
+    comm_.all_gather(master_at(ul.partition_offset), flat.data(), ul.slice_elems, master_dtype_).wait();
   }
-  std::copy_n(flat.data() + pl.offset, ps.numel, out.data());
+  combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype_), master_dtype_,
+          ps.numel, 1.0f, false, exec_);
   return out;
 }
 

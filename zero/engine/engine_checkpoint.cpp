@@ -172,8 +172,21 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       }
     }
     io::SafetensorsStreamWriter w((tmp_dir / mine.file).string(), decls, {{"format", "zero-checkpoint-rank"}});
-    w.append(master_.as<float>().data() + own, P * sizeof(float));
-    for (std::size_t k = 0; k < names.size(); ++k) w.append(states_[k].as<float>().data() + own, P * sizeof(float));
+    // Checkpoints hold fp32 (exact for 16-bit master weights or states), converted in tiles.
+    auto append_f32 = [&](const std::byte* data, DType dtype) {
+      if (dtype == DType::F32) {
+        w.append(data, P * sizeof(float));
+        return;
+      }
+      std::vector<float> tile(std::min<std::size_t>(P, 1 << 20));
+      for (std::size_t b = 0; b < P; b += tile.size()) {
+        const std::size_t m = std::min(tile.size(), P - b);
+        combine(tile.data(), DType::F32, data + b * dtype_size(dtype), dtype, m, 1.0f, false, exec_);
+        w.append(tile.data(), m * sizeof(float));
+      }
+    };
+    append_f32(master_at(own), master_dtype_);
+    for (std::size_t k = 0; k < names.size(); ++k) append_f32(state_at(k, own), state_dtype_);
     for (std::size_t i : frozen) w.append(params_[i].frozen.data(), params_[i].frozen.size_bytes());
     w.finish();
     for (std::size_t k = 0; k < decls.size(); ++k) {
@@ -273,8 +286,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
 void EngineImpl::refresh_model_from_master() {
   for (const OptimizerRun& run : runs_) {
     const std::size_t off = domain_offset(run.domain) + layout_->unit(run.unit).partition_offset + run.begin;
-    combine(model_at(run), model_dtype_, master_.as<float>().data() + off, DType::F32, run.end - run.begin,
-            1.0f, false, exec_);
+    combine(model_at(run), model_dtype_, master_at(off), master_dtype_, run.end - run.begin, 1.0f, false, exec_);
   }
   all_gather_model();
   if (fetcher_) fetcher_->refresh_after_step();
@@ -400,9 +412,9 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   agree_on_failure(error);
 
   // Commit.
-  std::memcpy(master_.data(), tensors[0].data(), domains * P * sizeof(float));
+  combine(master_.data(), master_dtype_, tensors[0].data(), DType::F32, domains * P, 1.0f, false, exec_);
   for (std::size_t k = 0; k < names.size(); ++k) {
-    std::memcpy(states_[k].data(), tensors[k + 1].data(), domains * P * sizeof(float));
+    combine(states_[k].data(), state_dtype_, tensors[k + 1].data(), DType::F32, domains * P, 1.0f, false, exec_);
   }
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (!frozen[i].empty()) std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());

@@ -167,6 +167,12 @@ class EngineImpl final : public Engine {
   void init_state(const InitFn& init);
   // Where an optimizer run's slice of the low-precision model copy lives.
   std::byte* model_at(const OptimizerRun& run) const;
+  std::byte* master_at(std::size_t elem) const { return at(master_, master_dtype_, elem); }
+  std::byte* state_at(std::size_t k, std::size_t elem) const { return at(states_[k], state_dtype_, elem); }
+  // One optimizer run; with 16-bit master weights, in fp32 tiles written back rounded.
+  void optimizer_run(const OptimizerRun& run, const kernels::OptimizerHyper& hyper,
+                     const kernels::StepScalars& scalars);
+  std::vector<float> master_tile_;
   // Checkpoints (engine_checkpoint.cpp).
   ckpt::Manifest describe(const std::string& tag) const;
   void refresh_model_from_master();
@@ -201,6 +207,9 @@ class EngineImpl final : public Engine {
   DType model_dtype_ = DType::F32;
   DType accum_dtype_ = DType::F32;
   DType comm_dtype_ = DType::F32;
+  // fp32, or bf16 with bf16.bf16_master_weights_and_grads / bf16.bf16_optimizer_states.
+  DType master_dtype_ = DType::F32;
+  DType state_dtype_ = DType::F32;
   bool check_overflow_ = false;
   bool overlap_comm_ = false;
   bool reduce_scatter_ = true;

@@ -62,7 +62,11 @@ TEST_CASE("a resumed run equals an uninterrupted one bitwise at the same world s
       for (int world : {1, 3}) {
         INFO(precision << " stage " << stage << ", " << world << " ranks");
         TempDir dir;
-        const json c = config_for(stage, precision, world);
+        json c = config_for(stage, precision, world);
+        if (precision == "bf16" && stage == 2) {
+          c["bf16"]["bf16_master_weights_and_grads"] = true;  // 16-bit masters go through fp32 files
+          c["bf16"]["bf16_optimizer_states"] = true;
+        }
         const TrainResult whole = run(c, world, 6, dir.str(), 3);
         REQUIRE(ckpt::read_latest(dir.str()) == "step3");
         const TrainResult resumed = run(c, world, 6, {}, -1, dir.str());

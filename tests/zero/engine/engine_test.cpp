@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -237,6 +238,40 @@ TEST_CASE("every optimizer and reduction option keeps the stages bitwise equal a
     CHECK(max_abs_diff(runs[0].params, runs[0].initial) > 1e-3);
     CHECK(max_abs_diff(runs[0].params, single.params) < v.tol);
     CHECK(max_abs_diff(runs[2].params, single.params) < v.tol);
+  }
+}
+
+TEST_CASE("bf16 master weights keep 2 bytes per parameter and train like fp32 masters, loosely",
+          "[engine]") {
+  json low = base_config(2, "bf16", 1);
+  low["bf16"]["bf16_master_weights_and_grads"] = true;
+  json low_states = low;
+  low_states["bf16"]["bf16_optimizer_states"] = true;
+  const TrainResult fp32_master = run(base_config(2, "bf16", 1), 2);
+  const TrainResult bf16_master = run(low, 2);
+  const TrainResult bf16_all = run(low_states, 2);
+  auto bytes = [](const TrainResult& r, MemoryTag tag) {
+    return r.memory[0].at(MemoryKind::Device, tag).current_bytes;
+  };
+  CHECK(2 * bytes(bf16_master, MemoryTag::MasterParams) == bytes(fp32_master, MemoryTag::MasterParams));
+  CHECK(bytes(bf16_master, MemoryTag::OptimizerStates) == bytes(fp32_master, MemoryTag::OptimizerStates));
+  CHECK(2 * bytes(bf16_all, MemoryTag::OptimizerStates) == bytes(fp32_master, MemoryTag::OptimizerStates));
+  // Master values are bf16-representable.
+  for (const auto& v : bf16_master.params) {
+    for (float x : v) {
+      std::uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      REQUIRE((bits & 0xffffu) == 0);
+    }
+  }
+  CHECK(max_abs_diff(bf16_master.params, fp32_master.params) > 0);  // not the same run
+  CHECK(max_abs_diff(bf16_master.params, fp32_master.params) < kTolBf16);
+  CHECK(max_abs_diff(bf16_all.params, fp32_master.params) < kTolBf16);
+  // Stages 1-3 (DeepSpeed needs ZeRO for this mode) agree bitwise.
+  for (int stage : {1, 3}) {
+    json other = low_states;
+    other["zero_optimization"]["stage"] = stage;
+    require_bitwise_equal(bf16_all, run(other, 2));
   }
 }
 

@@ -73,7 +73,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kUsage =
     "usage: zero-bench step [--json] [--model mlp:IN,H1,...,OUT | --params N] [--world-size W] "
-    "[--stages 0,1,2,3] [--precision fp32|bf16|fp16] [--steps K] [--threads T] [--bucket N]";
+    "[--stages 0,1,2,3] [--precision fp32|bf16|fp16] [--steps K] [--threads T] [--bucket N] "
+    "[--prefetch on|off|both]";
 
 constexpr int kSyntheticLayers = 8;
 constexpr int kLimitReps = 5;
@@ -95,6 +96,9 @@ struct StepArgs {
   int steps = 6;  // the first is a warm-up
   std::optional<int> threads;
   std::int64_t bucket_elems = 5'000'000;
+  // Stage 3 runs once per entry: with the default stage3_prefetch_bucket_size, and/or with 0.
+  // Without prefetch first, so the run with it can say how much gather waiting it hid.
+  std::vector<bool> prefetch = {false, true};
 };
 
 // "65536", "64K", "16M", "1G" (K, M, G binary, as zero-bench comm --sizes) or "5e6".
@@ -162,6 +166,10 @@ StepArgs parse_args(std::span<const std::string_view> args) {
       r.steps = integer(i, a, 2, 1 << 20);
     } else if (a == "--threads") {
       r.threads = integer(i, a, 1, 4096);
+    } else if (a == "--prefetch") {
+      const std::string_view v = value(i, a);
+      ZERO_CHECK(v == "on" || v == "off" || v == "both", "--prefetch {}: expected on, off or both", v);
+      r.prefetch = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
     } else if (a == "--bucket") {
       r.bucket_elems = static_cast<std::int64_t>(parse_count(value(i, a), a));
     } else {
@@ -235,7 +243,7 @@ Workload make_workload(const StepArgs& args, DType dtype) {
   return w;
 }
 
-nlohmann::json make_config_json(const StepArgs& args, int stage) {
+nlohmann::json make_config_json(const StepArgs& args, int stage, bool prefetch) {
   nlohmann::json c = {
       {"train_micro_batch_size_per_gpu", 1},
       {"gradient_accumulation_steps", 1},
@@ -248,7 +256,8 @@ nlohmann::json make_config_json(const StepArgs& args, int stage) {
        {{"stage", stage},
         {"reduce_bucket_size", args.bucket_elems},
         {"allgather_bucket_size", args.bucket_elems},
-        {"overlap_comm", true}}},
+        {"overlap_comm", true},
+        {"stage3_prefetch_bucket_size", prefetch ? 50'000'000 : 0}}},
   };
   if (args.precision == "bf16") c["bf16"] = {{"enabled", true}};
   if (args.precision == "fp16") c["fp16"] = {{"enabled", true}};
@@ -271,7 +280,12 @@ class Trainer {
   }
 
   StepResult step() {
-    for (int u = 0; u < w_.units; ++u) engine_.gather(u);
+    // Forward, unit by unit: with prefetch, the next units' all-gathers run on the communicator's
+    // thread while this one's parameters are read.
+    for (int u = 0; u < w_.units; ++u) {
+      engine_.gather(u);
+      if (!w_.mlp) forward_compute(u);
+    }
     if (w_.mlp) {
       compute_mlp_grads();
     } else if (grads_scale_ != engine_.backward_scale()) {
@@ -295,6 +309,25 @@ class Trainer {
   }
 
  private:
+  // Stands in for a layer's forward: a few passes over the unit's gathered parameters.
+  void forward_compute(int unit) {
+    std::uint64_t acc = 0;
+    for (std::size_t i = 0; i < w_.specs.size(); ++i) {
+      if (w_.specs[i].unit != unit) continue;
+      const std::span<const std::byte> p = engine_.param(i);
+      for (int pass = 0; pass < kForwardPasses; ++pass) {
+        for (std::size_t k = 0; k + 8 <= p.size(); k += 8) {
+          std::uint64_t word;
+          std::memcpy(&word, p.data() + k, 8);
+          acc += word ^ static_cast<std::uint64_t>(pass);
+        }
+      }
+    }
+    sink_ += acc;
+  }
+  static constexpr int kForwardPasses = 4;
+  std::uint64_t sink_ = 0;
+
   static std::size_t numel(const ParamSpec& s) {
     std::size_t n = 1;
     for (std::int64_t d : s.shape) n *= static_cast<std::size_t>(d);
@@ -553,6 +586,9 @@ struct Figure {
   std::array<std::size_t, kNumMemoryTags> peak_by_tag{};  // the largest over ranks
   double formula_bytes = 0;
   int warmup_steps = 0, skipped_steps = 0, counted_steps = 0;
+  bool prefetch_enabled = true;
+  // Stage 3 with prefetch, next to the same run without: 1 − (gather wait with) / (without).
+  std::optional<double> gather_hidden_fraction;
 };
 
 Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload& w,
@@ -658,7 +694,8 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     j["other_s"] = sig4(f.other_s);
     j["buckets_per_step"] = static_cast<double>(p.buckets) / f.counted_steps;
     j["gathers_per_step"] = static_cast<double>(p.gathers) / f.counted_steps;
-    j["prefetch"] = p.prefetches > 0;
+    j["prefetch"] = f.prefetch_enabled && p.prefetches > 0;
+    if (f.gather_hidden_fraction) j["gather_hidden_fraction"] = sig4(*f.gather_hidden_fraction);
     j["prefetches_per_step"] = static_cast<double>(p.prefetches) / f.counted_steps;
     j["optimizer_elems_per_rank"] = f.optimizer_elems;
     j["optimizer_bytes_per_elem"] = f.optimizer_bytes_per_elem;
@@ -736,15 +773,24 @@ int run_step(std::span<const std::string_view> argv) {
   print_header(args, w, threads);
   std::vector<Figure> figures;
   for (int stage : args.stages) {
-    const config::DsConfig cfg =
-        config::load_config_json(make_config_json(args, stage),
-                                 config::Supplied{.world_size = args.world_size, .values = {}});
-    std::vector<RankResult> ranks(static_cast<std::size_t>(args.world_size));
-    run_ranks(args.world_size, [&](Communicator& comm) {
-      run_rank(args, w, cfg, threads, comm, ranks[static_cast<std::size_t>(comm.rank())]);
-    });
-    figures.push_back(summarize(stage, ranks, w, args, cfg));
-    print_figure(args, w, threads, figures.back());
+    std::optional<double> wait_without_prefetch;
+    for (const bool prefetch : stage == 3 ? args.prefetch : std::vector<bool>{true}) {
+      const config::DsConfig cfg =
+          config::load_config_json(make_config_json(args, stage, prefetch),
+                                   config::Supplied{.world_size = args.world_size, .values = {}});
+      std::vector<RankResult> ranks(static_cast<std::size_t>(args.world_size));
+      run_ranks(args.world_size, [&](Communicator& comm) {
+        run_rank(args, w, cfg, threads, comm, ranks[static_cast<std::size_t>(comm.rank())]);
+      });
+      figures.push_back(summarize(stage, ranks, w, args, cfg));
+      Figure& f = figures.back();
+      f.prefetch_enabled = prefetch;
+      if (stage == 3 && !prefetch) wait_without_prefetch = f.per_step.gather_wait_s;
+      if (stage == 3 && prefetch && wait_without_prefetch && *wait_without_prefetch > 0) {
+        f.gather_hidden_fraction = 1.0 - f.per_step.gather_wait_s / *wait_without_prefetch;
+      }
+      print_figure(args, w, threads, f);
+    }
   }
   print_footer(args, figures);
   return 0;

@@ -141,78 +141,6 @@ bool launched_by_mpirun() {
   return false;
 }
 
-// bf16 bits of `value`, rounded to nearest even (no NaN here).
-std::uint16_t to_bf16(float value) {
-  std::uint32_t u;
-  std::memcpy(&u, &value, 4);
-  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// time_collective (zero/comm/bandwidth.h) for bf16, which it does not take: the same buffers,
-// check and protocol (validate one run, barrier, time `iterations` ops, slowest rank's average),
-// with bf16 elements. Every rank's value is rank + 1, exact in bf16 for the world sizes used here.
-CollectiveTiming time_collective_bf16(Communicator& comm, Device& device, Collective kind,
-                                      std::size_t bytes_per_rank, int iterations) {
-  const auto world = static_cast<std::size_t>(comm.size());
-  ZERO_CHECK(bytes_per_rank % (2 * world) == 0 && bytes_per_rank > 0,
-             "time_collective_bf16: {} bytes is not a positive multiple of 2 x {} ranks",
-             bytes_per_rank, world);
-  const std::size_t elems = bytes_per_rank / 2;
-  const std::size_t chunk = elems / world;
-  Buffer big = device.allocate(bytes_per_rank, MemoryKind::Host, MemoryTag::Other);
-  Buffer small = device.allocate(bytes_per_rank / world, MemoryKind::Host, MemoryTag::Other);
-  auto big_h = big.as<std::uint16_t>();
-  auto small_h = small.as<std::uint16_t>();
-
-  auto issue = [&]() -> Work {
-    switch (kind) {
-      case Collective::ReduceScatter:
-        return comm.reduce_scatter(big_h.data(), small_h.data(), chunk, DType::BF16, ReduceOp::Sum);
-      case Collective::AllGather:
-        return comm.all_gather(small_h.data(), big_h.data(), chunk, DType::BF16);
-      default:
-        return comm.all_reduce(big_h.data(), big_h.data(), elems, DType::BF16, ReduceOp::Sum);
-    }
-  };
-
-  const std::uint16_t mine = to_bf16(static_cast<float>(comm.rank() + 1));
-  std::fill(big_h.begin(), big_h.end(), mine);
-  std::fill(small_h.begin(), small_h.end(), mine);
-  issue().wait();
-  const auto n = static_cast<float>(world);
-  const std::uint16_t sum = to_bf16(n * (n + 1) / 2);
-  bool ok = true;
-  switch (kind) {
-    case Collective::ReduceScatter:
-      ok = std::all_of(small_h.begin(), small_h.end(), [&](std::uint16_t v) { return v == sum; });
-      break;
-    case Collective::AllGather:
-      for (std::size_t i = 0; i < elems && ok; ++i) {
-        ok = big_h[i] == to_bf16(static_cast<float>(i / chunk + 1));
-      }
-      break;
-    default:
-      ok = std::all_of(big_h.begin(), big_h.end(), [&](std::uint16_t v) { return v == sum; });
-  }
-  ZERO_CHECK(ok, "time_collective_bf16: {} on rank {} gave a wrong result", collective_name(kind),
-             comm.rank());
-
-  comm.barrier().wait();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < iterations; ++i) issue().wait();
-  double seconds[1] = {
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
-  comm.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
-
-  CollectiveTiming t;
-  t.bytes_per_rank = bytes_per_rank;
-  t.iterations = iterations;
-  t.seconds_per_op = seconds[0] / iterations;
-  t.algorithm_gbps = static_cast<double>(bytes_per_rank) / t.seconds_per_op / 1e9;
-  t.bus_gbps = t.algorithm_gbps * bus_bandwidth_factor(kind, comm.size());
-  return t;
-}
-
 // Seconds for every rank of `comm` to std::memcpy `bytes` at the same time (the slowest rank's),
 // best of `repetitions` after one warm-up copy. Collective over `comm`.
 double memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes, int repetitions) {
@@ -304,9 +232,7 @@ void measure(Communicator& comm, const CommArgs& args) {
         // figures, so every rank keeps the same best.
         Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps};
         for (int r = 0; r < args.repetitions; ++r) {
-          const CollectiveTiming t = dtype == DType::F32
-                                         ? time_collective(comm, *device, op, bytes, 1)
-                                         : time_collective_bf16(comm, *device, op, bytes, 1);
+          const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype);
           if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
         }
         if (comm.rank() == 0) print_figure(args, f);

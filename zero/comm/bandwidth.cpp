@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <vector>
 
+#include "zero/comm/reduce_math.h"
 #include "zero/error.h"
 
 namespace zero {
@@ -20,53 +22,74 @@ double bus_bandwidth_factor(Collective kind, int world_size) {
 }
 
 CollectiveTiming time_collective(Communicator& comm, Device& device, Collective kind,
-                                 std::size_t bytes_per_rank, int iterations) {
+                                 std::size_t bytes_per_rank, int iterations, DType dtype) {
   const auto world = static_cast<std::size_t>(comm.size());
+  const std::size_t esize = dtype_size(dtype);
   ZERO_CHECK(kind == Collective::ReduceScatter || kind == Collective::AllGather ||
                  kind == Collective::AllReduce,
              "time_collective: {} is not timed", collective_name(kind));
-  ZERO_CHECK(bytes_per_rank % (4 * world) == 0 && bytes_per_rank > 0,
-             "time_collective: {} bytes is not a positive multiple of 4 x {} ranks", bytes_per_rank,
-             world);
+  ZERO_CHECK(dtype != DType::F64, "time_collective: fp64 is not timed");
+  ZERO_CHECK(bytes_per_rank % (esize * world) == 0 && bytes_per_rank > 0,
+             "time_collective: {} bytes is not a positive multiple of {} x {} ranks", bytes_per_rank,
+             esize, world);
   ZERO_CHECK(iterations >= 1, "time_collective: iterations must be at least 1");
-  const std::size_t elems = bytes_per_rank / 4;
+  const std::size_t elems = bytes_per_rank / esize;
   const std::size_t chunk = elems / world;
   Buffer big = device.allocate(bytes_per_rank, MemoryKind::Host, MemoryTag::Other);
   Buffer small = device.allocate(bytes_per_rank / world, MemoryKind::Host, MemoryTag::Other);
-  auto big_f = big.as<float>();
-  auto small_f = small.as<float>();
-  const auto mine = static_cast<float>(comm.rank() + 1);
 
   auto issue = [&]() -> Work {
     switch (kind) {
       case Collective::ReduceScatter:
-        return comm.reduce_scatter(big_f.data(), small_f.data(), chunk, DType::F32, ReduceOp::Sum);
-      case Collective::AllGather:
-        return comm.all_gather(small_f.data(), big_f.data(), chunk, DType::F32);
-      default: return comm.all_reduce(big_f.data(), big_f.data(), elems, DType::F32, ReduceOp::Sum);
+        return comm.reduce_scatter(big.data(), small.data(), chunk, dtype, ReduceOp::Sum);
+      case Collective::AllGather: return comm.all_gather(small.data(), big.data(), chunk, dtype);
+      default: return comm.all_reduce(big.data(), big.data(), elems, dtype, ReduceOp::Sum);
     }
+  };
+  // Small integers, exact in every dtype (sums up to world·(world+1)/2).
+  auto fill = [&](Buffer& b, float value) {
+    const std::vector<float> v(b.size_bytes() / esize, value);
+    if (dtype == DType::F32) {
+      std::copy(v.begin(), v.end(), b.as<float>().begin());
+    } else {
+      comm_detail::narrow_from_f32(v.data(), b.data(), v.size(), dtype, 1.0f);
+    }
+  };
+  auto values = [&](const Buffer& b) {
+    std::vector<float> v(b.size_bytes() / esize);
+    if (dtype == DType::F32) {
+      std::copy_n(b.as<float>().begin(), v.size(), v.begin());
+    } else {
+      comm_detail::widen_to_f32(b.data(), v.data(), v.size(), dtype);
+    }
+    return v;
   };
 
   // Validate, then time (STYLE.md, Benchmarks).
-  std::fill(big_f.begin(), big_f.end(), mine);
-  std::fill(small_f.begin(), small_f.end(), mine);
+  fill(big, static_cast<float>(comm.rank() + 1));
+  fill(small, static_cast<float>(comm.rank() + 1));
   issue().wait();
   const auto n = static_cast<float>(world);
   const float sum = n * (n + 1) / 2;
   bool ok = true;
   switch (kind) {
-    case Collective::ReduceScatter:
-      ok = std::all_of(small_f.begin(), small_f.end(), [&](float v) { return v == sum; });
+    case Collective::ReduceScatter: {
+      const std::vector<float> got = values(small);
+      ok = std::all_of(got.begin(), got.end(), [&](float v) { return v == sum; });
       break;
-    case Collective::AllGather:
-      for (std::size_t i = 0; i < elems && ok; i += chunk) {
-        ok = big_f[i] == static_cast<float>(i / chunk + 1) && big_f[i + chunk - 1] == big_f[i];
-      }
+    }
+    case Collective::AllGather: {
+      const std::vector<float> got = values(big);
+      for (std::size_t i = 0; i < elems && ok; ++i) ok = got[i] == static_cast<float>(i / chunk + 1);
       break;
-    default: ok = std::all_of(big_f.begin(), big_f.end(), [&](float v) { return v == sum; });
+    }
+    default: {
+      const std::vector<float> got = values(big);
+      ok = std::all_of(got.begin(), got.end(), [&](float v) { return v == sum; });
+    }
   }
-  ZERO_CHECK(ok, "time_collective: {} on rank {} gave a wrong result", collective_name(kind),
-             comm.rank());
+  ZERO_CHECK(ok, "time_collective: {} ({}) on rank {} gave a wrong result", collective_name(kind),
+             dtype_name(dtype), comm.rank());
 
   comm.barrier().wait();
   const auto start = std::chrono::steady_clock::now();

@@ -24,12 +24,13 @@ struct CollectiveTiming {
   double bus_gbps = 0;
 };
 
-// Collective over `comm`: allocates fp32 buffers of `bytes_per_rank` (tag Other) on `device`,
+// Collective over `comm`: allocates `dtype` buffers of `bytes_per_rank` (tag Other) on `device`,
 // checks one run's result against the expected values (throws zero::Error if wrong), then times
 // `iterations` back-to-back ops after one warm-up. Every rank returns the same figures.
-// REQUIRES: kind is ReduceScatter, AllGather or AllReduce; bytes_per_rank a multiple of
-// 4 × comm.size(); iterations >= 1.
+// REQUIRES: kind is ReduceScatter, AllGather or AllReduce; dtype F32, BF16 or F16;
+// bytes_per_rank a multiple of dtype_size × comm.size(); iterations >= 1.
 CollectiveTiming time_collective(Communicator& comm, Device& device, Collective kind,
-                                 std::size_t bytes_per_rank, int iterations);
+                                 std::size_t bytes_per_rank, int iterations,
+                                 DType dtype = DType::F32);
 
 }  // namespace zero

@@ -3,33 +3,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include <array>
-#include <cstdio>
 #include <string>
-#include <sys/wait.h>
+
+#include "tests/cli_util.h"
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;  // stdout and stderr as they arrive, or one of them
-};
+using Run = zero::test::CommandRun;
 
 // stream: "both", "stdout" or "stderr".
 Run run(const std::string& args, const std::string& stream = "both") {
-  std::string redirect = " 2>&1";
-  if (stream == "stdout") redirect = " 2>/dev/null";
-  if (stream == "stderr") redirect = " 2>&1 >/dev/null";
-  const std::string cmd = std::string("'") + ZERO_CONFIG_BIN + "' " + args + redirect;
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int rc = pclose(p);
-  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  return r;
+  return zero::test::run_tool(ZERO_CONFIG_BIN, args, stream);
 }
 
 const std::string kData = ZERO_TEST_DATA_DIR;

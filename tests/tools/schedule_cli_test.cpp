@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli_util.h"
+
 namespace {
 
 using nlohmann::json;
@@ -52,14 +54,8 @@ class TempConfig {
 Run run_schedule(const TempConfig& cfg, const std::string& args) {
   const std::string cmd = std::string("'") + ZERO_CONFIG_BIN + "' schedule '" + cfg.path() + "' " +
                           args + " 2>'" + cfg.err_path() + "'";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int rc = pclose(p);
-  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  const zero::test::CommandRun c = zero::test::run_shell(cmd);
+  Run r{c.status, c.out, {}};
   std::ifstream err(cfg.err_path());
   r.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
   return r;

@@ -54,21 +54,23 @@ Exit status: 0 printed, 1 invalid config (problems on stderr), 2 bad usage.
 
 }  // namespace
 
+bool flag_value(const Args& args, std::size_t& i, const std::string& flag, std::string& out) {
+  const std::string& a = args[i];
+  if (a == flag) {
+    if (i + 1 >= args.size()) return false;
+    out = args[++i];
+    return true;
+  }
+  out = a.substr(flag.size() + 1);
+  return true;
+}
+
 std::string parse_config_options(const Args& args, bool allow_strict, ConfigOptions& o) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value_of = [&](const std::string& flag, std::string& out) -> bool {
-      if (a == flag) {
-        if (i + 1 >= args.size()) return false;
-        out = args[++i];
-        return true;
-      }
-      out = a.substr(flag.size() + 1);
-      return true;
-    };
     if (a == "--world-size" || a.rfind("--world-size=", 0) == 0) {
       std::string v;
-      if (!value_of("--world-size", v)) return "--world-size needs a value";
+      if (!flag_value(args, i, "--world-size", v)) return "--world-size needs a value";
       std::size_t used = 0;
       long long n = 0;
       try {
@@ -80,7 +82,7 @@ std::string parse_config_options(const Args& args, bool allow_strict, ConfigOpti
       o.supplied.world_size = n;
     } else if (a == "--set" || a.rfind("--set=", 0) == 0) {
       std::string v;
-      if (!value_of("--set", v)) return "--set needs key=value";
+      if (!flag_value(args, i, "--set", v)) return "--set needs key=value";
       const auto eq = v.find('=');
       if (eq == std::string::npos || eq == 0) return fmt::format("--set: expected key=value, got '{}'", v);
       const std::string text = v.substr(eq + 1);

@@ -64,20 +64,11 @@ std::string parse_schedule_options(const Args& args, ScheduleOptions& o) {
   Args rest;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    auto value_of = [&](const std::string& flag, std::string& out) -> bool {
-      if (a == flag) {
-        if (i + 1 >= args.size()) return false;
-        out = args[++i];
-        return true;
-      }
-      out = a.substr(flag.size() + 1);
-      return true;
-    };
     if (a == "--json") {
       o.json = true;
     } else if (a == "--steps" || a.rfind("--steps=", 0) == 0) {
       std::string v;
-      if (!value_of("--steps", v)) return "--steps needs a value";
+      if (!flag_value(args, i, "--steps", v)) return "--steps needs a value";
       std::size_t used = 0;
       long long n = -1;
       try {
@@ -90,7 +81,7 @@ std::string parse_schedule_options(const Args& args, ScheduleOptions& o) {
       }
       o.steps = n;
     } else if (a == "--overflows" || a.rfind("--overflows=", 0) == 0) {
-      if (!value_of("--overflows", o.overflows)) return "--overflows needs a value";
+      if (!flag_value(args, i, "--overflows", o.overflows)) return "--overflows needs a value";
       if (o.overflows.find_first_not_of("01") != std::string::npos) {
         return fmt::format("--overflows: expected a string of 0 and 1, got '{}'", o.overflows);
       }

@@ -8,6 +8,7 @@ namespace zero::bench {
 
 // args excludes the program and subcommand names. Returns the process exit status; errors may
 // also be thrown as zero::Error (main prints them and exits 1).
+int run_checkpoint(std::span<const std::string_view> args);
 int run_comm(std::span<const std::string_view> args);
 int run_kernels(std::span<const std::string_view> args);
 int run_replay(std::span<const std::string_view> args);

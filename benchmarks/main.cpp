@@ -20,6 +20,8 @@ constexpr Subcommand kSubcommands[] = {
      zero::bench::run_comm},
     {"kernels", "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] [--isa I] [--reps R] [--optimizer O]",
      zero::bench::run_kernels},
+    {"checkpoint", "save, load and zero_to_fp32 vs plain sequential I/O  [--json] [--params N] [--world-size W] [--stage S] [--reps R] [--dir D]",
+     zero::bench::run_checkpoint},
     {"replay", "replay an optimizer golden file  GOLDEN.safetensors --out OUT.safetensors [--isa I]",
      zero::bench::run_replay},
     {"step", "engine step time and breakdown per ZeRO stage vs memcpy  [--json] [--model mlp:IN,...,OUT | --params N] [--world-size W] [--stages LIST] [--precision P] [--steps K] [--threads T] [--bucket N]",

@@ -1,0 +1,297 @@
+// zero-bench checkpoint: Engine::save_checkpoint, Engine::load_checkpoint and zero_to_fp32, each as
+// GB/s of the checkpoint bytes next to plain sequential I/O of the same bytes in the same run.
+//
+// W in-process ranks train 8 synthetic layers (fp32 model, AdamW, so a rank file holds master,
+// exp_avg and exp_avg_sq) for one step, then:
+//   save   best of R saves (every rank writes its file, fsync, rename; rank 0 the manifest)
+//          vs  W threads each write()+fsync() a file of its rank file's size
+//   load   best of R loads (checksum verification of every file, then the ranged reads of each
+//          rank's new partition) vs  W threads each read its file sequentially
+//   zero_to_fp32  the tool (next to zero-bench in the build tree) as a child process, its wall
+//          time and peak RSS (wait4) vs  one thread reading the master bytes and writing the
+//          consolidated file's bytes (read + write + fsync)
+// The page cache is not dropped (that needs root and disturbs the machine): both sides of every
+// comparison read what was just written, so they meet the same cache.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "benchmarks/commands.h"
+#include "config/ds_config.h"
+#include "kernels/cast.h"
+#include "zero/comm/inproc_comm.h"
+#include "zero/device/device.h"
+#include "zero/engine.h"
+#include "zero/error.h"
+#include "zero/io/safetensors.h"
+
+namespace zero::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kUsage =
+    "usage: zero-bench checkpoint [--json] [--params N] [--world-size W] [--stage S] [--reps R] "
+    "[--dir PATH]";
+constexpr int kLayers = 8;
+constexpr std::size_t kIoChunk = std::size_t{8} << 20;
+
+struct Args {
+  bool json = false;
+  std::size_t params = std::size_t{32} << 20;
+  int world = 2;
+  int stage = 2;
+  int reps = 3;
+  std::string dir;
+};
+
+Args parse(std::span<const std::string_view> argv) {
+  Args a;
+  auto value = [&](std::size_t& i) {
+    ZERO_CHECK(i + 1 < argv.size(), "{} needs a value; {}", argv[i], kUsage);
+    return std::string(argv[++i]);
+  };
+  auto number = [&](std::size_t& i, double lo, double hi) {
+    const std::string flag(argv[i]);
+    std::string text = value(i);
+    double scale = 1;
+    if (!text.empty() && (text.back() == 'M' || text.back() == 'K' || text.back() == 'G')) {
+      scale = text.back() == 'K' ? 1024.0 : text.back() == 'M' ? 1048576.0 : 1073741824.0;
+      text.pop_back();
+    }
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end) * scale;
+    ZERO_CHECK(!text.empty() && *end == '\0' && v >= lo && v <= hi && v == std::floor(v),
+               "{} {}: expected a whole number in [{}, {}]", flag, argv[i], lo, hi);
+    return v;
+  };
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    const std::string_view f = argv[i];
+    if (f == "--json") {
+      a.json = true;
+    } else if (f == "--params") {
+      a.params = static_cast<std::size_t>(number(i, kLayers * 64, 1e10));
+    } else if (f == "--world-size") {
+      a.world = static_cast<int>(number(i, 1, 64));
+    } else if (f == "--stage") {
+      a.stage = static_cast<int>(number(i, 0, 3));
+    } else if (f == "--reps") {
+      a.reps = static_cast<int>(number(i, 1, 100));
+    } else if (f == "--dir") {
+      a.dir = value(i);
+    } else {
+      ZERO_CHECK(false, "unexpected argument '{}'; {}", f, kUsage);
+    }
+  }
+  if (a.dir.empty()) a.dir = (fs::temp_directory_path() / ("zero-bench-checkpoint-" + std::to_string(::getpid()))).string();
+  return a;
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Writes `bytes` to `path` sequentially (write + fsync) and returns the seconds.
+double plain_write(const std::string& path, std::size_t bytes) {
+  std::vector<char> buf(std::min(bytes, kIoChunk), 'z');
+  const auto start = Clock::now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ZERO_CHECK_AS(IoError, fd >= 0, "cannot create {}: {}", path, std::strerror(errno));
+  for (std::size_t done = 0; done < bytes;) {
+    const ssize_t n = ::write(fd, buf.data(), std::min(buf.size(), bytes - done));
+    ZERO_CHECK_AS(IoError, n > 0, "write to {} failed: {}", path, std::strerror(errno));
+    done += static_cast<std::size_t>(n);
+  }
+  ZERO_CHECK_AS(IoError, ::fsync(fd) == 0, "fsync of {} failed", path);
+  ::close(fd);
+  return seconds_since(start);
+}
+
+// Reads `path` sequentially; returns the seconds.
+double plain_read(const std::string& path) {
+  std::vector<char> buf(kIoChunk);
+  const auto start = Clock::now();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ZERO_CHECK_AS(IoError, fd >= 0, "cannot open {}: {}", path, std::strerror(errno));
+  while (::read(fd, buf.data(), buf.size()) > 0) {
+  }
+  ::close(fd);
+  return seconds_since(start);
+}
+
+// Runs fn(rank) on `threads` threads at once and returns the wall seconds of the whole.
+double concurrently(int threads, const std::function<void(int)>& fn) {
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(fn, t);
+  for (auto& t : pool) t.join();
+  return seconds_since(start);
+}
+
+std::size_t dir_bytes(const fs::path& dir) {
+  std::size_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) n += e.file_size();
+  }
+  return n;
+}
+
+struct Figure {
+  std::string op;
+  std::size_t bytes = 0;
+  double seconds = 0;
+  std::string limit;
+  double limit_seconds = 0;
+  std::optional<long> peak_rss_bytes;
+};
+
+void print(const Args& a, const Figure& f) {
+  const double gbps = static_cast<double>(f.bytes) / f.seconds / 1e9;
+  const double limit_gbps = static_cast<double>(f.bytes) / f.limit_seconds / 1e9;
+  if (a.json) {
+    nlohmann::ordered_json j{{"bench", "checkpoint"}, {"op", f.op}, {"params", a.params},
+                             {"world_size", a.world}, {"stage", a.stage}, {"bytes", f.bytes},
+                             {"seconds", f.seconds}, {"gb_per_s", gbps}, {"limit", f.limit},
+                             {"limit_gb_per_s", limit_gbps}, {"ratio", gbps / limit_gbps}};
+    if (f.peak_rss_bytes) j["peak_rss_bytes"] = *f.peak_rss_bytes;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%-13s %10.1f MB %9.3f s %8.2f GB/s   %-17s %8.2f GB/s   ratio %.2f", f.op.c_str(),
+                static_cast<double>(f.bytes) / 1e6, f.seconds, gbps, f.limit.c_str(), limit_gbps,
+                gbps / limit_gbps);
+    if (f.peak_rss_bytes) std::printf("   peak RSS %.1f MB", static_cast<double>(*f.peak_rss_bytes) / 1e6);
+    std::printf("\n");
+  }
+}
+
+// zero_to_fp32 from this build: next to zero-bench's own directory.
+std::string zero_to_fp32_path() {
+  const fs::path self = fs::read_symlink("/proc/self/exe");
+  const fs::path tool = self.parent_path().parent_path() / "tools" / "zero_to_fp32";
+  ZERO_CHECK(fs::exists(tool), "zero_to_fp32 not found at {} (build the zero_to_fp32 target)", tool.string());
+  return tool.string();
+}
+
+}  // namespace
+
+int run_checkpoint(std::span<const std::string_view> argv) {
+  const Args a = parse(argv);
+  fs::create_directories(a.dir);
+  const std::string ckpt_dir = (fs::path(a.dir) / "ckpt").string();
+  nlohmann::json cfg_json = {
+      {"train_micro_batch_size_per_gpu", 1},
+      {"gradient_accumulation_steps", 1},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+      {"zero_optimization", {{"stage", a.stage}, {"stage3_param_persistence_threshold", 0}}}};
+  const config::DsConfig cfg = config::load_config_json(cfg_json, {.world_size = a.world, .values = {}});
+  std::vector<ParamSpec> specs;
+  for (int k = 0; k < kLayers; ++k) {
+    specs.push_back({fmt::format("layers.{}.weight", k), {static_cast<std::int64_t>(a.params / kLayers)}, DType::F32, 0, k, true});
+  }
+  if (!a.json) {
+    std::printf("zero-bench checkpoint: %zu fp32 parameters (AdamW), %d in-process ranks, ZeRO stage %d, in %s\n",
+                a.params, a.world, a.stage, a.dir.c_str());
+  }
+  double best_save = std::numeric_limits<double>::infinity();
+  double best_load = best_save;
+  run_ranks(a.world, [&](Communicator& comm) {
+    auto device = make_device("cpu", comm.rank());
+    auto engine = Engine::create(cfg, comm, *device, specs, [](std::size_t i, std::span<float> v) {
+      for (std::size_t j = 0; j < v.size(); ++j) v[j] = 0.001f * static_cast<float>((i + j) % 1000);
+    });
+    // One step so the optimizer states are not zero.
+    for (int u = 0; u < kLayers; ++u) engine->gather(u);
+    for (std::size_t i = specs.size(); i-- > 0;) {
+      std::span<std::byte> g = engine->grad(i);
+      std::vector<float> v(g.size() / 4, 0.01f * static_cast<float>(comm.rank() + 1));
+      std::memcpy(g.data(), v.data(), g.size());
+      engine->grad_ready(i);
+      engine->release(static_cast<int>(i));
+    }
+    engine->step();
+    for (int r = 0; r < a.reps; ++r) {
+      comm.barrier().wait();
+      auto start = Clock::now();
+      engine->save_checkpoint(ckpt_dir, "bench");
+      comm.barrier().wait();
+      const double save_s = seconds_since(start);
+      start = Clock::now();
+      engine->load_checkpoint(ckpt_dir);
+      comm.barrier().wait();
+      const double load_s = seconds_since(start);
+      if (comm.rank() == 0) {
+        best_save = std::min(best_save, save_s);
+        best_load = std::min(best_load, load_s);
+      }
+    }
+  });
+  const fs::path tag_dir = fs::path(ckpt_dir) / "bench";
+  const std::size_t ckpt_bytes = dir_bytes(tag_dir);
+  std::vector<std::string> rank_files;
+  for (int r = 0; r < a.world; ++r) rank_files.push_back((tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string());
+
+  // The same bytes, plainly.
+  double plain_w = std::numeric_limits<double>::infinity(), plain_r = plain_w;
+  for (int rep = 0; rep < a.reps; ++rep) {
+    plain_w = std::min(plain_w, concurrently(a.world, [&](int r) {
+      plain_write((fs::path(a.dir) / fmt::format("plain_{}", r)).string(), fs::file_size(rank_files[static_cast<std::size_t>(r)]));
+    }));
+    plain_r = std::min(plain_r, concurrently(a.world, [&](int r) { plain_read((fs::path(a.dir) / fmt::format("plain_{}", r)).string()); }));
+  }
+  print(a, {"save", ckpt_bytes, best_save, "sequential-write", plain_w, {}});
+  print(a, {"load", ckpt_bytes, best_load, "sequential-read", plain_r, {}});
+
+  // zero_to_fp32 as a child process.
+  const std::string tool = zero_to_fp32_path();
+  const std::string out = (fs::path(a.dir) / "consolidated.safetensors").string();
+  double tool_s = std::numeric_limits<double>::infinity();
+  long peak_rss = 0;
+  for (int rep = 0; rep < a.reps; ++rep) {
+    const auto start = Clock::now();
+    const pid_t pid = ::fork();
+    ZERO_CHECK(pid >= 0, "fork failed: {}", std::strerror(errno));
+    if (pid == 0) {
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+      ::execl(tool.c_str(), tool.c_str(), ckpt_dir.c_str(), out.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    int status = 0;
+    rusage usage{};
+    ::wait4(pid, &status, 0, &usage);
+    ZERO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "{} {} {} failed (status {})", tool, ckpt_dir, out, status);
+    tool_s = std::min(tool_s, seconds_since(start));
+    peak_rss = std::max(peak_rss, usage.ru_maxrss * 1024L);
+  }
+  const std::size_t out_bytes = fs::file_size(out);
+  // Validated: the consolidated file holds every layer in full.
+  const auto reader = io::SafetensorsReader::open(out);
+  ZERO_CHECK(reader.tensors().size() == specs.size(), "zero_to_fp32 wrote {} tensors, expected {}", reader.tensors().size(), specs.size());
+  double plain_copy = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < a.reps; ++rep) {
+    const auto start = Clock::now();
+    for (const std::string& f : rank_files) plain_read(f);
+    plain_write((fs::path(a.dir) / "plain_copy").string(), out_bytes);
+    plain_copy = std::min(plain_copy, seconds_since(start));
+  }
+  print(a, {"zero_to_fp32", out_bytes, tool_s, "sequential-copy", plain_copy, peak_rss});
+  fs::remove_all(a.dir);
+  return 0;
+}
+
+}  // namespace zero::bench

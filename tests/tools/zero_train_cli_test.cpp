@@ -1,5 +1,6 @@
 // Runs the built zero-train binary (ZERO_TRAIN_BIN): usage errors, --json output, --dump-params,
-// and that training on in-process ranks lowers the loss.
+// that training on in-process ranks lowers the loss, and --save / --load (resumed runs end where
+// uninterrupted ones do, at the same world size and stage and across a reshard).
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -28,6 +31,9 @@ const std::string kModel = "mlp:8,16,4";
 constexpr double kRequiredLossRatio = 0.5;
 // 2 ranks x micro 4 and 1 rank x micro 8 sum the same gradients in a different order.
 constexpr double kWorldSizeTolerance = 1e-5;
+// A checkpoint moved from 4 ranks at stage 3 to 3 ranks at stage 1: the same global batch, summed
+// in a different order.
+constexpr double kReshardTolerance = 1e-5;
 
 struct Run {
   int status = -1;
@@ -57,6 +63,49 @@ std::vector<json> json_lines(const std::string& text) {
   std::string line;
   while (std::getline(in, line)) objects.push_back(json::parse(line));
   return objects;
+}
+
+// A directory under the temp directory, empty at the start and removed when the test ends.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(fs::temp_directory_path() / ("zero_train_cli_test_" + name)) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Every tensor of a --dump-params file.
+std::map<std::string, std::vector<float>> read_dump(const std::string& path) {
+  const auto reader = zero::io::SafetensorsReader::open(path);
+  std::map<std::string, std::vector<float>> out;
+  for (const zero::io::TensorInfo& t : reader.tensors()) out[t.name] = reader.read_f32(t.name);
+  return out;
+}
+
+// The largest difference from the initial weights of `kModel` with `seed`: a guard against
+// comparing runs that never trained.
+double moved_from_init(const std::map<std::string, std::vector<float>>& dump, std::uint64_t seed) {
+  const zero::train::MlpShape shape = zero::train::MlpShape::parse(kModel);
+  const std::vector<zero::train::MlpParam> params = zero::train::mlp_params(shape);
+  double moved = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::vector<float>& x = dump.at(params[i].name);
+    std::vector<float> init(x.size());
+    zero::train::init_param(shape, i, seed, 0, init);
+    for (std::size_t e = 0; e < x.size(); ++e) {
+      moved = std::max(moved, static_cast<double>(std::abs(x[e] - init[e])));
+    }
+  }
+  return moved;
 }
 
 // A path under the temp directory, removed when the test ends.
@@ -93,6 +142,10 @@ TEST_CASE("bad flags exit 2 with one line naming the flag, the value and what is
       {config + " --json=yes", "--json=yes: --json takes no value"},
       {config + " --frobnicate", "unknown option '--frobnicate'"},
       {" --steps 3", "--config FILE is required"},
+      {config + " --save-every 3", "--save-every 3: needs --save DIR"},
+      {config + " --save ck --save-every 0", "--save-every 0: expected a positive number"},
+      {config + " --save", "--save needs a value: a checkpoint directory"},
+      {config + " --load=", "--load: expected a checkpoint directory, got ''"},
   };
   for (const auto& [args, expected] : cases) {
     const Run r = run(args);
@@ -106,8 +159,9 @@ TEST_CASE("bad flags exit 2 with one line naming the flag, the value and what is
 TEST_CASE("--help prints the flags and exits 0") {
   const Run r = run("--help", "stdout");
   CHECK(r.status == 0);
-  for (const char* flag : {"--config", "--world-size", "--comm", "--steps", "--seed", "--model",
-                           "--threads", "--dump-params", "--json", "--quiet"}) {
+  for (const char* flag :
+       {"--config", "--world-size", "--comm", "--steps", "--seed", "--model", "--threads",
+        "--dump-params", "--save", "--save-every", "--load", "--json", "--quiet"}) {
     CHECK_THAT(r.out, Catch::Contains(flag));
   }
 }
@@ -235,4 +289,144 @@ TEST_CASE("runs at world sizes 1 and 2 see the same global batches") {
   }
   CHECK(moved > 1e-3);  // training changed the weights, so agreeing means something
   CHECK(worst < kWorldSizeTolerance);
+}
+
+TEST_CASE(
+    "a run resumed from its step-6 checkpoint ends bitwise where an uninterrupted 12-step run "
+    "ends, at the same world size and stage") {
+  struct Case {
+    std::string config;
+    int world;
+  };
+  // fp32 at every stage; bf16 with accumulation; fp16 whose loss scale grows mid-run.
+  const std::vector<Case> cases = {{"fp32_stage0.json", 3},     {"fp32_stage1.json", 3},
+                                   {"fp32_stage2.json", 3},     {"fp32_stage3.json", 3},
+                                   {"bf16_stage2_ga2.json", 2}, {"fp16_stage2_ga2.json", 2}};
+  for (const Case& c : cases) {
+    INFO(c.config << " on " << c.world << " ranks, " << kModel);
+    const TempDir dir("resume");
+    const std::string common = "--config " + kTrain + c.config + " --world-size " +
+                               std::to_string(c.world) + " --seed 9 --model " + kModel + " --json";
+    const Run full = run(common + " --steps 12 --dump-params " + (dir / "full.st"), "stdout");
+    INFO(full.out);
+    REQUIRE(full.status == 0);
+    const Run half = run(common + " --steps 6 --save " + (dir / "ck"), "stdout");
+    INFO(half.out);
+    REQUIRE(half.status == 0);
+    const Run resumed =
+        run(common + " --steps 12 --load " + (dir / "ck") + " --dump-params " + (dir / "res.st"),
+            "stdout");
+    INFO(resumed.out);
+    REQUIRE(resumed.status == 0);
+
+    // The save and the load each print one line, naming the tag after the step.
+    const std::vector<json> half_lines = json_lines(half.out);
+    REQUIRE(half_lines.size() == 6 + 1 + 1);
+    CHECK(half_lines[6] == json({{"checkpoint", "saved"},
+                                 {"dir", dir / "ck"},
+                                 {"tag", "global_step6"},
+                                 {"step", 6},
+                                 {"seconds", half_lines[6].at("seconds")}}));
+    CHECK(half_lines.back().at("checkpoint") == dir / "ck/global_step6");
+    const std::vector<json> full_lines = json_lines(full.out);
+    const std::vector<json> resumed_lines = json_lines(resumed.out);
+    REQUIRE(full_lines.size() == 12 + 1);
+    REQUIRE(resumed_lines.size() == 1 + 6 + 1);
+    CHECK(resumed_lines[0].at("checkpoint") == "loaded");
+    CHECK(resumed_lines[0].at("tag") == "global_step6");
+    CHECK(resumed_lines[0].at("step") == 6);
+    CHECK(resumed_lines[0].at("saved_world_size") == c.world);
+    // Steps 7..12: the same loss, lr and loss scale as the uninterrupted run, bit for bit.
+    for (int t = 7; t <= 12; ++t) {
+      const json& a = full_lines[static_cast<std::size_t>(t - 1)];
+      const json& b = resumed_lines[static_cast<std::size_t>(t - 6)];
+      INFO("step " << t);
+      CHECK(b.at("step") == t);
+      for (const char* key : {"loss", "lr", "loss_scale", "grad_norm", "skipped"}) {
+        CHECK(b.at(key) == a.at(key));
+      }
+    }
+
+    const auto expected = read_dump(dir / "full.st");
+    const auto got = read_dump(dir / "res.st");
+    REQUIRE(moved_from_init(expected, 9) > 1e-3);
+    REQUIRE(got.size() == expected.size());
+    for (const auto& [name, values] : expected) {
+      INFO(name);
+      CHECK(got.at(name) == values);
+    }
+  }
+}
+
+TEST_CASE(
+    "a checkpoint saved on 4 ranks at stage 3 resumes on 3 ranks at stage 1 within 1e-5 of "
+    "the uninterrupted run") {
+  // 4 x micro 3 and 3 x micro 4: the same 12 samples per step, so the same data after the move.
+  const TempDir dir("reshard");
+  const std::string model = " --seed 4 --model " + kModel;
+  const std::string common = model + " --quiet";
+  const std::string stage3 = "--config " + kTrain + "fp32_stage3_micro3.json --world-size 4";
+  const Run full = run(stage3 + " --steps 12 --dump-params " + (dir / "full.st") + common);
+  INFO(full.out);
+  REQUIRE(full.status == 0);
+  const Run half = run(stage3 + " --steps 6 --save " + (dir / "ck") + common);
+  INFO(half.out);
+  REQUIRE(half.status == 0);
+  const Run resumed = run("--config " + kTrain + "fp32_stage1.json --world-size 3 --steps 12 " +
+                          "--load " + (dir / "ck") + " --dump-params " + (dir / "res.st") + model);
+  INFO(resumed.out);
+  REQUIRE(resumed.status == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("loaded checkpoint " + (dir / "ck") +
+                                          "/global_step6 (step 6, saved "
+                                          "at ZeRO stage 3 on 4 ranks;"));
+  CHECK_THAT(resumed.out, !Catch::Contains("samples per step, this one on"));
+
+  const auto expected = read_dump(dir / "full.st");
+  const auto got = read_dump(dir / "res.st");
+  REQUIRE(moved_from_init(expected, 4) > 1e-3);
+  REQUIRE(got.size() == expected.size());
+  double worst = 0;
+  for (const auto& [name, values] : expected) {
+    const std::vector<float>& other = got.at(name);
+    REQUIRE(other.size() == values.size());
+    for (std::size_t e = 0; e < values.size(); ++e) {
+      worst = std::max(worst, static_cast<double>(std::abs(values[e] - other[e])));
+    }
+  }
+  CHECK(worst < kReshardTolerance);
+
+  // At a different global batch the data differs from step 7 on: the load line says so.
+  const Run other_batch = run("--config " + kTrain + "fp32_stage1.json --world-size 2 --steps 7 " +
+                              "--load " + (dir / "ck") + model);
+  INFO(other_batch.out);
+  REQUIRE(other_batch.status == 0);
+  CHECK_THAT(other_batch.out, Catch::Contains("note: the saved run trained on 12 samples per "
+                                              "step, this one on 8: from step 7 on"));
+}
+
+TEST_CASE("--save-every K saves every K steps and at the end, and latest names the last") {
+  const TempDir dir("every");
+  const Run r = run("--config " + kTrain + "fp32_stage2.json --world-size 2 --steps 10 --model " +
+                    kModel + " --save " + (dir / "ck") + " --save-every 4");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  for (const char* tag : {"global_step4", "global_step8", "global_step10"}) {
+    CHECK(fs::exists(dir / ("ck/" + std::string(tag) + "/manifest.json")));
+    CHECK_THAT(r.out, Catch::Contains("saved checkpoint " + (dir / "ck/") + tag + " (step "));
+  }
+  CHECK(std::distance(fs::directory_iterator(dir / "ck"), fs::directory_iterator{}) == 4);
+  std::ifstream latest(dir / "ck/latest");
+  std::string tag;
+  std::getline(latest, tag);
+  CHECK(tag == "global_step10");
+}
+
+TEST_CASE("--load of a directory without a checkpoint exits 1 naming it") {
+  const TempDir dir("noload");
+  const Run r = run("--config " + kTrain + "fp32_stage0.json --steps 2 --model " + kModel +
+                        " --load " + (dir / "empty"),
+                    "stderr");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::StartsWith("zero-train: error: ") && Catch::Contains(dir / "empty"));
 }

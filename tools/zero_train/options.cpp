@@ -28,12 +28,19 @@ options:
   --threads T                 kernel threads per rank (default: cores / ranks on this host)
   --dump-params FILE          after training, write every parameter's fp32 master value to one
                               safetensors file (names layers.<k>.weight / layers.<k>.bias)
+  --save DIR                  after training, save a checkpoint to DIR/global_step<N> (N: the
+                              optimizer steps done) and point DIR/latest at it; zero_to_fp32
+                              turns it into whole safetensors weights
+  --save-every K              with --save: also save every K optimizer steps
+  --load DIR                  resume from the checkpoint DIR/latest names (any world size and
+                              stage), then train until --steps optimizer steps are done in all
   --json                      one JSON object per step, then a summary object
   --quiet                     no per-step output; only the final summary
   --help                      this text
 
 The global batch of optimizer step t (micro x accumulation x ranks rows) depends only on
-(seed, t), so runs at different world sizes and stages see the same data.
+(seed, t), so runs at different world sizes and stages see the same data, and a run resumed
+with --load at step t trains on what an uninterrupted run would have from step t on.
 Exit status: 0 trained, 1 runtime or config error, 2 bad usage.
 )";
 
@@ -119,6 +126,13 @@ TrainOptions parse_options(std::span<const std::string> args) {
       if (o.dump_params.empty()) {
         throw UsageError("--dump-params: expected a .safetensors path, got ''");
       }
+    } else if (flag == "--save" || flag == "--load") {
+      std::string& dir = flag == "--save" ? o.save_dir : o.load_dir;
+      dir = value("a checkpoint directory");
+      if (dir.empty())
+        throw UsageError(fmt::format("{}: expected a checkpoint directory, got ''", flag));
+    } else if (flag == "--save-every") {
+      o.save_every = positive("a positive number of optimizer steps");
     } else if (flag == "--json") {
       switch_flag();
       o.json = true;
@@ -133,6 +147,10 @@ TrainOptions parse_options(std::span<const std::string> args) {
     }
   }
   if (!have_config) throw UsageError("--config FILE is required (a DeepSpeed ds_config.json)");
+  if (o.save_every > 0 && o.save_dir.empty()) {
+    throw UsageError(
+        fmt::format("--save-every {}: needs --save DIR (where to save)", o.save_every));
+  }
   return o;
 }
 

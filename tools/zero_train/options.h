@@ -25,8 +25,11 @@ struct TrainOptions {
   std::int64_t steps = 20;        // optimizer steps, skipped ones included
   std::uint64_t seed = 0;
   MlpShape model = MlpShape::parse("mlp:32,256,256,10");
-  std::optional<int> threads;  // kernel threads per rank; nullopt: cores / ranks on this host
-  std::string dump_params;     // safetensors path; empty: no dump
+  std::optional<int> threads;   // kernel threads per rank; nullopt: cores / ranks on this host
+  std::string dump_params;      // safetensors path; empty: no dump
+  std::string save_dir;         // checkpoint directory written at the end; empty: no save
+  std::int64_t save_every = 0;  // also save every K optimizer steps (0: only at the end)
+  std::string load_dir;         // checkpoint directory to resume from; empty: start fresh
   bool json = false;
   bool quiet = false;
   bool help = false;  // --help: print kUsage and exit 0; nothing else is checked
@@ -35,7 +38,8 @@ struct TrainOptions {
 extern const char* const kUsage;
 
 // Parses the arguments after the program name. Accepts "--flag value" and "--flag=value".
-// Throws UsageError for an unknown flag, a missing or malformed value, or a missing --config.
+// Throws UsageError for an unknown flag, a missing or malformed value, a missing --config, or
+// --save-every without --save.
 TrainOptions parse_options(std::span<const std::string> args);
 
 }  // namespace zero::train

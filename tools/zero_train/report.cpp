@@ -92,6 +92,20 @@ json step_json(const StepRecord& step) {
   return j;
 }
 
+json checkpoint_json(const CheckpointRecord& c) {
+  json j = {{"checkpoint", c.saved ? "saved" : "loaded"},
+            {"dir", c.dir},
+            {"tag", c.tag},
+            {"step", c.step},
+            {"seconds", c.seconds}};
+  if (!c.saved && c.saved_world_size > 0) {
+    j["saved_world_size"] = c.saved_world_size;
+    j["saved_stage"] = c.saved_stage;
+  }
+  if (!c.saved && c.saved_global_batch > 0) j["saved_global_batch"] = c.saved_global_batch;
+  return j;
+}
+
 json memory_json(const MemorySnapshot& s) {
   json by_tag = json::object(), by_kind = json::object();
   for (std::size_t t = 0; t < kNumMemoryTags; ++t) {
@@ -162,10 +176,39 @@ void Reporter::on_start(const RunInfo& info) {
       info.threads, info.threads == 1 ? "" : "s"));
   line(fmt::format(
       "  {}: ZeRO stage {}, {}, {}{}; micro batch {} x accumulation {} x {} rank{} = "
-      "{} samples per step; {} steps, seed {}",
+      "{} samples per step; {} steps{}, seed {}",
       config_path_, info.stage, info.dtype, info.optimizer,
       info.scheduler.empty() ? "" : ", " + info.scheduler, info.micro_batch, info.accumulation,
-      info.world_size, info.world_size == 1 ? "" : "s", info.global_batch, info.steps, info.seed));
+      info.world_size, info.world_size == 1 ? "" : "s", info.global_batch, info.steps,
+      info.start_step > 0 ? fmt::format(" (resuming after step {})", info.start_step) : "",
+      info.seed));
+}
+
+void Reporter::on_checkpoint(const CheckpointRecord& c) {
+  if (quiet_) return;
+  if (style_ == ReportStyle::Json) {
+    line(checkpoint_json(c).dump());
+    return;
+  }
+  const std::string path = c.dir + "/" + c.tag;
+  if (c.saved) {
+    line(fmt::format("saved checkpoint {} (step {}, {:.2f} s)", path, c.step, c.seconds));
+    return;
+  }
+  std::string origin;
+  if (c.saved_world_size > 0) {
+    origin = fmt::format(", saved at ZeRO stage {} on {} rank{}", c.saved_stage, c.saved_world_size,
+                         c.saved_world_size == 1 ? "" : "s");
+  }
+  line(fmt::format("loaded checkpoint {} (step {}{}; {:.2f} s)", path, c.step, origin, c.seconds));
+  if (c.saved_global_batch > 0 && c.saved_global_batch != c.global_batch) {
+    // The batch of step t is the first global_batch rows of step t's data: a different size
+    // trains on different data from here on, so the run will not end where the saved one would.
+    line(fmt::format(
+        "note: the saved run trained on {} samples per step, this one on {}: from step {} on "
+        "the data differs from what the saved run would have seen",
+        c.saved_global_batch, c.global_batch, c.step + 1));
+  }
 }
 
 void Reporter::draw_bar(const StepRecord& step) {
@@ -173,8 +216,8 @@ void Reporter::draw_bar(const StepRecord& step) {
   const double fraction =
       info_.steps > 0 ? static_cast<double>(step.step) / static_cast<double>(info_.steps) : 1.0;
   const int filled = std::clamp(static_cast<int>(fraction * kWidth), 0, kWidth);
-  const double per_step =
-      step_seconds_total_ / static_cast<double>(std::max<std::int64_t>(step.step, 1));
+  const double per_step = step_seconds_total_ / static_cast<double>(std::max<std::int64_t>(
+                                                    step.step - info_.start_step, 1));
   const double eta =
       per_step * static_cast<double>(std::max<std::int64_t>(info_.steps - step.step, 0));
   std::string bar(static_cast<std::size_t>(filled), '=');
@@ -228,10 +271,12 @@ void Reporter::on_finish(const RunSummary& summary) {
                 {"stage", info_.stage},
                 {"memory", memory},
                 {"estimate", nullptr},
-                {"dump_params", nullptr}};
+                {"dump_params", nullptr},
+                {"checkpoint", nullptr}};
     if (summary.estimate)
       out["estimate"] = estimate_json(*summary.estimate_input, *summary.estimate);
     if (!summary.dump_path.empty()) out["dump_params"] = summary.dump_path;
+    if (!summary.checkpoint_path.empty()) out["checkpoint"] = summary.checkpoint_path;
     line(out.dump());
     return;
   }
@@ -241,6 +286,10 @@ void Reporter::on_finish(const RunSummary& summary) {
       summary.final_loss, summary.skipped_steps));
   if (!summary.dump_path.empty()) {
     line(fmt::format("wrote {} fp32 master tensors to {}", info_.tensors, summary.dump_path));
+  }
+  // Without --quiet the save was reported as it happened.
+  if (quiet_ && !summary.checkpoint_path.empty()) {
+    line(fmt::format("saved checkpoint {}", summary.checkpoint_path));
   }
   if (!quiet_) memory_table(summary);
 }

@@ -23,6 +23,7 @@ class Reporter final : public TrainObserver {
 
   void on_start(const RunInfo& info) override;
   void on_step(const StepRecord& step) override;
+  void on_checkpoint(const CheckpointRecord& checkpoint) override;
   void on_finish(const RunSummary& summary) override;
   // Ends a progress bar left on the terminal, so an error message starts on a line of its own.
   void interrupt();
@@ -44,6 +45,7 @@ class Reporter final : public TrainObserver {
 
 // The objects --json prints (per step, and inside the summary).
 nlohmann::json step_json(const StepRecord& step);
+nlohmann::json checkpoint_json(const CheckpointRecord& checkpoint);
 nlohmann::json memory_json(const MemorySnapshot& snapshot);
 nlohmann::json estimate_json(const EstimateInput& in, const EstimateResult& r);
 

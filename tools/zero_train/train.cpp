@@ -3,15 +3,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <span>
 
 #include "kernels/cast.h"
 #include "tools/zero_train/mlp.h"
+#include "zero/checkpoint/checkpoint.h"
 #include "zero/device/device.h"
-#include "zero/estimate/from_config.h"
 #include "zero/engine.h"
 #include "zero/error.h"
+#include "zero/estimate/from_config.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::train {
@@ -125,6 +127,61 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
              engine->gradient_accumulation_steps(), accumulation);
   const std::int64_t global_batch = micro * accumulation * world;
 
+  // What a later --load reports about the run that saved (the engine does not need it).
+  const nlohmann::json client_state = {{"zero_train",
+                                        {{"model", shape.to_string()},
+                                         {"seed", options.seed},
+                                         {"world_size", world},
+                                         {"stage", engine->stage()},
+                                         {"global_batch", global_batch}}}};
+  double checkpoint_seconds = 0;
+  std::optional<CheckpointRecord> loaded;
+  if (!options.load_dir.empty()) {
+    const Clock::time_point load_start = Clock::now();
+    const nlohmann::json saved_by = engine->load_checkpoint(options.load_dir);  // collective
+    checkpoint_seconds += seconds_since(load_start);
+    if (observer != nullptr) {
+      loaded = CheckpointRecord{.saved = false,
+                                .dir = options.load_dir,
+                                .tag = ckpt::read_latest(options.load_dir),
+                                .step = engine->global_steps(),
+                                .seconds = checkpoint_seconds,
+                                .global_batch = global_batch};
+      // Absent when another embedding saved the checkpoint.
+      if (saved_by.is_object() && saved_by.contains("zero_train")) {
+        const nlohmann::json& run = saved_by.at("zero_train");
+        if (run.is_object() && run.contains("world_size") && run.contains("stage") &&
+            run.at("world_size").is_number_integer() && run.at("stage").is_number_integer()) {
+          loaded->saved_world_size = run.at("world_size").get<int>();
+          loaded->saved_stage = run.at("stage").get<int>();
+        }
+        if (run.is_object() && run.contains("global_batch") &&
+            run.at("global_batch").is_number_integer()) {
+          loaded->saved_global_batch = run.at("global_batch").get<std::int64_t>();
+        }
+      }
+    }
+  }
+
+  RunSummary summary;
+  summary.steps = engine->global_steps();
+  std::int64_t last_saved_step = -1;
+  // Collective, like the engine's save.
+  const auto save = [&]() {
+    const std::int64_t step = engine->global_steps();
+    const std::string tag = "global_step" + std::to_string(step);  // DeepSpeed's naming
+    const Clock::time_point save_start = Clock::now();
+    engine->save_checkpoint(options.save_dir, tag, client_state);
+    const double seconds = seconds_since(save_start);
+    checkpoint_seconds += seconds;
+    last_saved_step = step;
+    summary.checkpoint_path = (std::filesystem::path(options.save_dir) / tag).string();
+    if (observer != nullptr) {
+      observer->on_checkpoint(
+          {.saved = true, .dir = options.save_dir, .tag = tag, .step = step, .seconds = seconds});
+    }
+  };
+
   if (observer != nullptr) {
     RunInfo info;
     info.model = shape.to_string();
@@ -141,9 +198,11 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     info.accumulation = accumulation;
     info.global_batch = global_batch;
     info.steps = options.steps;
+    info.start_step = engine->global_steps();
     info.seed = options.seed;
     info.steps_per_print = config.steps_per_print.value_or(10);
     observer->on_start(info);
+    if (loaded) observer->on_checkpoint(*loaded);
   }
 
   const TeacherStudentData data(shape, options.seed);
@@ -157,11 +216,13 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   const int units = static_cast<int>(shape.layers());
   const std::size_t element_bytes = dtype_size(dtype);
 
-  RunSummary summary;
   const Clock::time_point train_start = Clock::now();
-  for (std::int64_t done = 0; done < options.steps; ++done) {
+  const double seconds_before_training = checkpoint_seconds;
+  std::int64_t trained = 0;
+  // The engine's count of optimizer steps: a resumed run continues from the restored one, and
+  // the data of step t depends on (seed, t) only, so it sees what an uninterrupted run would.
+  while (engine->global_steps() < options.steps) {
     const Clock::time_point step_start = Clock::now();
-    // The engine's count, not `done`: it is what a resumed run would continue from.
     const auto step_index = static_cast<std::uint64_t>(engine->global_steps());
     double loss_sum = 0;
     StepResult result;
@@ -206,7 +267,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     double loss = loss_sum / static_cast<double>(accumulation);
     comm.all_reduce(&loss, &loss, 1, DType::F64, ReduceOp::Avg).wait();
 
-    if (done == 0) summary.first_loss = loss;
+    if (trained++ == 0) summary.first_loss = loss;
     summary.final_loss = loss;
     summary.steps = result.global_steps;
     summary.skipped_steps = result.skipped_steps;
@@ -219,16 +280,23 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
                          .skipped = result.skipped,
                          .step_time_s = step_seconds});
     }
+    if (!options.save_dir.empty() && options.save_every > 0 &&
+        result.global_steps % options.save_every == 0) {
+      save();
+    }
   }
-  summary.train_seconds = seconds_since(train_start);
-  summary.samples_per_s =
-      summary.train_seconds > 0
-          ? static_cast<double>(options.steps * global_batch) / summary.train_seconds
-          : 0;
+  // Periodic saves are not training time.
+  summary.train_seconds =
+      seconds_since(train_start) - (checkpoint_seconds - seconds_before_training);
+  summary.samples_per_s = summary.train_seconds > 0
+                              ? static_cast<double>(trained * global_batch) / summary.train_seconds
+                              : 0;
 
   summary.memory = gather_snapshots(comm, engine->memory());
   summary.estimate_input = estimate_input_for(config, total_params, largest_param, world);
   if (summary.estimate_input) summary.estimate = estimate_model_states(*summary.estimate_input);
+
+  if (!options.save_dir.empty() && last_saved_step != engine->global_steps()) save();
 
   if (!options.dump_params.empty()) {
     io::SafetensorsWriter writer;

@@ -30,9 +30,24 @@ struct RunInfo {
   std::int64_t micro_batch = 0;
   std::int64_t accumulation = 0;
   std::int64_t global_batch = 0;  // micro × accumulation × world size
-  std::int64_t steps = 0;
+  std::int64_t steps = 0;         // optimizer steps in all, those before a --load included
+  std::int64_t start_step = 0;    // optimizer steps already done (restored by --load)
   std::uint64_t seed = 0;
   std::int64_t steps_per_print = 10;
+};
+
+// A checkpoint saved (--save) or loaded (--load), as rank 0 reports it.
+struct CheckpointRecord {
+  bool saved = true;  // false: loaded
+  std::string dir;
+  std::string tag;        // "global_step<N>"
+  std::int64_t step = 0;  // optimizer steps done at the save / restored by the load
+  double seconds = 0;     // the collective save or load, on rank 0
+  // Loaded: the run that saved it, when zero-train saved it (0: unknown).
+  int saved_world_size = 0;
+  int saved_stage = -1;
+  std::int64_t saved_global_batch = 0;
+  std::int64_t global_batch = 0;  // this run's: a different one means different data from here on
 };
 
 // One optimizer step (accumulation window) as rank 0 reports it.
@@ -56,7 +71,8 @@ struct RunSummary {
   std::vector<MemorySnapshot> memory;           // one per rank, at the end of training
   std::optional<EstimateInput> estimate_input;  // nullopt: the optimizer has no formula
   std::optional<EstimateResult> estimate;
-  std::string dump_path;  // written, or empty
+  std::string dump_path;        // written, or empty
+  std::string checkpoint_path;  // the last checkpoint saved (DIR/TAG), or empty
 };
 
 // Rank 0's sink for progress. Called on rank 0's thread only.
@@ -65,12 +81,16 @@ class TrainObserver {
   virtual ~TrainObserver() = default;
   virtual void on_start(const RunInfo& info) = 0;
   virtual void on_step(const StepRecord& step) = 0;
+  virtual void on_checkpoint(const CheckpointRecord& checkpoint) = 0;
   virtual void on_finish(const RunSummary& summary) = 0;
 };
 
-// Trains options.steps optimizer steps on this rank. Collective: every rank of `comm` calls it
-// with the same options and config. `observer` is rank 0's (null on the other ranks).
-// Throws what the engine throws (ConfigError when the config cannot run, CommError, ...).
+// Trains on this rank until options.steps optimizer steps are done: from 0, or with --load from
+// the step the checkpoint restores. Saves (--save) every options.save_every steps and at the end.
+// Collective: every rank of `comm` calls it with the same options and config. `observer` is rank
+// 0's (null on the other ranks).
+// Throws what the engine throws (ConfigError when the config cannot run, CommError, IoError for
+// a checkpoint that cannot be read or written, ...).
 void train_rank(const TrainOptions& options, const config::DsConfig& config, int threads,
                 Communicator& comm, TrainObserver* observer);
 

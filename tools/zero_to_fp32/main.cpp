@@ -1,0 +1,442 @@
+// zero_to_fp32: consolidates a zero checkpoint (DESIGN.md §5) into whole tensors, as DeepSpeed's
+// zero_to_fp32.py does for its own checkpoints. Every rank file is verified first; then each
+// parameter is streamed chunk by chunk from the rank files' byte ranges straight into a
+// SafetensorsStreamWriter, so memory stays bounded by a fixed buffer (frozen parameters, which
+// the checkpoint keeps whole, by the largest of them).
+#include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/cast.h"
+#include "tools/zero_to_fp32/options.h"
+#include "tools/zero_to_fp32/shards.h"
+#include "zero/checkpoint/checkpoint.h"
+#include "zero/dtype.h"
+#include "zero/error.h"
+#include "zero/io/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace ckpt = zero::ckpt;
+using zero::DType;
+using zero::IoError;
+using zero::to_fp32::Options;
+using zero::to_fp32::UsageError;
+using Clock = std::chrono::steady_clock;
+
+// Elements read from the rank files per call: 16 MiB of fp32, plus 8 MiB for a 16-bit output.
+constexpr std::uint64_t kChunkElems = std::uint64_t{4} << 20;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// "812 B", "1.5 KiB", "3.2 GiB".
+std::string format_bytes(std::uint64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  std::size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, kUnits[unit]);
+}
+
+std::string clock_text(double seconds) {
+  const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  if (s >= 3600) return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
+  return fmt::format("{}:{:02}", s / 60, s % 60);
+}
+
+// A progress bar over a byte count on stderr, drawn only when stderr is a terminal; the line is
+// cleared when the bar is done or destroyed (an error message then starts on a clean line).
+class Progress {
+ public:
+  Progress(std::string label, std::uint64_t total_bytes)
+      : enabled_(isatty(STDERR_FILENO) != 0),
+        label_(std::move(label)),
+        total_(total_bytes),
+        start_(Clock::now()) {}
+  ~Progress() { clear(); }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void advance(std::uint64_t bytes) {
+    done_ += bytes;
+    if (!enabled_) return;
+    // About ten frames a second: redrawing per chunk would flood a slow terminal.
+    const Clock::time_point now = Clock::now();
+    if (shown_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+    last_draw_ = now;
+    draw();
+  }
+
+  void clear() {
+    if (!shown_) return;
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+    shown_ = false;
+  }
+
+ private:
+  void draw() {
+    constexpr int kWidth = 30;
+    const double fraction =
+        total_ > 0 ? static_cast<double>(done_) / static_cast<double>(total_) : 1.0;
+    const int filled = std::clamp(static_cast<int>(fraction * kWidth), 0, kWidth);
+    std::string bar(static_cast<std::size_t>(filled), '=');
+    if (filled < kWidth) bar += '>';
+    bar.resize(kWidth, ' ');
+    const double elapsed = seconds_since(start_);
+    const double rate = elapsed > 0 ? static_cast<double>(done_) / elapsed : 0;
+    const double eta = rate > 0 ? static_cast<double>(total_ - std::min(done_, total_)) / rate : 0;
+    fmt::print(stderr, "\r\033[K{} [{}] {:3.0f}%  {}/{}  {:.2f} GB/s  ETA {}", label_, bar,
+               fraction * 100, format_bytes(done_), format_bytes(total_), rate / 1e9,
+               clock_text(eta));
+    std::fflush(stderr);
+    shown_ = true;
+  }
+
+  bool enabled_;
+  std::string label_;
+  std::uint64_t total_;
+  std::uint64_t done_ = 0;
+  Clock::time_point start_;
+  Clock::time_point last_draw_{};
+  bool shown_ = false;
+};
+
+// The checkpoint is not there or not one: exit 1 (not 2, the arguments were well formed).
+class NotACheckpoint : public zero::Error {
+ public:
+  using zero::Error::Error;
+};
+
+struct Location {
+  std::string dir;  // the directory holding the tag directory
+  std::string tag;  // empty: the one `dir`/latest names
+};
+
+// CHECKPOINT_DIR is the directory holding `latest` and the tags, or one tag directory itself.
+Location locate_checkpoint(const Options& o) {
+  const fs::path given(o.checkpoint_dir);
+  std::error_code ec;
+  if (!fs::exists(given, ec)) {
+    throw NotACheckpoint(fmt::format("{}: no such directory", o.checkpoint_dir));
+  }
+  if (!fs::is_directory(given, ec)) {
+    throw NotACheckpoint(
+        fmt::format("{} is not a checkpoint: it is a file, not a directory holding `latest` or "
+                    "manifest.json",
+                    o.checkpoint_dir));
+  }
+  const fs::path dir = fs::canonical(given);
+  if (fs::exists(dir / "manifest.json")) {
+    const std::string name = dir.filename().string();
+    if (!o.tag.empty() && o.tag != name) {
+      throw UsageError(fmt::format(
+          "--tag {}: {} is itself the checkpoint of tag {} (it holds manifest.json); drop --tag "
+          "or pass the directory above it",
+          o.tag, o.checkpoint_dir, name));
+    }
+    return {dir.parent_path().string(), name};
+  }
+  if (!o.tag.empty()) {
+    if (fs::exists(dir / o.tag / "manifest.json")) return {dir.string(), o.tag};
+    std::string why = "no such tag directory";
+    if (fs::exists(dir / (o.tag + ".tmp"))) {
+      why = fmt::format("only {}.tmp, an unfinished save", o.tag);
+    } else if (fs::is_directory(dir / o.tag)) {
+      why = fmt::format("{}/{} holds no manifest.json", o.checkpoint_dir, o.tag);
+    }
+    throw NotACheckpoint(
+        fmt::format("{}: tag {} is not a checkpoint ({})", o.checkpoint_dir, o.tag, why));
+  }
+  if (fs::exists(dir / "latest")) return {dir.string(), ""};
+
+  std::vector<std::string> tags;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (e.is_directory(ec) && fs::exists(e.path() / "manifest.json", ec)) {
+      tags.push_back(e.path().filename().string());
+    }
+  }
+  std::sort(tags.begin(), tags.end());
+  std::string hint;
+  if (!tags.empty()) {
+    hint = "; it has tag directories, pass one with --tag:";
+    for (const std::string& t : tags) hint += " " + t;
+  }
+  throw NotACheckpoint(
+      fmt::format("{} is not a checkpoint: it holds neither `latest` nor manifest.json{}",
+                  o.checkpoint_dir, hint));
+}
+
+// One tensor of the output.
+struct Item {
+  std::size_t param = 0;  // manifest index
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::uint64_t numel = 0;
+  bool trainable = true;
+  DType source_dtype = DType::F32;  // master: fp32; frozen: the model copy's dtype
+};
+
+std::uint64_t shape_numel(const std::vector<std::int64_t>& shape) {
+  std::uint64_t n = 1;
+  for (const std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
+
+// Converts and appends tensor bytes in pieces of at most kChunkElems.
+class Appender {
+ public:
+  // chunk_elems: the most elements one append() converts. REQUIRES: ≤ kChunkElems.
+  Appender(DType out_dtype, std::uint64_t chunk_elems)
+      : out_(out_dtype),
+        f32_(chunk_elems),
+        narrow_(out_dtype == DType::F32 ? 0 : chunk_elems * zero::dtype_size(out_dtype)) {}
+
+  float* f32() { return f32_.data(); }
+
+  // REQUIRES: count ≤ chunk_elems; src is naturally aligned for src_dtype.
+  void append(zero::io::SafetensorsStreamWriter& writer, const void* src, DType src_dtype,
+              std::size_t count, Progress& progress) {
+    const void* data = src;
+    if (src_dtype != out_ && src_dtype != DType::F32) {
+      zero::kernels::cast_cpu(src, src_dtype, f32_.data(), DType::F32, count);
+      data = f32_.data();
+      src_dtype = DType::F32;
+    }
+    if (src_dtype != out_) {
+      zero::kernels::cast_cpu(data, DType::F32, narrow_.data(), out_, count);
+      data = narrow_.data();
+    }
+    const std::size_t bytes = count * zero::dtype_size(out_);
+    writer.append(data, bytes);
+    progress.advance(bytes);
+  }
+
+ private:
+  DType out_;
+  std::vector<float> f32_;
+  std::vector<std::byte> narrow_;
+};
+
+void write_tensor(const ckpt::CheckpointReader& reader, const Item& item,
+                  zero::io::SafetensorsStreamWriter& writer, Appender& appender,
+                  Progress& progress) {
+  if (item.trainable) {
+    for (std::uint64_t begin = 0; begin < item.numel;) {
+      const std::uint64_t count = std::min(kChunkElems, item.numel - begin);
+      reader.read_param(item.param, "master", begin, count, appender.f32());
+      appender.append(writer, appender.f32(), DType::F32, static_cast<std::size_t>(count),
+                      progress);
+      begin += count;
+    }
+    return;
+  }
+  const std::vector<std::byte> whole = reader.read_frozen(item.param);
+  const std::size_t element_bytes = zero::dtype_size(item.source_dtype);
+  ZERO_CHECK_AS(IoError, whole.size() == item.numel * element_bytes,
+                "{}: frozen parameter {} has {} bytes, its shape and dtype {} say {}",
+                reader.path(), item.name, whole.size(), zero::dtype_name(item.source_dtype),
+                item.numel * element_bytes);
+  for (std::uint64_t begin = 0; begin < item.numel;) {
+    const std::uint64_t count = std::min(kChunkElems, item.numel - begin);
+    appender.append(writer, whole.data() + begin * element_bytes, item.source_dtype,
+                    static_cast<std::size_t>(count), progress);
+    begin += count;
+  }
+}
+
+// Written to `path`.tmp, fsynced and renamed, like the shards.
+void write_index(const std::string& path, const nlohmann::json& index) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << index.dump(2) << '\n';
+    out.flush();
+    ZERO_CHECK_AS(IoError, out.good(), "{}: cannot write", tmp);
+  }
+  std::FILE* f = std::fopen(tmp.c_str(), "rb");
+  ZERO_CHECK_AS(IoError, f != nullptr, "{}: cannot reopen to fsync", tmp);
+  const bool synced = ::fsync(fileno(f)) == 0;
+  std::fclose(f);
+  ZERO_CHECK_AS(IoError, synced, "{}: fsync failed", tmp);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  ZERO_CHECK_AS(IoError, !ec, "{}: cannot rename {} over it: {}", path, tmp, ec.message());
+  const std::string dir = fs::path(path).parent_path().string();
+  zero::io::fsync_directory(dir.empty() ? "." : dir);
+}
+
+std::uint64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+int run(const Options& o) {
+  const Clock::time_point start = Clock::now();
+  const Location where = locate_checkpoint(o);
+  const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(where.dir, where.tag);
+  const ckpt::Manifest& manifest = reader.manifest();
+
+  // Every rank file, every tensor, before anything is written: a corrupted checkpoint must not
+  // produce plausible-looking weights.
+  std::uint64_t checked_bytes = 0;
+  std::size_t checked_tensors = 0;
+  for (const ckpt::RankFile& f : manifest.files) {
+    for (const auto& [name, sum] : f.tensors) checked_bytes += sum.bytes;
+    checked_tensors += f.tensors.size();
+  }
+  {
+    const Clock::time_point verify_start = Clock::now();
+    Progress progress("verifying", checked_bytes);
+    for (const ckpt::RankFile& f : manifest.files) {
+      reader.verify_rank_file(f.rank);
+      std::uint64_t bytes = 0;
+      for (const auto& [name, sum] : f.tensors) bytes += sum.bytes;
+      progress.advance(bytes);
+    }
+    progress.clear();
+    fmt::print(stderr,
+               "zero_to_fp32: verified {} (ZeRO stage {}, {} rank{}): {} tensors, {} in {} "
+               "file{}, checksums match ({:.2f} s)\n",
+               reader.path(), manifest.stage, manifest.world_size,
+               manifest.world_size == 1 ? "" : "s", checked_tensors, format_bytes(checked_bytes),
+               manifest.files.size(), manifest.files.size() == 1 ? "" : "s",
+               seconds_since(verify_start));
+  }
+
+  std::vector<Item> items;
+  std::vector<zero::to_fp32::OutputTensor> sizes;
+  std::size_t frozen_left_out = 0;
+  for (std::size_t i = 0; i < manifest.params.size(); ++i) {
+    const ckpt::ParamEntry& p = manifest.params[i];
+    if (!p.trainable && o.exclude_frozen) {
+      ++frozen_left_out;
+      continue;
+    }
+    Item item{.param = i,
+              .name = p.name,
+              .shape = p.shape,
+              .numel = shape_numel(p.shape),
+              .trainable = p.trainable,
+              .source_dtype = p.trainable ? DType::F32 : p.dtype};
+    ZERO_CHECK_AS(IoError, !p.trainable || p.numel == item.numel,
+                  "{}: manifest lists parameter {} with {} elements, but its shape holds {}",
+                  reader.path(), p.name, p.numel, item.numel);
+    sizes.push_back({p.name, item.numel * zero::dtype_size(o.dtype)});
+    items.push_back(std::move(item));
+  }
+  if (items.empty()) {
+    throw zero::Error(
+        fmt::format("{}: nothing to write: {}", reader.path(),
+                    manifest.params.empty()
+                        ? "the checkpoint lists no parameters"
+                        : "every parameter is frozen and --exclude-frozen leaves them out"));
+  }
+
+  // A path that names an existing directory is one, whatever its name.
+  const bool output_is_file = o.output.ends_with(".safetensors") && !fs::is_directory(o.output);
+  const zero::to_fp32::OutputPlan plan =
+      zero::to_fp32::plan_output(o.output, output_is_file, sizes, o.max_shard_bytes);
+  std::uint64_t total_bytes = 0;
+  for (const auto& s : sizes) total_bytes += s.bytes;
+
+  const fs::path out_dir = output_is_file ? fs::path(o.output).parent_path() : fs::path(o.output);
+  if (!out_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    ZERO_CHECK_AS(IoError, !ec && fs::is_directory(out_dir), "{}: cannot create the directory: {}",
+                  out_dir.string(), ec ? ec.message() : "a file of that name is in the way");
+  }
+  if (plan.sharded_instead_of_file) {
+    fmt::print(
+        stderr,
+        "zero_to_fp32: {} of weights exceed --max-shard-size {}: writing {} shards next "
+        "to {} instead ({}, ..., {}) with the index {}{}\n",
+        format_bytes(total_bytes), format_bytes(o.max_shard_bytes), plan.files.size(), o.output,
+        plan.files.front().file_name, plan.files.back().file_name, plan.index_path,
+        fs::exists(o.output) ? fmt::format("; the existing {} is left as it was", o.output) : "");
+  }
+
+  const Clock::time_point write_start = Clock::now();
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::uint64_t largest_numel = 0;
+  for (const Item& item : items) largest_numel = std::max(largest_numel, item.numel);
+  Appender appender(o.dtype, std::min(kChunkElems, largest_numel));
+  {
+    Progress progress("writing", total_bytes);
+    for (const zero::to_fp32::ShardFile& shard : plan.files) {
+      std::vector<zero::io::TensorDecl> decls;
+      for (const std::size_t t : shard.tensors) {
+        decls.push_back({.name = items[t].name, .dtype = o.dtype, .shape = items[t].shape});
+      }
+      zero::io::SafetensorsStreamWriter writer(shard.path, std::move(decls), metadata);
+      for (const std::size_t t : shard.tensors) {
+        write_tensor(reader, items[t], writer, appender, progress);
+      }
+      writer.finish();
+    }
+    if (!plan.index_path.empty()) {
+      write_index(plan.index_path, zero::to_fp32::index_json(plan, sizes));
+    }
+    progress.clear();
+  }
+  const double write_seconds = seconds_since(write_start);
+
+  const std::string destination =
+      plan.index_path.empty()
+          ? plan.files.front().path
+          : fmt::format("{} shards indexed by {}", plan.files.size(), plan.index_path);
+  fmt::print(stderr,
+             "zero_to_fp32: wrote {} tensors ({}{}), {} bytes ({}) to {} in {:.3f} s "
+             "({:.3f} GB/s); {:.3f} s in all; peak RSS {}\n",
+             items.size(), zero::dtype_name(o.dtype),
+             frozen_left_out > 0 ? fmt::format("; {} frozen left out", frozen_left_out) : "",
+             total_bytes, format_bytes(total_bytes), destination, write_seconds,
+             write_seconds > 0 ? static_cast<double>(total_bytes) / write_seconds / 1e9 : 0.0,
+             seconds_since(start), format_bytes(peak_rss_bytes()));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  Options options;
+  try {
+    options = zero::to_fp32::parse_options(args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "zero_to_fp32: %s\n", e.what());
+    return 2;
+  }
+  if (options.help) {
+    std::fputs(zero::to_fp32::kUsage, stdout);
+    return 0;
+  }
+  try {
+    return run(options);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "zero_to_fp32: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero_to_fp32: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -174,12 +174,15 @@ void Reporter::on_start(const RunInfo& info) {
       info.model, info.params, info.tensors, info.world_size,
       info.backend == "inproc" ? "in-process" : info.backend, info.world_size == 1 ? "" : "s",
       info.threads, info.threads == 1 ? "" : "s"));
+  const std::int64_t configured = info.micro_batch * info.accumulation * info.world_size;
   line(fmt::format(
       "  {}: ZeRO stage {}, {}, {}{}; micro batch {} x accumulation {} x {} rank{} = "
-      "{} samples per step; {} steps{}, seed {}",
+      "{} samples per step{}; {} steps{}, seed {}",
       config_path_, info.stage, info.dtype, info.optimizer,
       info.scheduler.empty() ? "" : ", " + info.scheduler, info.micro_batch, info.accumulation,
-      info.world_size, info.world_size == 1 ? "" : "s", info.global_batch, info.steps,
+      info.world_size, info.world_size == 1 ? "" : "s", configured,
+      info.global_batch == configured ? "" : fmt::format(" (the checkpoint's {} kept)", info.global_batch),
+      info.steps,
       info.start_step > 0 ? fmt::format(" (resuming after step {})", info.start_step) : "",
       info.seed));
 }
@@ -202,12 +205,12 @@ void Reporter::on_checkpoint(const CheckpointRecord& c) {
   }
   line(fmt::format("loaded checkpoint {} (step {}{}; {:.2f} s)", path, c.step, origin, c.seconds));
   if (c.saved_global_batch > 0 && c.saved_global_batch != c.global_batch) {
-    // The batch of step t is the first global_batch rows of step t's data: a different size
-    // trains on different data from here on, so the run will not end where the saved one would.
+    // The data of step t is a function of (seed, t): the resumed run keeps the saved global batch
+    // and splits it over its own ranks, so it sees what the saved run would have seen.
     line(fmt::format(
-        "note: the saved run trained on {} samples per step, this one on {}: from step {} on "
-        "the data differs from what the saved run would have seen",
-        c.saved_global_batch, c.global_batch, c.step + 1));
+        "note: continuing with the saved run's {} samples per step (this config alone would give "
+        "{}), split over this run's ranks with weighted losses",
+        c.saved_global_batch, c.global_batch));
   }
 }
 

@@ -86,6 +86,22 @@ std::optional<EstimateInput> estimate_input_for(const config::DsConfig& config,
   return in;
 }
 
+MicroShare micro_share(std::int64_t global_batch, int world, int rank, std::int64_t accumulation,
+                       std::int64_t k) {
+  const auto B = static_cast<std::uint64_t>(global_batch);
+  const auto W = static_cast<std::uint64_t>(world);
+  const auto r = static_cast<std::uint64_t>(rank);
+  const auto A = static_cast<std::uint64_t>(accumulation);
+  const auto u = static_cast<std::uint64_t>(k);
+  const std::uint64_t rank_first = r * B / W;
+  const std::uint64_t rank_rows = (r + 1) * B / W - rank_first;
+  MicroShare s;
+  s.first = rank_first + u * rank_rows / A;
+  s.rows = static_cast<std::size_t>((u + 1) * rank_rows / A - u * rank_rows / A);
+  s.weight = static_cast<double>(s.rows) * static_cast<double>(W * A) / static_cast<double>(B);
+  return s;
+}
+
 void train_rank(const TrainOptions& options, const config::DsConfig& config, int threads,
                 Communicator& comm, TrainObserver* observer) {
   const MlpShape& shape = options.model;
@@ -125,7 +141,10 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   ZERO_CHECK(engine->gradient_accumulation_steps() == accumulation,
              "zero-train: the engine accumulates {} micro-steps, the config says {}",
              engine->gradient_accumulation_steps(), accumulation);
-  const std::int64_t global_batch = micro * accumulation * world;
+  // The global batch of step t: micro × accumulation × world from the config, or, when resuming
+  // a zero-train checkpoint, the batch the saving run used (below), so the data of every step
+  // stays a function of (seed, t) at any world size.
+  std::int64_t global_batch = micro * accumulation * world;
 
   // What a later --load reports about the run that saved (the engine does not need it).
   const nlohmann::json client_state = {{"zero_train",
@@ -140,13 +159,19 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     const Clock::time_point load_start = Clock::now();
     const nlohmann::json saved_by = engine->load_checkpoint(options.load_dir);  // collective
     checkpoint_seconds += seconds_since(load_start);
+    const std::int64_t configured_batch = global_batch;
+    if (saved_by.is_object() && saved_by.contains("zero_train") && saved_by["zero_train"].is_object() &&
+        saved_by["zero_train"].contains("global_batch") && saved_by["zero_train"]["global_batch"].is_number_integer() &&
+        saved_by["zero_train"]["global_batch"].get<std::int64_t>() > 0) {
+      global_batch = saved_by["zero_train"]["global_batch"].get<std::int64_t>();
+    }
     if (observer != nullptr) {
       loaded = CheckpointRecord{.saved = false,
                                 .dir = options.load_dir,
                                 .tag = ckpt::read_latest(options.load_dir),
                                 .step = engine->global_steps(),
                                 .seconds = checkpoint_seconds,
-                                .global_batch = global_batch};
+                                .global_batch = configured_batch};
       // Absent when another embedding saved the checkpoint.
       if (saved_by.is_object() && saved_by.contains("zero_train")) {
         const nlohmann::json& run = saved_by.at("zero_train");
@@ -227,8 +252,8 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     double loss_sum = 0;
     StepResult result;
     for (std::int64_t k = 0; k < accumulation; ++k) {
-      const auto first = static_cast<std::uint64_t>(rank * micro * accumulation + k * micro);
-      const Batch batch = data.batch(step_index, first, static_cast<std::size_t>(micro));
+      const MicroShare share = micro_share(global_batch, world, rank, accumulation, k);
+      const Batch batch = data.batch(step_index, share.first, share.rows);
 
       // The MLP needs every layer's weights in backward too, so units stay gathered until their
       // gradients are handed over.
@@ -241,8 +266,13 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
         kernels::cast_cpu(p.data(), dtype, weights[i].data(), DType::F32, weights[i].size(),
                           engine_options.exec);
       }
-      loss_sum += forward_backward(shape, weight_views, batch,
-                                   static_cast<float>(engine->backward_scale()), grad_views);
+      if (share.rows > 0) {
+        loss_sum += share.weight * forward_backward(shape, weight_views, batch,
+                                                    static_cast<float>(engine->backward_scale() * share.weight),
+                                                    grad_views);
+      } else {
+        for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+      }
       // Backward produces the last layer's gradients first.
       for (int u = units - 1; u >= 0; --u) {
         for (std::size_t i = 2 * static_cast<std::size_t>(u) + 2;

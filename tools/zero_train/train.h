@@ -85,6 +85,18 @@ class TrainObserver {
   virtual void on_finish(const RunSummary& summary) = 0;
 };
 
+// Rank `rank`'s micro-step k of a global batch of `global_batch` rows split over `world` ranks
+// and `accumulation` micro-steps: consecutive rows, shares as even as integers allow. `weight`
+// scales that micro-step's loss so the engine's average over ranks and micro-steps is the mean
+// over the whole batch: rows × world × accumulation / global_batch (exactly 1 for even shares).
+struct MicroShare {
+  std::uint64_t first = 0;
+  std::size_t rows = 0;
+  double weight = 1.0;
+};
+MicroShare micro_share(std::int64_t global_batch, int world, int rank, std::int64_t accumulation,
+                       std::int64_t k);
+
 // Trains on this rank until options.steps optimizer steps are done: from 0, or with --load from
 // the step the checkpoint restores. Saves (--save) every options.save_every steps and at the end.
 // Collective: every rank of `comm` calls it with the same options and config. `observer` is rank

@@ -2,7 +2,12 @@
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(fmt REQUIRED)
 find_package(Threads REQUIRED)
-find_package(ZLIB REQUIRED)  # CRC-32 of checkpoint tensors
+# xxHash (Debian libxxhash-dev): checksums of checkpoint tensors.
+find_path(ZERO_XXHASH_INCLUDE xxhash.h)
+find_library(ZERO_XXHASH_LIBRARY xxhash)
+if(NOT ZERO_XXHASH_INCLUDE OR NOT ZERO_XXHASH_LIBRARY)
+  message(FATAL_ERROR "xxHash not found: apt-get install libxxhash-dev (scripts/install-deps.sh does)")
+endif()
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 
 set(ZERO_SUMMARY "")

@@ -71,7 +71,7 @@ void check_file_name(const std::string& name, const std::string& where, const st
 
 json file_json(const RankFile& f) {
   json tensors = json::object();
-  for (const auto& [name, sum] : f.tensors) tensors[name] = {{"crc32", sum.crc32}, {"bytes", sum.bytes}};
+  for (const auto& [name, sum] : f.tensors) tensors[name] = {{"xxh3", io::checksum_hex(sum.xxh3)}, {"bytes", sum.bytes}};
   return {{"rank", f.rank}, {"file", f.file}, {"tensors", tensors}};
 }
 
@@ -84,9 +84,11 @@ RankFile parse_file(const json& j, const std::string& where, const std::string& 
   if (!t.is_object()) bad(where, path + "tensors", "expected an object");
   for (const auto& [name, sum] : t.items()) {
     const std::string p = path + "tensors." + name + ".";
-    const std::uint64_t crc = get_u64(sum, "crc32", where, p);
-    if (crc > 0xffffffffull) bad(where, p + "crc32", "not a CRC-32");
-    f.tensors[name] = {static_cast<std::uint32_t>(crc), get_u64(sum, "bytes", where, p)};
+    const std::string hex = get_str(sum, "xxh3", where, p);
+    if (hex.size() != 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      bad(where, p + "xxh3", fmt::format("'{}' is not 16 hex digits", hex));
+    }
+    f.tensors[name] = {std::stoull(hex, nullptr, 16), get_u64(sum, "bytes", where, p)};
   }
   return f;
 }
@@ -290,15 +292,15 @@ namespace {
 void verify_file(const io::SafetensorsReader& reader, const RankFile& f, const std::string& path) {
   std::vector<std::byte> buf(std::size_t{8} << 20);
   for (const auto& [name, sum] : f.tensors) {
-    std::uint32_t crc = 0;
+    io::Checksum crc;
     for (std::uint64_t off = 0; off < sum.bytes; off += buf.size()) {
       const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), sum.bytes - off));
       reader.read_range(name, off, buf.data(), n);
-      crc = io::crc32_update(crc, buf.data(), n);
+      crc.update(buf.data(), n);
     }
-    ZERO_CHECK_AS(IoError, crc == sum.crc32,
-                  "checkpoint {}: tensor '{}' in {} is corrupted (CRC-32 {:08x}, the manifest says {:08x})",
-                  path, name, f.file, crc, sum.crc32);
+    ZERO_CHECK_AS(IoError, crc.digest() == sum.xxh3,
+                  "checkpoint {}: tensor '{}' in {} is corrupted (checksum {}, the manifest says {})",
+                  path, name, f.file, io::checksum_hex(crc.digest()), io::checksum_hex(sum.xxh3));
   }
 }
 

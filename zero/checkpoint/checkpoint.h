@@ -8,6 +8,7 @@
 //                                      0's file also holds "frozen/<name>" (model dtype, whole)
 //   <dir>/<tag>/model_16bit.safetensors  optional: the whole low-precision model, one tensor per
 //                                      parameter (stage3_gather_16bit_weights_on_model_save)
+// Every tensor's bytes carry an XXH3-64 checksum in the manifest ("xxh3": 16 hex digits).
 //
 // A partition is the concatenation of the rank's slice of every unit; parameter p of unit u
 // occupies [offset_p, offset_p + numel_p) of the unit's flat buffer, whose slice r is
@@ -55,7 +56,7 @@ struct UnitEntry {
 };
 
 struct TensorSum {
-  std::uint32_t crc32 = 0;
+  std::uint64_t xxh3 = 0;  // XXH3-64 of the tensor's bytes (io::Checksum)
   std::uint64_t bytes = 0;
 };
 
@@ -106,7 +107,7 @@ class CheckpointReader {
   const Manifest& manifest() const { return manifest_; }
   const std::string& path() const { return path_; }
 
-  // Reads every tensor of rank `rank`'s file and compares its CRC-32 with the manifest's.
+  // Reads every tensor of rank `rank`'s file and compares its checksum with the manifest's.
   // Throws IoError naming the file and the tensor on a mismatch.
   void verify_rank_file(int rank) const;
   // Same for the consolidated 16-bit model file, when there is one.

@@ -2,7 +2,7 @@
 //
 // Save: every rank streams its own partition (master and optimizer states, fp32) into its own
 // safetensors file inside <dir>/<tag>.tmp/; rank 0 adds the frozen parameters, the optional
-// 16-bit model and the manifest (with every rank's CRC-32s), fsyncs, swaps the directory into
+// 16-bit model and the manifest (with every rank's checksums), fsyncs, swaps the directory into
 // place and replaces `latest` last.
 //
 // Load: every rank reads the manifest, verifies the checksums of its share of the files (file q
@@ -190,20 +190,23 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     for (std::size_t i : frozen) w.append(params_[i].frozen.data(), params_[i].frozen.size_bytes());
     w.finish();
     for (std::size_t k = 0; k < decls.size(); ++k) {
-      mine.tensors[decls[k].name] = {w.crc32s()[k], decls[k].size_bytes()};
+      mine.tensors[decls[k].name] = {w.checksums()[k], decls[k].size_bytes()};
     }
   } catch (const std::exception& e) {
     error = fmt::format("save_checkpoint: rank {}: {}", rank_, e.what());
   }
   agree_on_failure(error);
 
-  // Every rank's checksums of master and states, to rank 0.
+  // Every rank's checksums of master and states, to rank 0, as two exact 32-bit halves each.
   const std::size_t nt = 1 + names.size();
-  std::vector<double> sums(nt), all_sums(nt * static_cast<std::size_t>(world_));
-  sums[0] = mine.tensors["master"].crc32;
-  for (std::size_t k = 0; k < names.size(); ++k) sums[k + 1] = mine.tensors[names[k]].crc32;
+  std::vector<double> sums(2 * nt), all_sums(2 * nt * static_cast<std::size_t>(world_));
+  for (std::size_t k = 0; k < nt; ++k) {
+    const std::uint64_t v = mine.tensors[k == 0 ? std::string("master") : names[k - 1]].xxh3;
+    sums[2 * k] = static_cast<double>(v >> 32);
+    sums[2 * k + 1] = static_cast<double>(v & 0xffffffffu);
+  }
   if (world_ > 1) {
-    comm_.all_gather(sums.data(), all_sums.data(), nt, DType::F64).wait();
+    comm_.all_gather(sums.data(), all_sums.data(), 2 * nt, DType::F64).wait();
   } else {
     all_sums = sums;
   }
@@ -233,7 +236,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       try {
         w->finish();
         model_file = ckpt::RankFile{0, "model_16bit.safetensors", {}};
-        for (std::size_t k = 0; k < decls.size(); ++k) model_file->tensors[decls[k].name] = {w->crc32s()[k], decls[k].size_bytes()};
+        for (std::size_t k = 0; k < decls.size(); ++k) model_file->tensors[decls[k].name] = {w->checksums()[k], decls[k].size_bytes()};
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -250,11 +253,13 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       m.model_16bit = model_file;
       for (int r = 0; r < world_; ++r) {
         ckpt::RankFile f{r, ckpt::rank_file_name(r, world_), {}};
-        const std::size_t base = static_cast<std::size_t>(r) * nt;
-        f.tensors["master"] = {static_cast<std::uint32_t>(all_sums[base]), P * sizeof(float)};
-        for (std::size_t k = 0; k < names.size(); ++k) {
-          f.tensors[names[k]] = {static_cast<std::uint32_t>(all_sums[base + 1 + k]), P * sizeof(float)};
-        }
+        const std::size_t base = static_cast<std::size_t>(r) * 2 * nt;
+        auto sum_of = [&](std::size_t k) {
+          return (static_cast<std::uint64_t>(all_sums[base + 2 * k]) << 32) |
+                 static_cast<std::uint64_t>(all_sums[base + 2 * k + 1]);
+        };
+        f.tensors["master"] = {sum_of(0), P * sizeof(float)};
+        for (std::size_t k = 0; k < names.size(); ++k) f.tensors[names[k]] = {sum_of(k + 1), P * sizeof(float)};
         if (r == 0) {
           for (const auto& [name, sum] : mine.tensors) {
             if (name.rfind("frozen/", 0) == 0) f.tensors[name] = sum;

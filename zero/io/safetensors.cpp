@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -348,17 +348,26 @@ void SafetensorsWriter::write(const std::string& path) const {
   ZERO_CHECK_AS(IoError, !ec, "safetensors {}: cannot rename {} over it: {}", path, tmp, ec.message());
 }
 
-std::uint32_t crc32_update(std::uint32_t crc, const void* data, std::size_t bytes) {
-  const auto* p = static_cast<const Bytef*>(data);
-  uLong c = crc;
-  while (bytes > 0) {
-    const auto n = static_cast<uInt>(std::min<std::size_t>(bytes, 1u << 30));
-    c = ::crc32(c, p, n);
-    p += n;
-    bytes -= n;
-  }
-  return static_cast<std::uint32_t>(c);
+Checksum::Checksum() : state_(XXH3_createState()) {
+  ZERO_CHECK(state_ != nullptr, "checksum: out of memory");
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }
+Checksum::~Checksum() {
+  if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
+Checksum::Checksum(Checksum&& other) noexcept : state_(other.state_) { other.state_ = nullptr; }
+Checksum& Checksum::operator=(Checksum&& other) noexcept {
+  std::swap(state_, other.state_);
+  return *this;
+}
+void Checksum::update(const void* data, std::size_t bytes) {
+  if (bytes > 0) XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+}
+std::uint64_t Checksum::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
+
+std::uint64_t checksum(const void* data, std::size_t bytes) { return XXH3_64bits(data, bytes); }
+
+std::string checksum_hex(std::uint64_t sum) { return fmt::format("{:016x}", sum); }
 
 void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -372,7 +381,7 @@ void fsync_directory(const std::string& dir) {
 SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<TensorDecl> tensors,
                                                  const std::map<std::string, std::string>& metadata)
     : path_(std::move(path)), tmp_(path_ + ".tmp"), tensors_(std::move(tensors)),
-      crcs_(tensors_.size(), 0) {
+      running_(tensors_.size()), sums_(tensors_.size(), 0) {
   const std::vector<std::byte> header = safetensors_header(tensors_, metadata);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK_AS(IoError, fd_ >= 0, "safetensors {}: cannot create: {}", tmp_, std::strerror(errno));
@@ -411,7 +420,7 @@ void SafetensorsStreamWriter::append(const void* data, std::size_t bytes) {
                     tensors_[current_].name, std::strerror(errno));
       done += static_cast<std::size_t>(w);
     }
-    crcs_[current_] = crc32_update(crcs_[current_], p, n);
+    running_[current_].update(p, n);
     p += n;
     bytes -= n;
     written_in_current_ += n;
@@ -426,6 +435,7 @@ void SafetensorsStreamWriter::finish() {
   ZERO_CHECK_AS(IoError, current_ == tensors_.size(),
                 "safetensors {}: finished before tensor {} was written in full", path_,
                 current_ < tensors_.size() ? tensors_[current_].name : std::string());
+  for (std::size_t t = 0; t < tensors_.size(); ++t) sums_[t] = running_[t].digest();
   ZERO_CHECK_AS(IoError, ::fsync(fd_) == 0, "safetensors {}: fsync failed: {}", tmp_, std::strerror(errno));
   ZERO_CHECK_AS(IoError, ::close(fd_) == 0, "safetensors {}: close failed: {}", tmp_, std::strerror(errno));
   fd_ = -1;

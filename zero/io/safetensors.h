@@ -102,11 +102,31 @@ struct TensorDecl {
 std::vector<std::byte> safetensors_header(const std::vector<TensorDecl>& tensors,
                                           const std::map<std::string, std::string>& metadata);
 
+// XXH3-64 (xxHash, seed 0) of a byte stream fed in any pieces; the same value as checksum() of
+// the whole. Checkpoint tensors carry it (fast enough not to bound save and load speed).
+class Checksum {
+ public:
+  Checksum();
+  ~Checksum();
+  Checksum(Checksum&& other) noexcept;
+  Checksum& operator=(Checksum&& other) noexcept;
+  Checksum(const Checksum&) = delete;
+  Checksum& operator=(const Checksum&) = delete;
+  void update(const void* data, std::size_t bytes);
+  std::uint64_t digest() const;
+
+ private:
+  void* state_ = nullptr;  // XXH3_state_t
+};
+std::uint64_t checksum(const void* data, std::size_t bytes);
+// "0123456789abcdef": 16 lower-case hex digits (JSON numbers cannot hold 64 bits everywhere).
+std::string checksum_hex(std::uint64_t sum);
+
 // Writes a safetensors file tensor by tensor without holding it in memory: the header first
 // (every shape is known up front), then each tensor's bytes in order, in as many pieces as the
 // caller likes. The file is written to `path` + ".tmp", fsynced and renamed over `path` by
 // finish(); destroying an unfinished writer removes the temporary file, so `path` is either the
-// old file or the complete new one. A CRC-32 (zlib) of each tensor's bytes is kept.
+// old file or the complete new one. A checksum (XXH3-64) of each tensor's bytes is kept.
 class SafetensorsStreamWriter {
  public:
   SafetensorsStreamWriter(std::string path, std::vector<TensorDecl> tensors,
@@ -122,23 +142,22 @@ class SafetensorsStreamWriter {
   // the directory.
   void finish();
 
-  // CRC-32 of each tensor's bytes, in declaration order (complete once finish() returned).
-  const std::vector<std::uint32_t>& crc32s() const { return crcs_; }
+  // XXH3-64 of each tensor's bytes, in declaration order (complete once finish() returned).
+  const std::vector<std::uint64_t>& checksums() const { return sums_; }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   std::string tmp_;
   std::vector<TensorDecl> tensors_;
-  std::vector<std::uint32_t> crcs_;
+  std::vector<Checksum> running_;
+  std::vector<std::uint64_t> sums_;
   int fd_ = -1;
   std::size_t current_ = 0;          // tensor being written
   std::uint64_t written_in_current_ = 0;
   bool finished_ = false;
 };
 
-// CRC-32 (zlib's polynomial) of `bytes`, continuing from `crc` (0 to start).
-std::uint32_t crc32_update(std::uint32_t crc, const void* data, std::size_t bytes);
 
 // fsync of a directory, so a rename or a new entry in it survives a crash. Throws IoError.
 void fsync_directory(const std::string& dir);

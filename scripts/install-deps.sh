@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what zero needs to build and test on Debian 12, as root (or through sudo).
-# Required: a C++20 compiler, CMake >= 3.25, Ninja, nlohmann/json, fmt, Catch2 2.13, zlib, libzip.
+# Required: a C++20 compiler, CMake >= 3.25, Ninja, nlohmann/json, fmt, Catch2 2.13, xxHash, libzip.
 # Optional and detected at configure time: OpenMPI (CPU multi-process ranks), liburing (NVMe),
 # the CUDA toolkit (not from Debian; used when nvcc is on PATH).
 set -euo pipefail

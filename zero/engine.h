@@ -169,6 +169,9 @@ class Engine {
   // loss scaler and schedule position; the model copy is refreshed from the master. Verifies
   // the manifest and every tensor's checksum first and changes nothing when anything is wrong
   // (IoError naming the file and tensor). Returns the client state saved with it. Collective.
+  // A DeepSpeed checkpoint directory (ZeRO 1/2/3, read without executing its pickles) is
+  // imported the same way: fp32 master weights, Adam moments, step counters, loss scaler and
+  // LR-schedule position, matched to the registered parameters by name.
   virtual nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag = {}) = 0;
 
   // --- state ---

@@ -15,8 +15,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 
 #include "kernels/cast.h"
+#include "zero/dscheckpoint/deepspeed.h"
 #include "zero/engine/engine_impl.h"
 
 namespace zero::engine_detail {
@@ -297,29 +299,171 @@ void EngineImpl::refresh_model_from_master() {
   if (fetcher_) fetcher_->refresh_after_step();
 }
 
+namespace {
+
+// What a load reads, whatever wrote it: zero's own checkpoints, or DeepSpeed's.
+struct SourceParam {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  bool trainable = true;
+};
+struct SourceCounters {
+  std::int64_t global_steps = 0, skipped_steps = 0, applied_steps = 0, last_batch_iteration = -1;
+  std::optional<LossScalerState> scaler;
+};
+
+class LoadSource {
+ public:
+  virtual ~LoadSource() = default;
+  virtual std::string path() const = 0;
+  virtual const std::vector<SourceParam>& params() const = 0;
+  // Empty when this source cannot serve `names` (the engine's optimizer states); else nothing.
+  virtual std::string check_states(const std::vector<std::string>& names, const std::string& kind) const = 0;
+  // Verifies this rank's share (of `world` ranks) of the checksummed data.
+  virtual void verify(int rank, int world) = 0;
+  // Elements [begin, begin + count) of trainable parameter p's "master" or state `what`.
+  virtual void read(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count,
+                    float* out) = 0;
+  // The whole model copy of a parameter the source holds frozen, as fp32.
+  virtual std::vector<float> read_frozen(std::size_t p) = 0;
+  virtual SourceCounters counters() const = 0;
+  virtual json client_state() const = 0;
+};
+
+class ZeroSource final : public LoadSource {
+ public:
+  ZeroSource(const std::string& dir, const std::string& tag) : r_(ckpt::CheckpointReader::open(dir, tag)) {
+    for (const ckpt::ParamEntry& e : r_.manifest().params) params_.push_back({e.name, e.shape, e.trainable});
+  }
+  std::string path() const override { return r_.path(); }
+  const std::vector<SourceParam>& params() const override { return params_; }
+  std::string check_states(const std::vector<std::string>& names, const std::string& kind) const override {
+    const ckpt::Manifest& m = r_.manifest();
+    if (m.state_names == names && m.optimizer.value("kind", std::string()) == kind) return {};
+    return fmt::format("the checkpoint's optimizer is {} (states {}), this run's is {} (states {})",
+                       m.optimizer.value("kind", std::string("?")), fmt::join(m.state_names, ", "), kind,
+                       fmt::join(names, ", "));
+  }
+  void verify(int rank, int world) override {
+    for (int q = rank; q < r_.manifest().world_size; q += world) r_.verify_rank_file(q);
+  }
+  void read(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count, float* out) override {
+    r_.read_param(p, what, begin, count, out);
+  }
+  std::vector<float> read_frozen(std::size_t p) override {
+    const ckpt::ParamEntry& e = r_.manifest().params[p];
+    std::vector<float> v(e.numel);
+    if (e.trainable) {
+      r_.read_param(p, "master", 0, v.size(), v.data());
+    } else {
+      const std::vector<std::byte> raw = r_.read_frozen(p);
+      combine(v.data(), DType::F32, raw.data(), e.dtype, v.size(), 1.0f, false, {});
+    }
+    return v;
+  }
+  SourceCounters counters() const override {
+    const json& es = r_.manifest().engine_state;
+    const json& s = es.at("loss_scaler");
+    return {es.at("global_steps").get<std::int64_t>(), es.at("skipped_steps").get<std::int64_t>(),
+            es.at("applied_steps").get<std::int64_t>(), es.at("last_batch_iteration").get<std::int64_t>(),
+            LossScalerState{s.at("scale").get<double>(), s.at("iteration").get<std::int64_t>(),
+                            s.at("last_overflow_iteration").get<std::int64_t>(),
+                            s.at("hysteresis_left").get<std::int64_t>()}};
+  }
+  json client_state() const override { return r_.manifest().client_state; }
+
+ private:
+  ckpt::CheckpointReader r_;
+  std::vector<SourceParam> params_;
+};
+
+// DeepSpeed's own checkpoint (zero/dscheckpoint): each parameter is reconstructed whole, so the
+// last one read is kept for the ranges that follow.
+class DeepSpeedSource final : public LoadSource {
+ public:
+  DeepSpeedSource(const std::string& dir, const std::string& tag)
+      : d_(dscheckpoint::DeepSpeedCheckpoint::open(dir, tag)) {
+    for (const dscheckpoint::DsParam& p : d_.params()) params_.push_back({p.name, p.shape, p.trainable});
+  }
+  std::string path() const override { return d_.tag_dir(); }
+  const std::vector<SourceParam>& params() const override { return params_; }
+  std::string check_states(const std::vector<std::string>& names, const std::string& kind) const override {
+    for (const std::string& n : names) {
+      if (std::find(d_.state_names().begin(), d_.state_names().end(), n) == d_.state_names().end()) {
+        return fmt::format("the DeepSpeed checkpoint holds optimizer states {}, this run's {} needs {}",
+                           fmt::join(d_.state_names(), ", "), kind, fmt::join(names, ", "));
+      }
+    }
+    return {};
+  }
+  void verify(int, int) override {}  // DeepSpeed stores no checksums; libzip checks each entry's CRC
+  void read(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count, float* out) override {
+    if (cached_param_ != p || cached_what_ != what) {
+      cached_ = what == "master" ? d_.read_fp32(p) : d_.read_state(p, what);
+      cached_param_ = p;
+      cached_what_ = what;
+    }
+    std::copy_n(cached_.begin() + static_cast<std::ptrdiff_t>(begin), count, out);
+  }
+  std::vector<float> read_frozen(std::size_t p) override { return d_.read_fp32(p); }
+  SourceCounters counters() const override {
+    SourceCounters c;
+    c.global_steps = d_.global_steps();
+    c.skipped_steps = d_.skipped_steps();
+    c.applied_steps = d_.step();
+    // DeepSpeed's schedulers count applied steps from -1 (lr_schedules.py last_batch_iteration).
+    const json sched = d_.lr_scheduler();
+    c.last_batch_iteration = sched.is_object() && sched.contains("last_batch_iteration") &&
+                                     sched["last_batch_iteration"].is_number_integer()
+                                 ? sched["last_batch_iteration"].get<std::int64_t>()
+                                 : c.applied_steps - 1;
+    const json sc = d_.scaler_state();
+    if (d_.dynamic_loss_scale() && sc.is_object() && sc.contains("cur_scale")) {
+      c.scaler = LossScalerState{sc.value("cur_scale", 1.0), sc.value("cur_iter", std::int64_t{0}),
+                                 sc.value("last_overflow_iter", std::int64_t{-1}),
+                                 sc.value("cur_hysteresis", std::int64_t{1})};
+    }
+    return c;
+  }
+  json client_state() const override { return json::object(); }
+
+ private:
+  dscheckpoint::DeepSpeedCheckpoint d_;
+  std::vector<SourceParam> params_;
+  std::size_t cached_param_ = SIZE_MAX;
+  std::string cached_what_;
+  std::vector<float> cached_;
+};
+
+}  // namespace
+
 nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
   std::string error;
-  std::optional<ckpt::CheckpointReader> reader;
+  std::unique_ptr<LoadSource> source;
   try {
-    reader.emplace(ckpt::CheckpointReader::open(dir, tag));
+    if (dscheckpoint::is_deepspeed_checkpoint(dir)) {
+      source = std::make_unique<DeepSpeedSource>(dir, tag);
+    } else {
+      source = std::make_unique<ZeroSource>(dir, tag);
+    }
   } catch (const std::exception& e) {
     error = fmt::format("load_checkpoint: {}", e.what());
   }
   agree_on_failure(error);
-  const ckpt::Manifest& m = reader->manifest();
+  const std::vector<SourceParam>& sp = source->params();
 
   // What the checkpoint holds must be what this engine trains.
   std::map<std::string, std::size_t> by_name;
-  for (std::size_t i = 0; i < m.params.size(); ++i) by_name[m.params[i].name] = i;
+  for (std::size_t i = 0; i < sp.size(); ++i) by_name[sp[i].name] = i;
   std::vector<std::string> problems;
-  std::vector<std::size_t> source(specs_.size());
+  std::vector<std::size_t> from(specs_.size());
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     auto it = by_name.find(specs_[i].name);
     if (it == by_name.end()) {
       problems.push_back(fmt::format("parameter '{}' is not in the checkpoint", specs_[i].name));
       continue;
     }
-    const ckpt::ParamEntry& e = m.params[it->second];
+    const SourceParam& e = sp[it->second];
     if (e.shape != specs_[i].shape) {
       problems.push_back(fmt::format("parameter '{}' has shape [{}] here and [{}] in the checkpoint", specs_[i].name,
                                      fmt::join(specs_[i].shape, ", "), fmt::join(e.shape, ", ")));
@@ -328,27 +472,22 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       problems.push_back(fmt::format("parameter '{}' is trainable here but was frozen in the checkpoint (no "
                                      "master weights or optimizer states saved)", specs_[i].name));
     }
-    source[i] = it->second;
+    from[i] = it->second;
     by_name.erase(it);
   }
   for (const auto& [name, index] : by_name) {
-    if (m.params[index].trainable) problems.push_back(fmt::format("the checkpoint's parameter '{}' is not registered here", name));
+    if (sp[index].trainable) problems.push_back(fmt::format("the checkpoint's parameter '{}' is not registered here", name));
   }
   const std::vector<std::string> names = state_names(groups_[0].hyper);
   const std::string kind(kernels::optimizer_name(groups_[0].hyper.kind));
-  if (m.state_names != names || m.optimizer.value("kind", std::string()) != kind) {
-    problems.push_back(fmt::format("the checkpoint's optimizer is {} (states {}), this run's is {} (states {})",
-                                   m.optimizer.value("kind", std::string("?")), fmt::join(m.state_names, ", "), kind,
-                                   fmt::join(names, ", ")));
-  }
+  if (std::string why = source->check_states(names, kind); !why.empty()) problems.push_back(why);
   if (!problems.empty()) {
-    error = fmt::format("load_checkpoint {}: {}", reader->path(), fmt::join(problems, "; "));
+    error = fmt::format("load_checkpoint {}: {}", source->path(), fmt::join(problems, "; "));
   }
   agree_on_failure(error);
 
-  // Checksums: old file q is verified by new rank q mod W.
   try {
-    for (int q = rank_; q < m.world_size; q += world_) reader->verify_rank_file(q);
+    source->verify(rank_, world_);
   } catch (const std::exception& e) {
     error = fmt::format("load_checkpoint: {}", e.what());
   }
@@ -359,30 +498,24 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   const std::size_t domains = static_cast<std::size_t>(num_domains());
   std::vector<std::vector<float>> tensors(1 + names.size(), std::vector<float>(domains * P, 0.0f));
   std::vector<std::vector<std::byte>> frozen(specs_.size());
+  SourceCounters counters;
   try {
-    for (int d = 0; d < num_domains(); ++d) {
-      for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
-        const std::size_t cp = source[layout_to_spec_[seg.param]];
-        const std::size_t at_elem = domain_offset(d) + seg.slice_offset;
-        reader->read_param(cp, "master", seg.param_begin, seg.numel, tensors[0].data() + at_elem);
-        for (std::size_t k = 0; k < names.size(); ++k) {
-          reader->read_param(cp, names[k], seg.param_begin, seg.numel, tensors[k + 1].data() + at_elem);
+    // Parameter by parameter (what = master, then each state), so a source that reconstructs a
+    // whole parameter at a time does so once per tensor.
+    for (std::size_t k = 0; k <= names.size(); ++k) {
+      const std::string& what = k == 0 ? std::string("master") : names[k - 1];
+      for (int d = 0; d < num_domains(); ++d) {
+        for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
+          source->read(from[layout_to_spec_[seg.param]], what, seg.param_begin, seg.numel,
+                       tensors[k].data() + domain_offset(d) + seg.slice_offset);
         }
       }
     }
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       if (params_[i].layout_index) continue;
-      const ckpt::ParamEntry& e = m.params[source[i]];
-      if (!e.trainable) {
-        std::vector<std::byte> raw = reader->read_frozen(source[i]);
-        frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
-        combine(frozen[i].data(), model_dtype_, raw.data(), e.dtype, params_[i].numel, 1.0f, false, exec_);
-      } else {
-        std::vector<float> v(params_[i].numel);
-        reader->read_param(source[i], "master", 0, v.size(), v.data());
-        frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
-        combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size(), 1.0f, false, exec_);
-      }
+      const std::vector<float> v = source->read_frozen(from[i]);
+      frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
+      combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size(), 1.0f, false, exec_);
     }
     // Padding positions keep the optimizer's initial state values.
     for (std::size_t k = 0; k < names.size(); ++k) {
@@ -398,21 +531,9 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
         }
       }
     }
+    counters = source->counters();
   } catch (const std::exception& e) {
-    error = fmt::format("load_checkpoint: {}", e.what());
-  }
-  const json& es = m.engine_state;
-  LossScalerState ls;
-  try {
-    const json& s = es.at("loss_scaler");
-    ls = {s.at("scale").get<double>(), s.at("iteration").get<std::int64_t>(),
-          s.at("last_overflow_iteration").get<std::int64_t>(), s.at("hysteresis_left").get<std::int64_t>()};
-    (void)es.at("global_steps").get<std::int64_t>();
-    (void)es.at("skipped_steps").get<std::int64_t>();
-    (void)es.at("applied_steps").get<std::int64_t>();
-    (void)es.at("last_batch_iteration").get<std::int64_t>();
-  } catch (const std::exception& e) {
-    if (error.empty()) error = fmt::format("load_checkpoint {}: engine_state: {}", reader->path(), e.what());
+    error = fmt::format("load_checkpoint {}: {}", source->path(), e.what());
   }
   agree_on_failure(error);
 
@@ -424,18 +545,18 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (!frozen[i].empty()) std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());
   }
-  global_steps_ = es.at("global_steps").get<std::int64_t>();
-  skipped_steps_ = es.at("skipped_steps").get<std::int64_t>();
-  applied_steps_ = es.at("applied_steps").get<std::int64_t>();
-  last_batch_iteration_ = es.at("last_batch_iteration").get<std::int64_t>();
+  global_steps_ = counters.global_steps;
+  skipped_steps_ = counters.skipped_steps;
+  applied_steps_ = counters.applied_steps;
+  last_batch_iteration_ = counters.last_batch_iteration;
   // A dynamic scaler continues where it was (DeepSpeed restores it); a static one keeps the
   // config's scale.
-  if (scaler_->dynamic()) scaler_->restore(ls);
+  if (scaler_->dynamic() && counters.scaler) scaler_->restore(*counters.scaler);
   micro_in_window_ = 0;
   window_first_reduction_ = true;
   reset_micro_step();
   refresh_model_from_master();
-  return m.client_state;
+  return source->client_state();
 }
 
 }  // namespace zero::engine_detail

@@ -1,10 +1,8 @@
 // Runs the built zero_to_fp32 (ZERO_TO_FP32_BIN) on checkpoints the built zero-train
 // (ZERO_TRAIN_BIN) saves: the consolidated weights against --dump-params of the same run, output
 // dtypes, Hugging Face sharding, frozen parameters, corrupted and missing rank files, usage errors.
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +18,7 @@
 #include "kernels/cast.h"
 #include "tools/zero_train/mlp.h"
 #include "zero/checkpoint/checkpoint.h"
+#include "tests/cli_util.h"
 #include "zero/io/safetensors.h"
 
 namespace {
@@ -39,16 +38,8 @@ struct Run {
 };
 
 Run run(const std::string& bin, const std::string& args) {
-  const std::string cmd = "'" + bin + "' " + args + " 2>&1";
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int rc = pclose(p);
-  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  return r;
+  const zero::test::CommandRun c = zero::test::run_tool(bin, args);
+  return {c.status, c.out};
 }
 
 Run to_fp32(const std::string& args) {
@@ -495,5 +486,32 @@ TEST_CASE("--help prints the flags and exits 0") {
   for (const char* flag : {"CHECKPOINT_DIR", "OUTPUT", "--tag", "--max-shard-size", "--dtype",
                            "--exclude-frozen", "model.safetensors.index.json"}) {
     CHECK_THAT(r.out, Catch::Contains(flag));
+  }
+}
+
+TEST_CASE("DeepSpeed checkpoints convert to exactly what DeepSpeed's own zero_to_fp32 writes") {
+  const TempDir dir("deepspeed");
+  for (const std::string name : {"zero1_world2_fp32", "zero2_world2_fp32", "zero3_world2_fp32"}) {
+    INFO(name);
+    const std::string fixture = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints/" + name;
+    const Run r = to_fp32("'" + fixture + "' " + (dir / (name + ".safetensors")));
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("is a DeepSpeed checkpoint (ZeRO stage"));
+    const std::map<std::string, Tensor> got = read_all(dir / (name + ".safetensors"));
+    const std::map<std::string, Tensor> want = read_all(fixture + "/expected_fp32.safetensors");
+    REQUIRE(want.size() >= 6);
+    REQUIRE(got.size() == want.size());
+    for (const auto& [tensor, t] : want) {
+      INFO(tensor);
+      REQUIRE(got.count(tensor) == 1);
+      CHECK(got.at(tensor).shape == t.shape);
+      CHECK(got.at(tensor).bytes == t.bytes);
+    }
+    // The tag may be named, and bf16 output is the same values rounded.
+    const Run bf16 = to_fp32("'" + fixture + "' " + (dir / "bf16.safetensors") + " -t step5 --dtype bf16");
+    INFO(bf16.out);
+    REQUIRE(bf16.status == 0);
+    CHECK(read_all(dir / "bf16.safetensors").begin()->second.dtype == zero::DType::BF16);
   }
 }

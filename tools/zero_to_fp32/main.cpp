@@ -3,6 +3,10 @@
 // parameter is streamed chunk by chunk from the rank files' byte ranges straight into a
 // SafetensorsStreamWriter, so memory stays bounded by a fixed buffer (frozen parameters, which
 // the checkpoint keeps whole, by the largest of them).
+//
+// A DeepSpeed checkpoint directory (ZeRO 1/2/3; zero/dscheckpoint reads its .pt files without
+// executing their pickles) is consolidated the same way, one parameter in memory at a time, with
+// exactly the values DeepSpeed's own zero_to_fp32 reconstructs.
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -22,6 +26,7 @@
 #include "tools/zero_to_fp32/options.h"
 #include "tools/zero_to_fp32/shards.h"
 #include "zero/checkpoint/checkpoint.h"
+#include "zero/dscheckpoint/deepspeed.h"
 #include "zero/dtype.h"
 #include "zero/error.h"
 #include "zero/io/safetensors.h"
@@ -235,20 +240,66 @@ class Appender {
   std::vector<std::byte> narrow_;
 };
 
-void write_tensor(const ckpt::CheckpointReader& reader, const Item& item,
+// Where the tensors come from: a zero checkpoint or a DeepSpeed one.
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  virtual std::string path() const = 0;
+  // Elements [begin, begin + count) of a trainable item as fp32.
+  virtual void read_range(const Item& item, std::uint64_t begin, std::uint64_t count, float* out) = 0;
+  // The whole model copy of a frozen item, in item.source_dtype.
+  virtual std::vector<std::byte> read_whole(const Item& item) = 0;
+};
+
+class ZeroSource final : public TensorSource {
+ public:
+  explicit ZeroSource(const ckpt::CheckpointReader& r) : r_(r) {}
+  std::string path() const override { return r_.path(); }
+  void read_range(const Item& item, std::uint64_t begin, std::uint64_t count, float* out) override {
+    r_.read_param(item.param, "master", begin, count, out);
+  }
+  std::vector<std::byte> read_whole(const Item& item) override { return r_.read_frozen(item.param); }
+
+ private:
+  const ckpt::CheckpointReader& r_;
+};
+
+// DeepSpeed reconstructs a parameter whole; the last one is kept for the chunks that follow.
+class DeepSpeedSource final : public TensorSource {
+ public:
+  explicit DeepSpeedSource(const zero::dscheckpoint::DeepSpeedCheckpoint& d) : d_(d) {}
+  std::string path() const override { return d_.tag_dir(); }
+  void read_range(const Item& item, std::uint64_t begin, std::uint64_t count, float* out) override {
+    if (cached_ != item.param) {
+      values_ = d_.read_fp32(item.param);
+      cached_ = item.param;
+    }
+    std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(begin), count, out);
+  }
+  std::vector<std::byte> read_whole(const Item& item) override {
+    throw zero::Error(fmt::format("{}: {} is read as fp32 ranges", d_.tag_dir(), item.name));
+  }
+
+ private:
+  const zero::dscheckpoint::DeepSpeedCheckpoint& d_;
+  std::size_t cached_ = SIZE_MAX;
+  std::vector<float> values_;
+};
+
+void write_tensor(TensorSource& reader, const Item& item,
                   zero::io::SafetensorsStreamWriter& writer, Appender& appender,
                   Progress& progress) {
   if (item.trainable) {
     for (std::uint64_t begin = 0; begin < item.numel;) {
       const std::uint64_t count = std::min(kChunkElems, item.numel - begin);
-      reader.read_param(item.param, "master", begin, count, appender.f32());
+      reader.read_range(item, begin, count, appender.f32());
       appender.append(writer, appender.f32(), DType::F32, static_cast<std::size_t>(count),
                       progress);
       begin += count;
     }
     return;
   }
-  const std::vector<std::byte> whole = reader.read_frozen(item.param);
+  const std::vector<std::byte> whole = reader.read_whole(item);
   const std::size_t element_bytes = zero::dtype_size(item.source_dtype);
   ZERO_CHECK_AS(IoError, whole.size() == item.numel * element_bytes,
                 "{}: frozen parameter {} has {} bytes, its shape and dtype {} say {}",
@@ -289,8 +340,33 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+int write_output(const Options& o, TensorSource& reader, std::vector<Item> items,
+                 std::size_t frozen_left_out, Clock::time_point start);
+
+// A DeepSpeed checkpoint: every tensor DeepSpeed's zero_to_fp32 writes, in its order.
+int run_deepspeed(const Options& o, Clock::time_point start) {
+  const auto ds = zero::dscheckpoint::DeepSpeedCheckpoint::open(o.checkpoint_dir, o.tag);
+  fmt::print(stderr, "zero_to_fp32: {} is a DeepSpeed checkpoint (ZeRO stage {}, {} rank{}, {}, {} tensors)\n",
+             ds.tag_dir(), ds.stage(), ds.world_size(), ds.world_size() == 1 ? "" : "s", ds.dtype(),
+             ds.params().size());
+  std::vector<Item> items;
+  std::size_t frozen_left_out = 0;
+  for (std::size_t i = 0; i < ds.params().size(); ++i) {
+    const zero::dscheckpoint::DsParam& p = ds.params()[i];
+    if (!p.trainable && !p.buffer && o.exclude_frozen) {
+      ++frozen_left_out;
+      continue;
+    }
+    items.push_back({.param = i, .name = p.name, .shape = p.shape, .numel = shape_numel(p.shape),
+                     .trainable = true, .source_dtype = DType::F32});
+  }
+  DeepSpeedSource source(ds);
+  return write_output(o, source, std::move(items), frozen_left_out, start);
+}
+
 int run(const Options& o) {
   const Clock::time_point start = Clock::now();
+  if (zero::dscheckpoint::is_deepspeed_checkpoint(o.checkpoint_dir)) return run_deepspeed(o, start);
   const Location where = locate_checkpoint(o);
   const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(where.dir, where.tag);
   const ckpt::Manifest& manifest = reader.manifest();
@@ -323,7 +399,6 @@ int run(const Options& o) {
   }
 
   std::vector<Item> items;
-  std::vector<zero::to_fp32::OutputTensor> sizes;
   std::size_t frozen_left_out = 0;
   for (std::size_t i = 0; i < manifest.params.size(); ++i) {
     const ckpt::ParamEntry& p = manifest.params[i];
@@ -340,16 +415,22 @@ int run(const Options& o) {
     ZERO_CHECK_AS(IoError, !p.trainable || p.numel == item.numel,
                   "{}: manifest lists parameter {} with {} elements, but its shape holds {}",
                   reader.path(), p.name, p.numel, item.numel);
-    sizes.push_back({p.name, item.numel * zero::dtype_size(o.dtype)});
     items.push_back(std::move(item));
   }
+  ZeroSource source(reader);
+  return write_output(o, source, std::move(items), frozen_left_out, start);
+}
+
+int write_output(const Options& o, TensorSource& reader, std::vector<Item> items,
+                 std::size_t frozen_left_out, Clock::time_point start) {
   if (items.empty()) {
-    throw zero::Error(
-        fmt::format("{}: nothing to write: {}", reader.path(),
-                    manifest.params.empty()
-                        ? "the checkpoint lists no parameters"
-                        : "every parameter is frozen and --exclude-frozen leaves them out"));
+    throw zero::Error(fmt::format("{}: nothing to write: {}", reader.path(),
+                                  frozen_left_out == 0
+                                      ? "the checkpoint lists no parameters"
+                                      : "every parameter is frozen and --exclude-frozen leaves them out"));
   }
+  std::vector<zero::to_fp32::OutputTensor> sizes;
+  for (const Item& item : items) sizes.push_back({item.name, item.numel * zero::dtype_size(o.dtype)});
 
   // A path that names an existing directory is one, whatever its name.
   const bool output_is_file = o.output.ends_with(".safetensors") && !fs::is_directory(o.output);

@@ -519,6 +519,7 @@ void DeepSpeedCheckpoint::Impl::open_layout(const fs::path& tag) {
       if (param_groups_view) {
         for (const PickleView& pg : param_groups_view->elements()) {
           nlohmann::json j = pg.to_json();
+          if (!j.is_object()) pg.fail("a param group dict");
           j.erase("params");
           param_groups.push_back(std::move(j));
         }

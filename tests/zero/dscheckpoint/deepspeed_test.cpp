@@ -292,6 +292,7 @@ struct Synth {
   std::vector<SynthParam> params;                         // model order
   std::vector<std::pair<std::string, std::string>> tied;  // alias, owner
   std::string buffer = "running_mean";  // a persistent buffer of 3 elements, after the params
+  bool elastic = false;  // stage 1/2 elastic_checkpoint: lean moments, one state dict per group
 
   std::vector<float> values(std::size_t p) const {
     std::vector<float> v(static_cast<std::size_t>(params[p].numel()));
@@ -413,7 +414,7 @@ struct Synth {
     }
     for (int r = 0; r < world; ++r) {
       Storages st;
-      std::vector<t::Py> lean, paddings, counts, groups_py;
+      std::vector<t::Py> lean, paddings, counts, groups_py, elastic_states;
       std::vector<std::pair<t::Py, t::Py>> state;
       for (int g = 0; g < groups(); ++g) {
         const std::size_t n = flats[g].size();
@@ -437,14 +438,22 @@ struct Synth {
                      {t::str("exp_avg"), st.add(shifted(mine, kExpAvgShift))},
                      {t::str("exp_avg_sq"), st.add(shifted(mine, kExpAvgSqShift))}}));
         groups_py.push_back(param_group(g));
+        const std::vector<float> lean_values(mine.begin(),
+                                             mine.begin() + static_cast<std::ptrdiff_t>(lean_n));
+        elastic_states.push_back(
+            t::dict({{t::str("step"), t::integer(7)},
+                     {t::str("exp_avg"), st.add(shifted(lean_values, kExpAvgShift))},
+                     {t::str("exp_avg_sq"), st.add(shifted(lean_values, kExpAvgSqShift))}}));
       }
+      const t::Py base = elastic ? t::list(elastic_states)
+                                 : t::dict({{t::str("state"), t::dict(state)},
+                                            {t::str("param_groups"), t::list(groups_py)}});
       const t::Py osd = t::dict({
           {t::str("loss_scaler"), scaler()},
           {t::str("dynamic_loss_scale"), t::boolean(true)},
           {t::str("overflow"), t::boolean(false)},
           {t::str("clip_grad"), t::number(1.0)},
-          {t::str("base_optimizer_state"), t::dict({{t::str("state"), t::dict(state)},
-                                                    {t::str("param_groups"), t::list(groups_py)}})},
+          {t::str("base_optimizer_state"), base},
           {t::str("single_partition_of_fp32_groups"), t::list(lean)},
           {t::str("zero_stage"),
            t::enum_value("deepspeed.runtime.zero.config ZeroStageEnum", stage)},
@@ -575,6 +584,25 @@ TEST_CASE(
       REQUIRE(buffer.has_value());
       CHECK(ckpt.params()[*buffer].buffer);
       CHECK(ckpt.read_fp32(*buffer) == std::vector<float>{3.5f, 4.5f, 5.5f});
+    }
+  }
+}
+
+TEST_CASE("elastic stage 1/2 checkpoints (lean moments per group) reconstruct exactly") {
+  for (int stage : {1, 2}) {
+    TempDir tmp;
+    Synth s = make_synth(stage, 3);
+    s.elastic = true;
+    s.write(tmp.path);
+    INFO("stage " << stage);
+    const auto ckpt = ds::DeepSpeedCheckpoint::open(tmp.path.string());
+    CHECK(ckpt.step() == 7);
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      if (!s.params[i].trainable) continue;
+      const std::size_t idx = ckpt.find(s.params[i].name).value();
+      const auto v = s.values(i);
+      CHECK(bitwise_equal(ckpt.read_fp32(idx), v));
+      CHECK(bitwise_equal(ckpt.read_state(idx, "exp_avg_sq"), Synth::shifted(v, kExpAvgSqShift)));
     }
   }
 }

@@ -54,6 +54,10 @@ struct ParamSpec {
   int group = 0;  // param group: index into EngineOptions::groups (own lr / weight decay)
   int unit = 0;   // what stage 3 gathers together (a layer); units are 0..U-1
   bool trainable = true;  // frozen: kept whole on every rank, never updated, no gradient
+  // Other names of this same tensor (tied weights, e.g. an output layer sharing the embedding):
+  // registered once, under `name`; checkpoints record the aliases and zero_to_fp32 writes the
+  // tensor once and lists them.
+  std::vector<std::string> tied_names = {};
 };
 
 // Overrides of the config's optimizer values for one param group.

@@ -515,3 +515,21 @@ TEST_CASE("DeepSpeed checkpoints convert to exactly what DeepSpeed's own zero_to
     CHECK(read_all(dir / "bf16.safetensors").begin()->second.dtype == zero::DType::BF16);
   }
 }
+
+TEST_CASE("tied parameters are written once, with their other names in the metadata") {
+  const TempDir dir("tied");
+  train("fp32_stage2.json", 2, 2, dir / "ckpt", dir / "dump.safetensors");
+  const std::string manifest_path = dir / "ckpt/global_step2/manifest.json";
+  json m = json::parse(std::ifstream(manifest_path));
+  const std::string owner = m["params"][0]["name"];
+  m["params"][0]["aliases"] = {"head.weight", "lm_head.weight"};  // as save_checkpoint records tied_names
+  std::ofstream(manifest_path) << m.dump();
+  const Run r = to_fp32(dir / "ckpt" + " " + dir / "out.safetensors");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  const auto reader = SafetensorsReader::open(dir / "out.safetensors");
+  CHECK(reader.tensors().size() == read_all(dir / "dump.safetensors").size());
+  CHECK(reader.find("head.weight") == nullptr);
+  const json aliases = json::parse(reader.metadata().at("aliases"));
+  CHECK(aliases == json({{"head.weight", owner}, {"lm_head.weight", owner}}));
+}

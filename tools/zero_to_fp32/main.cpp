@@ -197,6 +197,7 @@ struct Item {
   std::uint64_t numel = 0;
   bool trainable = true;
   DType source_dtype = DType::F32;  // master: fp32; frozen: the model copy's dtype
+  std::vector<std::string> aliases = {};  // tied names: the tensor is written once
 };
 
 std::uint64_t shape_numel(const std::vector<std::int64_t>& shape) {
@@ -411,7 +412,8 @@ int run(const Options& o) {
               .shape = p.shape,
               .numel = shape_numel(p.shape),
               .trainable = p.trainable,
-              .source_dtype = p.trainable ? DType::F32 : p.dtype};
+              .source_dtype = p.trainable ? DType::F32 : p.dtype,
+              .aliases = p.aliases};
     ZERO_CHECK_AS(IoError, !p.trainable || p.numel == item.numel,
                   "{}: manifest lists parameter {} with {} elements, but its shape holds {}",
                   reader.path(), p.name, p.numel, item.numel);
@@ -457,7 +459,13 @@ int write_output(const Options& o, TensorSource& reader, std::vector<Item> items
   }
 
   const Clock::time_point write_start = Clock::now();
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  // Tied parameters are stored once; "aliases" maps each other name to the tensor holding it.
+  nlohmann::json aliases = nlohmann::json::object();
+  for (const Item& item : items) {
+    for (const std::string& alias : item.aliases) aliases[alias] = item.name;
+  }
+  if (!aliases.empty()) metadata["aliases"] = aliases.dump();
   std::uint64_t largest_numel = 0;
   for (const Item& item : items) largest_numel = std::max(largest_numel, item.numel);
   Appender appender(o.dtype, std::min(kChunkElems, largest_numel));

@@ -109,7 +109,7 @@ json Manifest::to_json() const {
   for (const ParamEntry& p : params) {
     params_j.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", std::string(dtype_name(p.dtype))},
                         {"group", p.group}, {"unit", p.unit}, {"trainable", p.trainable},
-                        {"offset", p.offset}, {"numel", p.numel}});
+                        {"offset", p.offset}, {"numel", p.numel}, {"aliases", p.aliases}});
   }
   json files_j = json::array();
   for (const RankFile& f : files) files_j.push_back(file_json(f));
@@ -189,6 +189,16 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
     if (!tr.is_boolean()) bad(where, p + "trainable", "expected true or false");
     e.trainable = tr.get<bool>();
     e.offset = get_u64(params[i], "offset", where, p);
+    if (params[i].contains("aliases")) {
+      const json& a = params[i].at("aliases");
+      if (!a.is_array()) bad(where, p + "aliases", "expected an array of names");
+      for (const json& n : a) {
+        if (!n.is_string() || n.get<std::string>().empty() || !names.insert(n.get<std::string>()).second) {
+          bad(where, p + "aliases", fmt::format("{} is not a new, non-empty name", n.dump()));
+        }
+        e.aliases.push_back(n.get<std::string>());
+      }
+    }
     e.numel = get_u64(params[i], "numel", where, p);
     if (e.numel != numel) bad(where, p + "numel", fmt::format("{} disagrees with its shape ({} elements)", e.numel, numel));
     if (e.trainable) {

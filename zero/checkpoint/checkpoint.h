@@ -47,6 +47,7 @@ struct ParamEntry {
   bool trainable = true;
   std::uint64_t offset = 0;  // in its unit's flat buffer (trainable only)
   std::uint64_t numel = 0;
+  std::vector<std::string> aliases;  // tied names of the same tensor
 };
 
 struct UnitEntry {

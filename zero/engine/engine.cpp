@@ -50,8 +50,8 @@ namespace {
 std::string specs_fingerprint(std::span<const ParamSpec> specs) {
   std::string s;
   for (const ParamSpec& p : specs) {
-    s += fmt::format("{}|{}|{}|{}|{}|{};", p.name, fmt::join(p.shape, "x"), dtype_name(p.dtype),
-                     p.group, p.unit, p.trainable);
+    s += fmt::format("{}|{}|{}|{}|{}|{}|{};", p.name, fmt::join(p.shape, "x"), dtype_name(p.dtype),
+                     p.group, p.unit, p.trainable, fmt::join(p.tied_names, ","));
   }
   return s;
 }
@@ -131,6 +131,10 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
     const ParamSpec& s = specs_[i];
     ZERO_CHECK(!s.name.empty(), "parameter {}: empty name", i);
     ZERO_CHECK(names.insert(s.name).second, "parameter '{}' is registered twice", s.name);
+    for (const std::string& alias : s.tied_names) {
+      ZERO_CHECK(!alias.empty() && names.insert(alias).second,
+                 "parameter '{}': tied name '{}' is empty or already a parameter or alias", s.name, alias);
+    }
     ZERO_CHECK(s.dtype == model_dtype_,
                "parameter '{}' has dtype {} but the config trains in {} (fp16/bf16 blocks); "
                "register it as {}",

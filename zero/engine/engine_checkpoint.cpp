@@ -112,7 +112,7 @@ ckpt::Manifest EngineImpl::describe(const std::string& tag) const {
   }
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
-    ckpt::ParamEntry e{s.name, s.shape, s.dtype, s.group, s.unit, s.trainable, 0, params_[i].numel};
+    ckpt::ParamEntry e{s.name, s.shape, s.dtype, s.group, s.unit, s.trainable, 0, params_[i].numel, s.tied_names};
     if (params_[i].layout_index) e.offset = layout_->placement(*params_[i].layout_index).offset;
     m.params.push_back(std::move(e));
   }

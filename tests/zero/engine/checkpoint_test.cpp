@@ -236,6 +236,32 @@ TEST_CASE("a save killed at any point never damages the previous checkpoint", "[
   CHECK(killed_mid_save == 12);
 }
 
+TEST_CASE("tied names are checked at registration and recorded in the manifest", "[engine][checkpoint]") {
+  TempDir dir;
+  config::Supplied s;
+  s.world_size = 1;
+  const config::DsConfig cfg = config::load_config_json(config_for(1, "fp32", 1), s);
+  auto init = [](std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 0.5f); };
+  std::string duplicate_error;
+  run_ranks(1, [&](Communicator& comm) {
+    auto device = make_device("cpu", 0);
+    std::vector<ParamSpec> specs = {{"embed.weight", {4, 3}, DType::F32, 0, 0, true, {"lm_head.weight"}},
+                                    {"norm.weight", {3}, DType::F32, 0, 0, true}};
+    auto engine = Engine::create(cfg, comm, *device, specs, init);
+    engine->save_checkpoint(dir.str(), "tied");
+    specs[1].tied_names = {"lm_head.weight"};
+    try {
+      Engine::create(cfg, comm, *device, specs, init);
+    } catch (const Error& e) {
+      duplicate_error = e.what();
+    }
+  });
+  const auto reader = ckpt::CheckpointReader::open(dir.str(), "tied");
+  CHECK(reader.manifest().params[0].aliases == std::vector<std::string>{"lm_head.weight"});
+  CHECK(reader.manifest().params[1].aliases.empty());
+  CHECK_THAT(duplicate_error, Catch::Contains("'norm.weight': tied name 'lm_head.weight'"));
+}
+
 TEST_CASE("the manifest parser survives arbitrary edits", "[engine][checkpoint]") {
   TempDir dir;
   run(config_for(3, "fp32", 2), 2, 1, dir.str(), 1);

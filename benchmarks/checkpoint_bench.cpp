@@ -10,6 +10,8 @@
 //   zero_to_fp32  the tool (next to zero-bench in the build tree) as a child process, its wall
 //          time and peak RSS (wait4) vs  one thread reading the master bytes and writing the
 //          consolidated file's bytes (read + write + fsync)
+//   deepspeed_to_fp32 (with --deepspeed DIR, a DeepSpeed checkpoint directory) zero_to_fp32 on it
+//          vs  one thread reading its .pt files and writing the consolidated file's bytes
 // The page cache is not dropped (that needs root and disturbs the machine): both sides of every
 // comparison read what was just written, so they meet the same cache.
 #include <fcntl.h>
@@ -48,7 +50,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kUsage =
     "usage: zero-bench checkpoint [--json] [--params N] [--world-size W] [--stage S] [--reps R] "
-    "[--dir PATH]";
+    "[--dir PATH] [--deepspeed DS_CHECKPOINT_DIR]";
 constexpr int kLayers = 8;
 constexpr std::size_t kIoChunk = std::size_t{8} << 20;
 
@@ -59,6 +61,7 @@ struct Args {
   int stage = 2;
   int reps = 3;
   std::string dir;
+  std::string deepspeed;  // a DeepSpeed checkpoint directory to convert, when given
 };
 
 Args parse(std::span<const std::string_view> argv) {
@@ -95,6 +98,8 @@ Args parse(std::span<const std::string_view> argv) {
       a.reps = static_cast<int>(number(i, 1, 100));
     } else if (f == "--dir") {
       a.dir = value(i);
+    } else if (f == "--deepspeed") {
+      a.deepspeed = value(i);
     } else {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", f, kUsage);
     }
@@ -178,6 +183,47 @@ void print(const Args& a, const Figure& f) {
   }
 }
 
+// Runs `tool checkpoint out` as a child process `reps` times: the best wall time and the largest
+// peak RSS (wait4).
+std::pair<double, long> time_tool(const std::string& tool, const std::string& checkpoint,
+                                  const std::string& out, int reps) {
+  double best = std::numeric_limits<double>::infinity();
+  long peak_rss = 0;
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto start = Clock::now();
+    const pid_t pid = ::fork();
+    ZERO_CHECK(pid >= 0, "fork failed: {}", std::strerror(errno));
+    if (pid == 0) {
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+      ::execl(tool.c_str(), tool.c_str(), checkpoint.c_str(), out.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    int status = 0;
+    rusage usage{};
+    ::wait4(pid, &status, 0, &usage);
+    ZERO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "{} {} {} failed (status {})", tool, checkpoint,
+               out, status);
+    best = std::min(best, seconds_since(start));
+    peak_rss = std::max(peak_rss, usage.ru_maxrss * 1024L);
+  }
+  return {best, peak_rss};
+}
+
+// The plain equivalent of a conversion: read `inputs` sequentially, write `out_bytes`.
+double plain_copy_seconds(const std::vector<std::string>& inputs, std::size_t out_bytes, const std::string& scratch,
+                          int reps) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto start = Clock::now();
+    for (const std::string& f : inputs) plain_read(f);
+    plain_write(scratch, out_bytes);
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
 // zero_to_fp32 from this build: next to zero-bench's own directory.
 std::string zero_to_fp32_path() {
   const fs::path self = fs::read_symlink("/proc/self/exe");
@@ -258,38 +304,32 @@ int run_checkpoint(std::span<const std::string_view> argv) {
   // zero_to_fp32 as a child process.
   const std::string tool = zero_to_fp32_path();
   const std::string out = (fs::path(a.dir) / "consolidated.safetensors").string();
-  double tool_s = std::numeric_limits<double>::infinity();
-  long peak_rss = 0;
-  for (int rep = 0; rep < a.reps; ++rep) {
-    const auto start = Clock::now();
-    const pid_t pid = ::fork();
-    ZERO_CHECK(pid >= 0, "fork failed: {}", std::strerror(errno));
-    if (pid == 0) {
-      const int null = ::open("/dev/null", O_WRONLY);
-      ::dup2(null, 1);
-      ::dup2(null, 2);
-      ::execl(tool.c_str(), tool.c_str(), ckpt_dir.c_str(), out.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    int status = 0;
-    rusage usage{};
-    ::wait4(pid, &status, 0, &usage);
-    ZERO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "{} {} {} failed (status {})", tool, ckpt_dir, out, status);
-    tool_s = std::min(tool_s, seconds_since(start));
-    peak_rss = std::max(peak_rss, usage.ru_maxrss * 1024L);
-  }
+  const auto [tool_s, peak_rss] = time_tool(tool, ckpt_dir, out, a.reps);
   const std::size_t out_bytes = fs::file_size(out);
   // Validated: the consolidated file holds every layer in full.
   const auto reader = io::SafetensorsReader::open(out);
   ZERO_CHECK(reader.tensors().size() == specs.size(), "zero_to_fp32 wrote {} tensors, expected {}", reader.tensors().size(), specs.size());
-  double plain_copy = std::numeric_limits<double>::infinity();
-  for (int rep = 0; rep < a.reps; ++rep) {
-    const auto start = Clock::now();
-    for (const std::string& f : rank_files) plain_read(f);
-    plain_write((fs::path(a.dir) / "plain_copy").string(), out_bytes);
-    plain_copy = std::min(plain_copy, seconds_since(start));
-  }
+  const double plain_copy = plain_copy_seconds(rank_files, out_bytes, (fs::path(a.dir) / "plain_copy").string(), a.reps);
   print(a, {"zero_to_fp32", out_bytes, tool_s, "sequential-copy", plain_copy, peak_rss});
+
+  if (!a.deepspeed.empty()) {
+    // A DeepSpeed checkpoint: GB/s of its .pt bytes.
+    std::vector<std::string> pt_files;
+    std::size_t pt_bytes = 0;
+    for (const auto& e : fs::recursive_directory_iterator(a.deepspeed)) {
+      if (e.is_regular_file() && e.path().extension() == ".pt") {
+        pt_files.push_back(e.path().string());
+        pt_bytes += e.file_size();
+      }
+    }
+    ZERO_CHECK(!pt_files.empty(), "--deepspeed {}: no .pt files below it", a.deepspeed);
+    const std::string ds_out = (fs::path(a.dir) / "deepspeed.safetensors").string();
+    const auto [ds_s, ds_rss] = time_tool(tool, a.deepspeed, ds_out, a.reps);
+    const std::size_t ds_out_bytes = fs::file_size(ds_out);
+    ZERO_CHECK(!io::SafetensorsReader::open(ds_out).tensors().empty(), "zero_to_fp32 wrote no tensors from {}", a.deepspeed);
+    const double ds_plain = plain_copy_seconds(pt_files, ds_out_bytes, (fs::path(a.dir) / "plain_copy").string(), a.reps);
+    print(a, {"deepspeed_to_fp32", pt_bytes, ds_s, "sequential-copy", ds_plain, ds_rss});
+  }
   fs::remove_all(a.dir);
   return 0;
 }

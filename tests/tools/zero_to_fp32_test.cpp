@@ -47,22 +47,9 @@ Run to_fp32(const std::string& args) {
 }
 
 // A directory under the temp directory, empty at the start and removed when the test ends.
-class TempDir {
+class TempDir : public zero::test::TempDir {
  public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() / ("zero_to_fp32_test_" + name)) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  std::string path() const { return path_.string(); }
-
- private:
-  fs::path path_;
+  explicit TempDir(const std::string& name) : zero::test::TempDir("zero_to_fp32_test_", name) {}
 };
 
 // zero-train with --save and --dump-params in the same run; REQUIREs success.

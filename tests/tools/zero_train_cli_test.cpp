@@ -1,13 +1,10 @@
 // Runs the built zero-train binary (ZERO_TRAIN_BIN): usage errors, --json output, --dump-params,
 // that training on in-process ranks lowers the loss, and --save / --load (resumed runs end where
 // uninterrupted ones do, at the same world size and stage and across a reshard).
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli_util.h"
 #include "tools/zero_train/mlp.h"
 #include "zero/io/safetensors.h"
 
@@ -35,26 +33,11 @@ constexpr double kWorldSizeTolerance = 1e-5;
 // in a different order.
 constexpr double kReshardTolerance = 1e-5;
 
-struct Run {
-  int status = -1;
-  std::string out;
-};
+using Run = zero::test::CommandRun;
 
 // stream: "both", "stdout" or "stderr".
 Run run(const std::string& args, const std::string& stream = "both") {
-  std::string redirect = " 2>&1";
-  if (stream == "stdout") redirect = " 2>/dev/null";
-  if (stream == "stderr") redirect = " 2>&1 >/dev/null";
-  const std::string cmd = std::string("'") + ZERO_TRAIN_BIN + "' " + args + redirect;
-  Run r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::array<char, 4096> buf{};
-  std::size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int rc = pclose(p);
-  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  return r;
+  return zero::test::run_tool(ZERO_TRAIN_BIN, args, stream);
 }
 
 std::vector<json> json_lines(const std::string& text) {
@@ -66,21 +49,9 @@ std::vector<json> json_lines(const std::string& text) {
 }
 
 // A directory under the temp directory, empty at the start and removed when the test ends.
-class TempDir {
+class TempDir : public zero::test::TempDir {
  public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() / ("zero_train_cli_test_" + name)) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
+  explicit TempDir(const std::string& name) : zero::test::TempDir("zero_train_cli_test_", name) {}
 };
 
 // Every tensor of a --dump-params file.

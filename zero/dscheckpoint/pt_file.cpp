@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cast_math.h"
 #include "zero/error.h"
 
 namespace zero::dscheckpoint {
@@ -17,22 +18,6 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-float half_bits_to_float(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  const std::uint32_t mantissa = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent == 0) {
-    // Subnormal (or zero): exact in float.
-    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
-    bits = std::bit_cast<std::uint32_t>(magnitude) | sign;
-  } else {
-    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
 
 template <typename T>
 T load(const std::byte* p) {
@@ -45,8 +30,8 @@ float element_to_float(ScalarType t, const std::byte* p) {
   switch (t) {
     case ScalarType::F32: return load<float>(p);
     case ScalarType::F64: return static_cast<float>(load<double>(p));
-    case ScalarType::F16: return half_bits_to_float(load<std::uint16_t>(p));
-    case ScalarType::BF16: return std::bit_cast<float>(std::uint32_t{load<std::uint16_t>(p)} << 16);
+    case ScalarType::F16: return kernels::math::f16_to_float(load<std::uint16_t>(p));
+    case ScalarType::BF16: return kernels::math::bf16_to_float(load<std::uint16_t>(p));
     case ScalarType::I64: return static_cast<float>(load<std::int64_t>(p));
     case ScalarType::I32: return static_cast<float>(load<std::int32_t>(p));
     case ScalarType::I16: return static_cast<float>(load<std::int16_t>(p));

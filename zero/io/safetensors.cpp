@@ -14,6 +14,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cast_math.h"
 #include "zero/error.h"
 
 namespace zero::io {
@@ -36,24 +37,6 @@ std::uint64_t read_le64(const std::byte* p) {
   return v;
 }
 
-float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  const std::uint32_t mantissa = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent == 0) {
-    float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-08f;
-    std::memcpy(&bits, &magnitude, 4);
-    bits |= sign;
-  } else {
-    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 }  // namespace
 
@@ -242,10 +225,9 @@ std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
       read_raw(name, narrow.data(), n * 2);
       for (std::size_t i = 0; i < n; ++i) {
         if (t.dtype == DType::F16) {
-          out[i] = half_to_float(narrow[i]);
+          out[i] = kernels::math::f16_to_float(narrow[i]);
         } else {
-          const std::uint32_t bits = std::uint32_t{narrow[i]} << 16;
-          std::memcpy(&out[i], &bits, 4);
+          out[i] = kernels::math::bf16_to_float(narrow[i]);
         }
       }
       break;

@@ -102,7 +102,8 @@ struct EngineTimings {
   double optimizer_s = 0;       // the optimizer kernels (with the low-precision write)
   double all_gather_s = 0;      // stages 1/2: the updated model copy to every rank
   double gather_s = 0;          // stage 3: time inside gather() (issuing prefetches included)
-  double gather_wait_s = 0;     // stage 3: of which waiting for all-gathers to complete
+  double gather_wait_s = 0;     // stage 3: waiting for all-gathers to complete, in gather() and
+                                // when persistent units are re-gathered after a step
   std::int64_t buckets = 0;     // bucket reductions issued
   std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
   std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace

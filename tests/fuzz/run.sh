@@ -25,8 +25,14 @@ case "$target" in
       cp "$root"/tests/fuzz/pickle_seeds/*.pkl "$corpus/"
       extra=(-max_len=4096 -dict="$root/tests/fuzz/pickle.dict")
     else
-      find "$root/tests/data/deepspeed_checkpoints" -name '*.pt' -exec sh -c \
-        'for f; do cp "$f" "$0/$(echo "$f" | tr / _)"; done' "$corpus" {} +
+      # Odd first byte: the fixture archives as they are; even: their pickles with 12 KB of data.
+      for f in $(find "$root/tests/data/deepspeed_checkpoints" -name '*.pt'); do
+        { printf '\001'; cat "$f"; } > "$corpus/raw_$(echo "$f" | tr / _)"
+      done
+      for f in "$root"/tests/fuzz/pickle_seeds/*.pkl; do
+        { printf '\000'; cat "$f"; printf 'ZSEP'; head -c 12288 /dev/zero | tr '\000' '\077'; } \
+          > "$corpus/built_$(basename "$f")"
+      done
       extra=(-max_len=65536)
     fi
     exec "$build/tests/fuzz/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \

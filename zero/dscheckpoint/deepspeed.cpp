@@ -485,6 +485,14 @@ void DeepSpeedCheckpoint::Impl::open_layout(const fs::path& tag) {
       const PickleView inner = osd.get("optimizer_state_dict");
       const PickleView state = inner.get("state");
       std::vector<PickleView> subgroups = fp32.elements();
+      for (const PickleView& v : subgroups) {
+        // DeepSpeed saves an empty placeholder for a sub-group swapped to NVMe (SPEC §8.3).
+        if (v.as_tensor().numel() == 0) {
+          v.error(
+              "an empty sub-group: its optimizer state was offloaded to NVMe "
+              "(offloaded_tensors/), which is not supported");
+        }
+      }
       group_masters.push_back(subgroups);
       // Sub-group states, concatenated like the masters.
       for (std::size_t i = 0; i < subgroups.size(); ++i)

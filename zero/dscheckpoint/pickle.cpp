@@ -378,11 +378,19 @@ class PickleParser {
   }
 
   PickleValue* make(K kind, PickleValue::Data data = {}) {
+    count_value();
     auto v = std::make_unique<PickleValue>();
     v->kind_ = kind;
     v->data_ = std::move(data);
     arena_->values.push_back(std::move(v));
     return arena_->values.back().get();
+  }
+
+  void count_value() {
+    if (++values_ > Pickle::kMaxValues) {
+      fail(
+          fmt::format("more than {} values and marks; refusing to build more", Pickle::kMaxValues));
+    }
   }
 
   // Input.
@@ -718,6 +726,7 @@ class PickleParser {
   std::vector<PickleValue*> stack_;
   std::vector<std::vector<PickleValue*>> metastack_;
   std::unordered_map<std::uint64_t, PickleValue*> memo_;
+  std::size_t values_ = 0;
 };
 
 std::pair<std::shared_ptr<detail::PickleArena>, const PickleValue*> PickleParser::run() {
@@ -741,6 +750,7 @@ std::pair<std::shared_ptr<detail::PickleArena>, const PickleValue*> PickleParser
         return {std::move(arena_), result};
       }
       case '(':
+        count_value();
         metastack_.push_back(std::move(stack_));
         stack_.clear();
         break;

@@ -12,7 +12,9 @@
 //   - DeepSpeed's pickled objects (loss scalers, ZeroStageEnum, fragment_address, ...) and
 //     argparse.Namespace, kept as Objects: a type name, constructor arguments and attributes
 // Any other global is an error naming it, the file and the byte offset. Malformed input of any
-// kind throws zero::IoError; memory is bounded by a small multiple of the input size.
+// kind throws zero::IoError. Every opcode builds at most one value (under 200 bytes), and a
+// pickle may build at most Pickle::kMaxValues values and marks, so memory stays bounded however
+// the input is crafted (a real state dict needs about 15 per tensor).
 #pragma once
 
 #include <cstddef>
@@ -182,6 +184,7 @@ class Pickle {
   // Parses `bytes`; `file` names the input in errors. Throws IoError on anything malformed or
   // not allowed, with the byte offset of the offending opcode.
   static Pickle parse(std::span<const std::byte> bytes, std::string file);
+  static constexpr std::size_t kMaxValues = std::size_t{1} << 23;
 
   PickleView root() const;
   std::size_t value_count() const;

@@ -19,7 +19,7 @@ namespace {
 
 // PyTorch pickles are a few MB even for large models (one entry per tensor); a bound keeps a
 // forged size field from turning into an allocation.
-constexpr std::uint64_t kMaxPickleBytes = 1ull << 30;
+constexpr std::uint64_t kMaxPickleBytes = 256ull << 20;
 constexpr std::size_t kReadChunkBytes = 1 << 20;
 
 std::string zip_error_text(int code) {

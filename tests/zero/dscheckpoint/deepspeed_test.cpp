@@ -607,6 +607,27 @@ TEST_CASE("elastic stage 1/2 checkpoints (lean moments per group) reconstruct ex
   }
 }
 
+TEST_CASE("a stage 3 sub-group offloaded to NVMe is refused by name") {
+  TempDir tmp;
+  Synth s = make_synth(3, 2);
+  s.write(tmp.path);
+  // Rank 1's second sub-group saved as the empty placeholder DeepSpeed writes for NVMe.
+  Storages st;
+  const t::Py osd = t::dict({
+      {t::str("zero_stage"), t::enum_value("deepspeed.runtime.zero.config ZeroStageEnum", 3)},
+      {t::str("partition_count"), t::integer(2)},
+      {t::str("optimizer_state_dict"), t::dict({{t::str("state"), t::dict({})}})},
+      {t::str("fp32_flat_groups"), t::list({st.add(std::vector<float>(20, 1.0f)), st.add({})})},
+  });
+  st.write(tmp.path / "global_step7/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+           t::dict({{t::str("optimizer_state_dict"), osd}}));
+  CHECK_THROWS_WITH(
+      ds::DeepSpeedCheckpoint::open(tmp.path.string()),
+      Catch::Contains("zero_pp_rank_1_mp_rank_00_optim_states.pt: "
+                      "optimizer_state_dict.fp32_flat_groups[1]: an empty sub-group") &&
+          Catch::Contains("NVMe"));
+}
+
 TEST_CASE("param_shapes that disagree with the saved partitions are refused") {
   TempDir tmp;
   Synth s = make_synth(3, 2);

@@ -3,8 +3,9 @@
 # one core. Findings are written to BUILD/fuzz-findings.
 #   tests/fuzz/run.sh [SECONDS] [TARGET]   BUILD defaults to <repo>/build-fuzz (ZERO_FUZZ_BUILD)
 # TARGET: config_fuzz (default; seeded with every config in tests/data), pickle_fuzz (seeded with
-# the fixtures' pickles, tests/fuzz/pickle_seeds) or pt_archive_fuzz (seeded with the DeepSpeed
-# fixture .pt files in tests/data/deepspeed_checkpoints).
+# the fixtures' pickles, tests/fuzz/pickle_seeds), pt_archive_fuzz (seeded with the DeepSpeed
+# fixture .pt files in tests/data/deepspeed_checkpoints) or checkpoint_fuzz (zero's safetensors
+# headers and manifests, seeded with tests/fuzz/checkpoint_seeds).
 set -euo pipefail
 seconds=${1:-300}
 target=${2:-config_fuzz}
@@ -39,8 +40,15 @@ case "$target" in
       "${extra[@]}" -artifact_prefix="$findings/$target-" \
       -print_final_stats=1 "$corpus"
     ;;
+  checkpoint_fuzz)
+    corpus="$build/fuzz-corpus-$target"
+    mkdir -p "$corpus"
+    cp "$root"/tests/fuzz/checkpoint_seeds/* "$corpus/"
+    exec "$build/tests/fuzz/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -max_len=16384 -artifact_prefix="$findings/$target-" -print_final_stats=1 "$corpus"
+    ;;
   config_fuzz) ;;
-  *) echo "run.sh: unknown target $target (config_fuzz, pickle_fuzz, pt_archive_fuzz)" >&2; exit 2 ;;
+  *) echo "run.sh: unknown target $target (config_fuzz, pickle_fuzz, pt_archive_fuzz, checkpoint_fuzz)" >&2; exit 2 ;;
 esac
 corpus="$build/fuzz-corpus"
 mkdir -p "$corpus"

@@ -187,6 +187,7 @@ CpuDevice::CpuDevice(int rank, const DeviceOptions& options)
 }
 
 CpuDevice::~CpuDevice() {
+  for (auto& [bytes, p] : cache_) std::free(p);
   for (auto kind : {MemoryKind::Device, MemoryKind::PinnedHost, MemoryKind::Host}) {
     const auto live = ledger().total(kind);
     if (live.live_allocations != 0) {
@@ -197,6 +198,18 @@ CpuDevice::~CpuDevice() {
 }
 
 void* CpuDevice::allocate_impl(std::size_t bytes, MemoryKind /*kind*/) {
+  {
+    // A block of exactly this size freed earlier: reused, so a buffer allocated every step
+    // (gradient staging) does not fault its pages in again each time.
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    auto it = cache_.find(bytes);
+    if (it != cache_.end()) {
+      void* p = it->second;
+      cache_.erase(it);
+      cached_bytes_ -= bytes;
+      return p;
+    }
+  }
   // Large buffers are page aligned so they can later be registered for DMA or O_DIRECT I/O.
   constexpr std::size_t kPage = 4096;
   const std::size_t alignment = bytes >= kPage ? kPage : kMinAlignment;
@@ -205,7 +218,13 @@ void* CpuDevice::allocate_impl(std::size_t bytes, MemoryKind /*kind*/) {
   return std::aligned_alloc(alignment, rounded);
 }
 
-void CpuDevice::free_impl(void* data, std::size_t /*bytes*/, MemoryKind /*kind*/) noexcept {
+void CpuDevice::free_impl(void* data, std::size_t bytes, MemoryKind /*kind*/) noexcept {
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  if (bytes >= kCacheMinBytes && cached_bytes_ + bytes <= kCacheMaxBytes) {
+    cache_.emplace(bytes, data);
+    cached_bytes_ += bytes;
+    return;
+  }
   std::free(data);
 }
 

@@ -241,3 +241,22 @@ TEST_CASE("re-recording an event moves the point it marks") {
   ev->synchronize();
   REQUIRE(ev->query());
 }
+
+TEST_CASE("CpuDevice hands a freed large block back for the same size, and the ledger counts only "
+          "buffers in use") {
+  zero::CpuDevice device(0);
+  const std::size_t bytes = std::size_t{1} << 20;
+  void* first = nullptr;
+  {
+    zero::Buffer b = device.allocate(bytes, zero::MemoryKind::Host, zero::MemoryTag::Gradients);
+    first = b.data();
+    std::memset(b.data(), 1, bytes);
+  }
+  CHECK(device.ledger().usage(zero::MemoryKind::Host, zero::MemoryTag::Gradients).current_bytes == 0);
+  zero::Buffer again = device.allocate(bytes, zero::MemoryKind::Host, zero::MemoryTag::Gradients);
+  CHECK(again.data() == first);
+  CHECK(device.ledger().usage(zero::MemoryKind::Host, zero::MemoryTag::Gradients).current_bytes == bytes);
+  // Another size gets its own block.
+  zero::Buffer other = device.allocate(bytes + 4096, zero::MemoryKind::Host, zero::MemoryTag::Gradients);
+  CHECK(other.data() != first);
+}

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/zero/dscheckpoint/pt_writer.h"
+#include "tests/zero/dscheckpoint/test_util.h"
 #include "zero/dscheckpoint/pt_file.h"
 #include "zero/error.h"
 #include "zero/io/safetensors.h"
@@ -20,35 +21,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using zero::dscheckpoint::testing::error_of;
+using zero::dscheckpoint::testing::TempDir;
+
 const std::string kFixtures = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints";
 const char* const kFixtureNames[] = {"zero1_world2_fp32", "zero2_world2_fp32", "zero3_world2_fp32"};
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("zero_dsckpt_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<std::uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zero::IoError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {

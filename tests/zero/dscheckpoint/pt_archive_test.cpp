@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tests/zero/dscheckpoint/pt_writer.h"
+#include "tests/zero/dscheckpoint/test_util.h"
 #include "zero/dscheckpoint/pt_file.h"
 #include "zero/error.h"
 
@@ -17,6 +18,9 @@ namespace t = zero::dscheckpoint::testing;
 namespace fs = std::filesystem;
 
 namespace {
+
+using zero::dscheckpoint::testing::error_of;
+using zero::dscheckpoint::testing::TempDir;
 
 const std::string kFixtures = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints";
 const std::string kOptim0 =
@@ -28,29 +32,6 @@ std::vector<std::byte> slurp(const std::string& path) {
   std::vector<std::byte> out(c.size());
   std::memcpy(out.data(), c.data(), c.size());
   return out;
-}
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("zero_dsckpt_" + std::to_string(::getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<std::uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const zero::IoError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

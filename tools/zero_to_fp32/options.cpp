@@ -103,35 +103,21 @@ Options parse_options(std::span<const std::string> args) {
       only_positional = true;
       continue;
     }
-    std::optional<std::string> inline_value;
-    if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
-      inline_value = flag.substr(eq + 1);
-      flag.resize(eq);
-    }
-    auto switch_flag = [&]() {
-      if (inline_value) {
-        throw UsageError(fmt::format("{}={}: {} takes no value", flag, *inline_value, flag));
-      }
-    };
-    auto value = [&](std::string_view expected) -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= args.size())
-        throw UsageError(fmt::format("{} needs a value: {}", flag, expected));
-      return args[++i];
-    };
+    tools::FlagArg arg(args, i);
+    flag = arg.name();
 
     if (flag == "--help" || flag == "-h") {
       o.help = true;
       return o;
     } else if (flag == "-t" || flag == "--tag") {
-      o.tag = value("a checkpoint tag such as global_step100");
+      o.tag = arg.value("a checkpoint tag such as global_step100");
       if (o.tag.empty() || o.tag.find('/') != std::string::npos || o.tag == "." || o.tag == "..") {
         throw UsageError(fmt::format(
             "{} '{}': expected a checkpoint tag (a directory name such as global_step100)", flag,
             o.tag));
       }
     } else if (flag == "--max-shard-size" || flag == "--max_shard_size") {
-      const std::string v = value("a size such as 5GB, 500MB or a byte count");
+      const std::string v = arg.value("a size such as 5GB, 500MB or a byte count");
       const auto bytes = parse_size(v);
       if (!bytes) {
         throw UsageError(fmt::format(
@@ -139,17 +125,17 @@ Options parse_options(std::span<const std::string> args) {
       }
       o.max_shard_bytes = *bytes;
     } else if (flag == "--dtype") {
-      const std::string v = value("fp32, bf16 or fp16");
+      const std::string v = arg.value("fp32, bf16 or fp16");
       const std::optional<DType> dtype = parse_dtype(v);
       if (!dtype || *dtype == DType::F64) {
         throw UsageError(fmt::format("--dtype {}: expected fp32, bf16 or fp16", v));
       }
       o.dtype = *dtype;
     } else if (flag == "--exclude-frozen" || flag == "--exclude_frozen_parameters") {
-      switch_flag();
+      arg.no_value();
       o.exclude_frozen = true;
     } else if (flag == "--safe_serialization" || flag == "--safe-serialization") {
-      switch_flag();  // the output is always safetensors
+      arg.no_value();  // the output is always safetensors
     } else {
       throw UsageError(fmt::format("unknown option '{}' (see zero_to_fp32 --help)", flag));
     }

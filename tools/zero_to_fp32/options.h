@@ -11,16 +11,13 @@
 #include <string>
 #include <string_view>
 
+#include "tools/common/flags.h"
 #include "zero/dtype.h"
 
 namespace zero::to_fp32 {
 
-// A bad flag or value. The message names the flag, the value and what is expected; zero_to_fp32
-// prints it as one line and exits 2.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+// A bad flag or value (tools/common/flags.h): printed as one line, exit status 2.
+using UsageError = tools::UsageError;
 
 // Hugging Face's default shard size (transformers' save_pretrained, DeepSpeed's script).
 inline constexpr std::uint64_t kDefaultMaxShardBytes = 5'000'000'000;

@@ -60,26 +60,10 @@ TrainOptions parse_options(std::span<const std::string> args) {
   TrainOptions o;
   bool have_config = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::optional<std::string> inline_value;
-    if (const auto eq = flag.find('='); flag.starts_with("--") && eq != std::string::npos) {
-      inline_value = flag.substr(eq + 1);
-      flag.resize(eq);
-    }
-    auto switch_flag = [&]() {
-      if (inline_value) {
-        throw UsageError(fmt::format("{}={}: {} takes no value", flag, *inline_value, flag));
-      }
-    };
-    // The flag's value; `expected` says what it should be when it is missing.
-    auto value = [&](std::string_view expected) -> std::string {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= args.size())
-        throw UsageError(fmt::format("{} needs a value: {}", flag, expected));
-      return args[++i];
-    };
+    tools::FlagArg arg(args, i);
+    const std::string& flag = arg.name();
     auto positive = [&](std::string_view expected) -> std::int64_t {
-      const std::string v = value(expected);
+      const std::string v = arg.value(expected);
       const auto n = parse_int<std::int64_t>(v);
       if (!n || *n <= 0) throw UsageError(fmt::format("{} {}: expected {}", flag, v, expected));
       return *n;
@@ -90,7 +74,7 @@ TrainOptions parse_options(std::span<const std::string> args) {
       o.help = true;
       return o;
     } else if (flag == "--config") {
-      o.config_path = value("a ds_config.json path");
+      o.config_path = arg.value("a ds_config.json path");
       if (o.config_path.empty())
         throw UsageError("--config: expected a ds_config.json path, got ''");
       have_config = true;
@@ -99,19 +83,19 @@ TrainOptions parse_options(std::span<const std::string> args) {
       if (n > kMaxInt) throw UsageError(fmt::format("--world-size {}: too many ranks", n));
       o.world_size = static_cast<int>(n);
     } else if (flag == "--comm") {
-      o.comm = value("inproc or mpi");
+      o.comm = arg.value("inproc or mpi");
       if (o.comm != "inproc" && o.comm != "mpi") {
         throw UsageError(fmt::format("--comm {}: expected inproc or mpi", o.comm));
       }
     } else if (flag == "--steps") {
       o.steps = positive("a positive number of optimizer steps");
     } else if (flag == "--seed") {
-      const std::string v = value("a non-negative integer");
+      const std::string v = arg.value("a non-negative integer");
       const auto s = parse_int<std::uint64_t>(v);
       if (!s) throw UsageError(fmt::format("--seed {}: expected a non-negative integer", v));
       o.seed = *s;
     } else if (flag == "--model") {
-      const std::string v = value("mlp:IN,H1,...,OUT");
+      const std::string v = arg.value("mlp:IN,H1,...,OUT");
       try {
         o.model = MlpShape::parse(v);
       } catch (const Error& e) {
@@ -122,22 +106,22 @@ TrainOptions parse_options(std::span<const std::string> args) {
       if (n > kMaxInt) throw UsageError(fmt::format("--threads {}: too many threads", n));
       o.threads = static_cast<int>(n);
     } else if (flag == "--dump-params") {
-      o.dump_params = value("a .safetensors path");
+      o.dump_params = arg.value("a .safetensors path");
       if (o.dump_params.empty()) {
         throw UsageError("--dump-params: expected a .safetensors path, got ''");
       }
     } else if (flag == "--save" || flag == "--load") {
       std::string& dir = flag == "--save" ? o.save_dir : o.load_dir;
-      dir = value("a checkpoint directory");
+      dir = arg.value("a checkpoint directory");
       if (dir.empty())
         throw UsageError(fmt::format("{}: expected a checkpoint directory, got ''", flag));
     } else if (flag == "--save-every") {
       o.save_every = positive("a positive number of optimizer steps");
     } else if (flag == "--json") {
-      switch_flag();
+      arg.no_value();
       o.json = true;
     } else if (flag == "--quiet") {
-      switch_flag();
+      arg.no_value();
       o.quiet = true;
     } else if (flag.starts_with("-")) {
       throw UsageError(fmt::format("unknown option '{}' (see zero-train --help)", flag));

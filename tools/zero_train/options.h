@@ -7,16 +7,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "tools/common/flags.h"
 #include "tools/zero_train/mlp.h"
 
 namespace zero::train {
 
-// A bad flag or value. The message names the flag, the value and what is expected; zero-train
-// prints it as one line and exits 2.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+// A bad flag or value (tools/common/flags.h): printed as one line, exit status 2.
+using UsageError = tools::UsageError;
 
 struct TrainOptions {
   std::string config_path;

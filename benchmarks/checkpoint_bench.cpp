@@ -39,7 +39,7 @@
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::bench {

@@ -33,8 +33,8 @@
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
-#include "zero/dtype.h"
-#include "zero/error.h"
+#include "zero/base/dtype.h"
+#include "zero/base/error.h"
 
 namespace zero::bench {
 

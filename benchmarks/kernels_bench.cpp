@@ -20,7 +20,7 @@
 #include "kernels/isa.h"
 #include "kernels/optimizer.h"
 #include "kernels/traffic_probe.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::bench {
 

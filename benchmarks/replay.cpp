@@ -11,7 +11,7 @@
 #include "benchmarks/commands.h"
 #include "kernels/isa.h"
 #include "kernels/optimizer.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::bench {

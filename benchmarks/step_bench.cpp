@@ -60,9 +60,9 @@
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 #include "zero/engine.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/estimate/estimate.h"
 
 namespace zero::bench {

@@ -14,7 +14,7 @@
 #include "config/did_you_mean.h"
 #include "config/parse.h"
 #include "config/schema.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::config {
 

@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::config {
 

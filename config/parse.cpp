@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::config {
 

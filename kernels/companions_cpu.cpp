@@ -8,7 +8,7 @@
 #include "kernels/cpu_parallel.h"
 #include "kernels/norm.h"
 #include "kernels/unscale.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::kernels {
 

@@ -7,7 +7,7 @@
 
 #include "kernels/isa.h"
 #include "kernels/optimizer.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::kernels::detail {
 

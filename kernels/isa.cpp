@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::kernels {
 

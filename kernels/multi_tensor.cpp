@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::kernels {
 

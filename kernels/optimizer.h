@@ -13,7 +13,7 @@
 #include "kernels/isa.h"
 #include "kernels/optimizer_kind.h"
 #include "kernels/optimizer_math.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::kernels {
 

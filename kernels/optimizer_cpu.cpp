@@ -2,7 +2,7 @@
 #include "kernels/cpu_parallel.h"
 #include "kernels/optimizer.h"
 #include "kernels/traffic_probe.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::kernels {
 

@@ -4,7 +4,7 @@
 #include "kernels/multi_tensor.h"
 #include "kernels/optimizer_cuda.h"
 #include "kernels/optimizer_cuda_launch.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::kernels {
 

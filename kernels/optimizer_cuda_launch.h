@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/optimizer_math.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::kernels::detail {
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 
 #include "kernels/isa.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::kernels {
 

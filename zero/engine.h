@@ -41,7 +41,7 @@
 #include "kernels/isa.h"
 #include "zero/comm/communicator.h"
 #include "zero/device/device.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "config/ds_config.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::config::testing {
 

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zero/checkpoint/checkpoint.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "config/ds_config.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -7,7 +7,7 @@
 #include <span>
 
 #include "zero/dscheckpoint/pickle.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace ds = zero::dscheckpoint;
 

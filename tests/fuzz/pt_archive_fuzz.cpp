@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "zero/dscheckpoint/pt_file.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace ds = zero::dscheckpoint;
 

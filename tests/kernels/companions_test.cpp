@@ -10,7 +10,7 @@
 #include "kernels/norm.h"
 #include "kernels/unscale.h"
 #include "tests/kernels/test_util.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zk = zero::kernels;
 using zero::DType;

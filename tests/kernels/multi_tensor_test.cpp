@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/multi_tensor.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zk = zero::kernels;
 

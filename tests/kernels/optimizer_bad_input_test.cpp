@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/optimizer.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zk = zero::kernels;
 using Catch::Contains;

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zt = zero::train;
 

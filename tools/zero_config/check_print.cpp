@@ -7,7 +7,7 @@
 
 #include "config/ds_config.h"
 #include "tools/zero_config/commands.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::tools {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "tools/zero_config/commands.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::tools {
 

@@ -1,6 +1,6 @@
 #include "config/ds_config.h"
 #include "tools/zero_config/commands.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/estimate/estimate.h"
 #include "zero/estimate/from_config.h"
 

@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "tools/zero_config/commands.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace {
 

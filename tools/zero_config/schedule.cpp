@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "tools/zero_config/commands.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/schedule/from_config.h"
 #include "zero/schedule/loss_scaler.h"
 #include "zero/schedule/lr_schedule.h"

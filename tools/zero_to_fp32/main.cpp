@@ -27,8 +27,8 @@
 #include "tools/zero_to_fp32/shards.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/dscheckpoint/deepspeed.h"
-#include "zero/dtype.h"
-#include "zero/error.h"
+#include "zero/base/dtype.h"
+#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 namespace {

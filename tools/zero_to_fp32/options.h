@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "tools/common/flags.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::to_fp32 {
 

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::to_fp32 {
 

@@ -18,7 +18,7 @@
 #include "tools/zero_train/train.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <numbers>
 #include <sstream>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::train {
 

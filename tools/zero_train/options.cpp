@@ -6,7 +6,7 @@
 #include <limits>
 #include <string_view>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::train {
 

@@ -12,7 +12,7 @@
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/estimate/from_config.h"
 #include "zero/io/safetensors.h"
 

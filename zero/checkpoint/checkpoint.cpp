@@ -10,7 +10,7 @@
 #include <set>
 #include <sstream>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::ckpt {
 namespace {

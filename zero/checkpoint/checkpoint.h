@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::ckpt {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "zero/comm/reduce_math.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

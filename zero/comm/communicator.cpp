@@ -10,7 +10,7 @@
 #include <map>
 #include <vector>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

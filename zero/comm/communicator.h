@@ -28,7 +28,7 @@
 #include <string>
 #include <string_view>
 
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero {
 

@@ -15,7 +15,7 @@
 
 #include "zero/comm/reduce_math.h"
 #include "zero/comm/work_state.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 namespace comm_detail {

@@ -2,7 +2,7 @@
 #include <string>
 
 #include "zero/comm/communicator.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 #if ZERO_WITH_MPI
 #include "zero/comm/mpi_comm.h"

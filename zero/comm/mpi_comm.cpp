@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "zero/comm/reduce_math.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 namespace comm_detail {

@@ -4,7 +4,7 @@
 #include <bit>
 #include <cmath>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::comm_detail {
 

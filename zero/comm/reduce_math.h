@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "zero/comm/communicator.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::comm_detail {
 

@@ -8,8 +8,8 @@
 #include <mutex>
 #include <thread>
 
-#include "zero/error.h"
-#include "zero/log.h"
+#include "zero/base/error.h"
+#include "zero/base/log.h"
 
 namespace zero {
 

@@ -3,7 +3,7 @@
 
 #include "zero/device/cpu_device.h"
 #include "zero/device/device.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

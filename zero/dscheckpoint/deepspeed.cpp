@@ -16,7 +16,7 @@
 #include <unordered_set>
 
 #include "zero/dscheckpoint/pt_file.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::dscheckpoint {

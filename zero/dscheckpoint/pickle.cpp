@@ -11,7 +11,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::dscheckpoint {
 

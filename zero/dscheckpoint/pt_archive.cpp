@@ -11,7 +11,7 @@
 #include <fstream>
 #include <limits>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::dscheckpoint {
 

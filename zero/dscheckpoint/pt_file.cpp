@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "kernels/cast_math.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::dscheckpoint {
 

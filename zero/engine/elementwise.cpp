@@ -5,7 +5,7 @@
 
 #include "kernels/cast.h"
 #include "kernels/cast_math.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::engine_detail {
 namespace {

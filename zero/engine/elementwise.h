@@ -5,7 +5,7 @@
 #include <cstddef>
 
 #include "kernels/isa.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::engine_detail {
 

@@ -15,7 +15,7 @@
 #include "zero/engine/elementwise.h"
 #include "zero/engine/optimizer_setup.h"
 #include "zero/engine/param_fetcher.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/layout/flat_layout.h"
 #include "zero/schedule/loss_scaler.h"
 #include "zero/schedule/lr_schedule.h"

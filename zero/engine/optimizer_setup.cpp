@@ -1,6 +1,6 @@
 #include "zero/engine/optimizer_setup.h"
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::engine_detail {
 namespace {

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::engine_detail {
 namespace {

@@ -28,7 +28,7 @@
 
 #include "zero/comm/communicator.h"
 #include "zero/device/device.h"
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 #include "zero/engine.h"
 #include "zero/layout/flat_layout.h"
 

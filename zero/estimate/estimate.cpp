@@ -1,6 +1,6 @@
 #include "zero/estimate/estimate.h"
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cast_math.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::io {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero::io {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 namespace zero {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 #include "zero/layout/flat_layout.h"
 
 namespace zero {

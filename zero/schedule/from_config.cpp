@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

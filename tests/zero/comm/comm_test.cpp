@@ -13,7 +13,7 @@
 #include "zero/comm/inproc_comm.h"
 #include "zero/comm/reduce_math.h"
 #include "zero/comm/testing/faulty_communicator.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 using namespace std::chrono_literals;
 using zero::Collective;

@@ -8,7 +8,7 @@
 
 #include "tests/zero/comm/comm_test_util.h"
 #include "zero/comm/communicator.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 using namespace std::chrono_literals;
 using zero::CommError;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "zero/device/cpu_device.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 using zero::Buffer;
 using zero::CpuDevice;

@@ -12,7 +12,7 @@
 #include "tests/zero/dscheckpoint/pt_writer.h"
 #include "tests/zero/dscheckpoint/test_util.h"
 #include "zero/dscheckpoint/pt_file.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 namespace ds = zero::dscheckpoint;

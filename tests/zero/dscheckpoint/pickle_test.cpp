@@ -6,7 +6,7 @@
 
 #include "tests/zero/dscheckpoint/pt_writer.h"
 #include "zero/dscheckpoint/pt_archive.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace ds = zero::dscheckpoint;
 namespace t = zero::dscheckpoint::testing;

@@ -11,7 +11,7 @@
 #include "tests/zero/dscheckpoint/pt_writer.h"
 #include "tests/zero/dscheckpoint/test_util.h"
 #include "zero/dscheckpoint/pt_file.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace ds = zero::dscheckpoint;
 namespace t = zero::dscheckpoint::testing;

@@ -7,7 +7,7 @@
 #include <system_error>
 #include <unistd.h>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::dscheckpoint::testing {
 

@@ -15,7 +15,7 @@
 
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/checkpoint/checkpoint.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::test {
 namespace {

@@ -11,7 +11,7 @@
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/dscheckpoint/deepspeed.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::test {

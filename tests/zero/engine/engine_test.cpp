@@ -11,7 +11,7 @@
 #include "kernels/optimizer.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/comm/testing/faulty_communicator.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/estimate/estimate.h"
 #include "zero/schedule/from_config.h"
 

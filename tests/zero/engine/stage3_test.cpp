@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "tests/zero/engine/engine_test_util.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero::test {
 namespace {

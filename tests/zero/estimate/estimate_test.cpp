@@ -2,7 +2,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace {
 

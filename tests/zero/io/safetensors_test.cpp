@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 using zero::DType;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/layout/flat_layout.h"
 #include "zero/layout/gradient_buckets.h"
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "config/ds_config.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 TEST_CASE("the dynamic loss scaler reproduces DeepSpeed 0.19.6's scale sequences") {
   std::ifstream in(std::string(ZERO_TEST_GOLDEN_DIR) + "/deepspeed/loss_scale.json");

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "config/ds_config.h"
-#include "zero/error.h"
+#include "zero/base/error.h"
 #include "zero/schedule/from_config.h"
 
 namespace {

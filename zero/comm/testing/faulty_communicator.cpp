@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 namespace zero {
 

@@ -1,7 +1,7 @@
 #include <catch2/catch.hpp>
 
-#include "zero/dtype.h"
-#include "zero/error.h"
+#include "zero/base/dtype.h"
+#include "zero/base/error.h"
 
 TEST_CASE("ZERO_CHECK throws the named error type with the formatted message") {
   auto fails = [] {

@@ -1,4 +1,4 @@
-#include "zero/error.h"
+#include "zero/base/error.h"
 
 #include <cstdio>
 #include <cstdlib>

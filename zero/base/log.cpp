@@ -1,4 +1,4 @@
-#include "zero/log.h"
+#include "zero/base/log.h"
 
 #include <atomic>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "zero/dtype.h"
+#include "zero/base/dtype.h"
 
 #include <algorithm>
 #include <array>

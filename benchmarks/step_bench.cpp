@@ -516,11 +516,11 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
     // The device outlives the engine (Engine::create's REQUIRES).
     const std::unique_ptr<Device> device = make_device("cpu", comm.rank());
     EngineOptions options;
-    options.exec.threads = threads;
+    options.kernel_threads = threads;
     const InitFn init = [&](std::size_t index, std::span<float> values) { w.init(index, values); };
     const std::unique_ptr<Engine> engine =
         Engine::create(cfg, comm, *device, w.specs, init, options);
-    Trainer trainer(w, *engine, comm.rank(), dtype, options.exec);
+    Trainer trainer(w, *engine, comm.rank(), dtype, kernels::CpuExec{.threads = threads});
 
     StepResult r;
     do {

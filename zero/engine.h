@@ -35,15 +35,18 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
-#include "config/ds_config.h"
-#include "kernels/isa.h"
+#include "zero/base/dtype.h"
 #include "zero/comm/communicator.h"
 #include "zero/device/device.h"
-#include "zero/base/dtype.h"
+#include "zero/engine_timings.h"
 
 namespace zero {
+
+namespace config {
+struct DsConfig;  // config/ds_config.h
+}
 
 // One parameter as the trainer registers it.
 struct ParamSpec {
@@ -69,7 +72,11 @@ struct ParamGroupOptions {
 struct EngineOptions {
   // groups[g] overrides group g; groups beyond the list use the config's values.
   std::vector<ParamGroupOptions> groups;
-  kernels::CpuExec exec;  // threads and ISA of the CPU kernels on this rank
+  // OpenMP threads of the CPU kernels on this rank; 0 = every core the process may use.
+  int kernel_threads = 0;
+  // Their instruction set: "" or "auto" (the best this CPU has, or the ZERO_ISA environment
+  // variable), "scalar", "avx2", "avx512". Every choice gives bitwise the same results.
+  std::string kernel_isa;
 };
 
 // Fills `out` (numel elements) with the initial fp32 value of parameter `index`. Called on rank 0
@@ -88,25 +95,6 @@ struct StepResult {
   // or not a boundary.
   double grad_norm = 0;
   double loss_scale = 1;  // the scale this window's gradients were produced with
-};
-
-// Where this rank's time went since create() (or the last reset_timings()), wall-clock seconds
-// on the rank's thread. Communication that overlapped with compute shows only as the time spent
-// waiting for it.
-struct EngineTimings {
-  double pack_s = 0;            // gradients into buckets (cast to the communication dtype)
-  double reduce_wait_s = 0;     // waiting for bucket reductions
-  double unpack_s = 0;          // reduced buckets into the partition gradients
-  double accumulate_s = 0;      // stages 0/1: micro-step gradients into the accumulation buffer
-  double norm_s = 0;            // overflow check, squared norm and their all-reduces
-  double optimizer_s = 0;       // the optimizer kernels (with the low-precision write)
-  double all_gather_s = 0;      // stages 1/2: the updated model copy to every rank
-  double gather_s = 0;          // stage 3: time inside gather() (issuing prefetches included)
-  double gather_wait_s = 0;     // stage 3: waiting for all-gathers to complete, in gather() and
-                                // when persistent units are re-gathered after a step
-  std::int64_t buckets = 0;     // bucket reductions issued
-  std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
-  std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
 };
 
 class Engine {
@@ -166,9 +154,12 @@ class Engine {
   // stage3_gather_16bit_weights_on_model_save) also writes the whole low-precision model.
   // Collective. REQUIRES: at an accumulation boundary (after the last micro-step's step()).
   // Throws IoError naming the file on failure, on every rank.
+  // `client_state` (any JSON value; null: none) comes back from load_checkpoint.
   virtual void save_checkpoint(const std::string& dir, const std::string& tag,
-                               const nlohmann::json& client_state = nlohmann::json::object(),
+                               const nlohmann::json& client_state,
                                std::optional<bool> model_16bit = std::nullopt) = 0;
+  // The same with an empty client state.
+  void save_checkpoint(const std::string& dir, const std::string& tag);
   // Loads <dir>/<tag> (tag empty: the one <dir>/latest names) at this engine's world size and
   // stage, whatever they were at save time: master weights, optimizer states, step counters,
   // loss scaler and schedule position; the model copy is refreshed from the master. Verifies

@@ -125,7 +125,8 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   // The device outlives the engine (Engine::create's REQUIRES).
   const std::unique_ptr<Device> device = make_device("cpu", comm.rank());
   EngineOptions engine_options;
-  engine_options.exec.threads = threads;
+  engine_options.kernel_threads = threads;
+  const kernels::CpuExec exec{.threads = threads};
   const InitFn init = [&](std::size_t index, std::span<float> out) {
     init_param(shape, index, options.seed, /*stream=*/0, out);
   };
@@ -264,7 +265,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
                    "zero-train: engine->param({}) has {} bytes, expected {}", i, p.size(),
                    weights[i].size() * element_bytes);
         kernels::cast_cpu(p.data(), dtype, weights[i].data(), DType::F32, weights[i].size(),
-                          engine_options.exec);
+                          exec);
       }
       if (share.rows > 0) {
         loss_sum += share.weight * forward_backward(shape, weight_views, batch,
@@ -282,7 +283,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
                      "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
                      grads[i].size() * element_bytes);
           kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size(),
-                            engine_options.exec);
+                            exec);
           engine->grad_ready(i);
         }
         engine->release(u);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "kernels/compute.h"
 #include "zero/base/error.h"
 #include "zero/base/log.h"
 
@@ -247,5 +248,7 @@ void CpuDevice::copy_impl(void* dst, const void* src, std::size_t bytes) {
 void CpuDevice::launch_host_impl(Stream& stream, std::function<void()> fn) {
   as_cpu(stream).enqueue(std::move(fn));
 }
+
+const kernels::ComputeKernels& CpuDevice::compute() const { return kernels::cpu_compute_kernels(); }
 
 }  // namespace zero

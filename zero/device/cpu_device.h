@@ -25,6 +25,7 @@ class CpuDevice final : public Device {
   ~CpuDevice() override;
 
   std::string_view name() const override { return "cpu"; }
+  const kernels::ComputeKernels& compute() const override;
 
  protected:
   void* allocate_impl(std::size_t bytes, MemoryKind kind) override;

@@ -17,6 +17,10 @@
 
 namespace zero {
 
+namespace kernels {
+struct ComputeKernels;
+}
+
 class Device;
 
 // Bytes owned by one allocation. Move-only; frees the memory and updates the ledger when
@@ -112,6 +116,9 @@ class Device {
 
   // "cpu", "cuda".
   virtual std::string_view name() const = 0;
+  // The kernels that compute on this device's memory (kernels/compute.h): the engine's one way to
+  // run an optimizer step, a norm, an unscale or a cast. Valid for the device's lifetime.
+  virtual const kernels::ComputeKernels& compute() const = 0;
   int rank() const { return ledger_.rank(); }
 
   // Allocates `bytes` of `kind` memory for `tag`. Contents are uninitialised. Throws OutOfMemory

@@ -1,11 +1,11 @@
 // The ZeRO engine (zero/engine.h). One flat layout serves every stage (DESIGN.md §3); the stages
 // differ only in what a rank keeps and when gradients are reduced:
 //
-//   stage | model copy        | gradients before the step            | master + states
-//   0     | full              | full, all-reduced at the boundary    | full (every rank's slices)
-//   1     | full              | full locally, reduce-scattered at the boundary | own slices
-//   2     | full              | reduce-scattered per bucket during backward   | own slices
-//   3     | own slices        | as stage 2                           | own slices
+//   stage | model copy | gradients before the step                      | master + states
+//   0     | full       | full, all-reduced at the boundary              | every rank's slices
+//   1     | full       | full locally, reduce-scattered at the boundary | own slices
+//   2     | full       | reduce-scattered per bucket during backward    | own slices
+//   3     | own slices | as stage 2                                     | own slices
 //
 // Every stage keeps the master weights, optimizer states and reduced gradients as *partitions*:
 // the concatenation of one rank's slice of every unit. Stage 0 simply holds all W partitions.
@@ -13,32 +13,24 @@
 // optimizer is elementwise, so with InProcComm's rank-order reductions stages 0–3 give bitwise
 // identical parameters when they reduce the same sums (gradient_accumulation_steps = 1, or stages
 // 0/1 against each other and 2/3 against each other).
+//
+// This file sequences a micro-step over the three parts (engine_impl.h); the parts do the work.
 #include "zero/engine.h"
 
-#include "zero/engine/engine_impl.h"
+#include <fmt/ranges.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <map>
 #include <set>
 
-#include "kernels/cast.h"
-#include "kernels/norm.h"
-#include "kernels/optimizer.h"
-#include "kernels/unscale.h"
-#include "zero/engine/elementwise.h"
-#include "zero/engine/optimizer_setup.h"
-#include "zero/engine/param_fetcher.h"
-#include "zero/base/error.h"
-#include "zero/layout/flat_layout.h"
-#include "zero/base/log.h"
+#include <nlohmann/json.hpp>
+
+#include "zero/engine/engine_impl.h"
+#include "zero/engine/scoped_timer.h"
 #include "zero/schedule/from_config.h"
-#include "zero/schedule/loss_scaler.h"
-#include "zero/schedule/lr_schedule.h"
 
 namespace zero::engine_detail {
 
@@ -75,54 +67,115 @@ void refuse_blockers(const config::DsConfig& cfg, int comm_size) {
   if (!problems.empty()) throw ConfigError(std::move(problems));
 }
 
+kernels::CpuExec exec_of(const EngineOptions& options) {
+  kernels::CpuExec exec;
+  exec.threads = options.kernel_threads;
+  if (!options.kernel_isa.empty()) {
+    const std::optional<kernels::Isa> isa = kernels::parse_isa(options.kernel_isa);
+    ZERO_CHECK(isa.has_value(),
+               "EngineOptions::kernel_isa '{}': use auto, scalar, avx2 or avx512", options.kernel_isa);
+    exec.isa = *isa;
+  }
+  return exec;
+}
+
+std::size_t elems(std::int64_t v) { return static_cast<std::size_t>(std::max<std::int64_t>(v, 0)); }
+
 }  // namespace
+
+EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& device,
+                       std::span<const ParamSpec> params, const EngineOptions& options)
+    : cfg_(cfg), comm_(comm), device_(device), compute_(device.compute()), exec_(exec_of(options)),
+      specs_(params.begin(), params.end()) {}
+
+EngineImpl::~EngineImpl() = default;
 
 void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   rank_ = comm_.rank();
   world_ = comm_.size();
   refuse_blockers(cfg_, world_);
+  read_options(options);
+  register_specs(options);
+  check_agreement(comm_, "the resolved ds_config", cfg_.to_json().dump());
+  check_agreement(comm_, "the parameter specs (name, shape, dtype, group, unit, trainable)",
+                  specs_fingerprint(specs_));
+  init_state(init);
+  if (stage_ == 3) {
+    const auto& zo = cfg_.zero_optimization;
+    FetchOptions fo;
+    fo.prefetch_bucket_elems = elems(zo.prefetch_bucket_elems);
+    fo.max_live_elems = elems(zo.max_live_parameters_elems);
+    fo.max_reuse_distance_elems = elems(zo.max_reuse_distance_elems);
+    fo.param_persistence_threshold_elems = elems(zo.param_persistence_threshold_elems);
+    fo.model_persistence_threshold_elems = elems(zo.model_persistence_threshold_elems);
+    fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
+                                              static_cast<const std::byte*>(model_part_.data()),
+                                              fo, timings_);
+  }
+}
+
+// The config's precision, reduction and offload choices, as the parts take them.
+void EngineImpl::read_options(const EngineOptions& options) {
   const auto& zo = cfg_.zero_optimization;
   stage_ = zo.stage;
   gas_ = static_cast<int>(cfg_.gradient_accumulation_steps.value_or(1));
   model_dtype_ = cfg_.model_dtype;
-  accum_dtype_ = cfg_.data_types.grad_accum_dtype.value_or(model_dtype_);
-  comm_dtype_ = cfg_.communication_data_type;
-  ZERO_CHECK(accum_dtype_ != DType::F64 && comm_dtype_ != DType::F64,
-             "fp64 gradients are not supported (data_types.grad_accum_dtype, "
-             "communication_data_type)");
-  if (cfg_.bf16.enabled && cfg_.bf16.bf16_master_weights_and_grads) master_dtype_ = DType::BF16;
-  if (cfg_.bf16.enabled && cfg_.bf16.bf16_optimizer_states) state_dtype_ = DType::BF16;
   check_overflow_ = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  overlap_comm_ = zo.overlap_comm;
-  reduce_scatter_ = zo.reduce_scatter;
   ignore_unused_ = zo.ignore_unused_parameters;
   clip_ = cfg_.gradient_clipping;
+
+  ReducerOptions& ro = reducer_options_;
+  ro.stage = stage_;
+  ro.grad_dtype = model_dtype_;
+  ro.accum_dtype = cfg_.data_types.grad_accum_dtype.value_or(model_dtype_);
+  ro.comm_dtype = cfg_.communication_data_type;
+  ZERO_CHECK(ro.accum_dtype != DType::F64 && ro.comm_dtype != DType::F64,
+             "fp64 gradients are not supported (data_types.grad_accum_dtype, "
+             "communication_data_type)");
+  ro.bucket_elems = elems(zo.reduce_bucket_elems);
+  ro.overlap_comm = zo.overlap_comm;
+  ro.reduce_scatter = zo.reduce_scatter;
+  ro.exec = exec_;
+  const double f = cfg_.gradient_predivide_factor;
+  if (cfg_.gradient_allreduce_sum) {
+    ro.op = ReduceOp::Sum;
+  } else if (cfg_.prescale_gradients) {
+    ro.op = ReduceOp::Sum;
+    ro.pack_scale = static_cast<float>(1.0 / world_);
+  } else if (f != 1.0) {
+    // DeepSpeed's "allreduce with predivide" (SPEC §3.3 a): ×1/f, sum, ×f/W.
+    ro.op = ReduceOp::Sum;
+    ro.pack_scale = static_cast<float>(1.0 / f);
+    ro.consume_scale = static_cast<float>(f / world_);
+  }
+
+  std::vector<GroupOverrides> overrides;
+  for (const ParamGroupOptions& g : options.groups) overrides.push_back({g.lr, g.weight_decay});
+  groups_ = group_optimizers(cfg_, overrides);
+  schedule_ = lr_schedule_from_config(cfg_);
+  scaler_.emplace(loss_scaler_from_config(cfg_));
+
+  PartitionOptions& po = partition_options_;
+  po.rank = rank_;
+  po.every_domain = stage_ == 0;
+  po.own_gradients = stage_ != 0;
+  if (cfg_.bf16.enabled && cfg_.bf16.bf16_master_weights_and_grads) po.master_dtype = DType::BF16;
+  if (cfg_.bf16.enabled && cfg_.bf16.bf16_optimizer_states) po.state_dtype = DType::BF16;
+  po.grad_dtype = ro.accum_dtype;
+  po.model_dtype = model_dtype_;
+  po.optimizer = groups_[0].hyper;
+  po.exec = exec_;
+  // Offload: "cpu" (and "nvme" at stages 1/2, as DeepSpeed) puts the optimizer's partition in
+  // host memory; on a CpuDevice both are host memory and the ledger says which.
   if (zo.offload_optimizer && zo.offload_optimizer->device != config::OffloadDevice::None && stage_ > 0) {
-    optimizer_kind_ = zo.offload_optimizer->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
+    po.kind = zo.offload_optimizer->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
   }
   if (zo.offload_param && zo.offload_param->device != config::OffloadDevice::None && stage_ == 3) {
     param_kind_ = zo.offload_param->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
   }
-  const double f = cfg_.gradient_predivide_factor;
-  if (cfg_.gradient_allreduce_sum) {
-    reduce_op_ = ReduceOp::Sum;
-  } else if (cfg_.prescale_gradients) {
-    reduce_op_ = ReduceOp::Sum;
-    pack_scale_ = static_cast<float>(1.0 / world_);
-  } else if (f != 1.0) {
-    // DeepSpeed's "allreduce with predivide" (SPEC §3.3 a): ×1/f, sum, ×f/W.
-    reduce_op_ = ReduceOp::Sum;
-    pack_scale_ = static_cast<float>(1.0 / f);
-    consume_scale_ = static_cast<float>(f / world_);
-  }
+}
 
-  std::vector<engine_detail::GroupOverrides> overrides;
-  for (const ParamGroupOptions& g : options.groups) overrides.push_back({g.lr, g.weight_decay});
-  groups_ = engine_detail::group_optimizers(cfg_, overrides);
-  schedule_ = lr_schedule_from_config(cfg_);
-  scaler_.emplace(loss_scaler_from_config(cfg_));
-
-  // Specs.
+void EngineImpl::register_specs(const EngineOptions& options) {
   std::set<std::string> names;
   std::vector<ParamDesc> descs;
   params_.resize(specs_.size());
@@ -156,56 +209,15 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   layout_units_ = layout_->num_units();
   units_.resize(num_units_);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
-    if (params_[i].layout_index) {
-      units_[static_cast<std::size_t>(specs_[i].unit)].trainable.push_back(i);
-    }
-  }
-
-  check_agreement(comm_, "the resolved ds_config", cfg_.to_json().dump());
-  check_agreement(comm_, "the parameter specs (name, shape, dtype, group, unit, trainable)",
-                  specs_fingerprint(specs_));
-
-  // Buckets: reduce_bucket_size elements, never more than the whole model needs.
-  const std::size_t total_padded = layout_->total_padded_elems();
-  const auto bucket_elems = static_cast<std::size_t>(std::max<std::int64_t>(zo.reduce_bucket_elems, 1));
-  bucket_chunk_capacity_ =
-      std::max<std::size_t>(1, std::min(bucket_elems, total_padded) / static_cast<std::size_t>(world_));
-  slots_.resize(overlap_comm_ ? 2 : 1);
-
-  init_state(init);
-  build_runs();
-  if (stage_ == 3) {
-    auto elems = [](std::int64_t v) { return static_cast<std::size_t>(std::max<std::int64_t>(v, 0)); };
-    engine_detail::FetchOptions fo;
-    fo.prefetch_bucket_elems = elems(zo.prefetch_bucket_elems);
-    fo.max_live_elems = elems(zo.max_live_parameters_elems);
-    fo.max_reuse_distance_elems = elems(zo.max_reuse_distance_elems);
-    fo.param_persistence_threshold_elems = elems(zo.param_persistence_threshold_elems);
-    fo.model_persistence_threshold_elems = elems(zo.model_persistence_threshold_elems);
-    fetcher_ = std::make_unique<engine_detail::ParamFetcher>(
-        comm_, device_, *layout_, num_units_, model_dtype_,
-        static_cast<const std::byte*>(model_part_.data()), fo, timings_);
+    if (params_[i].layout_index) units_[static_cast<std::size_t>(specs_[i].unit)].trainable.push_back(i);
   }
 }
 
 // Rank 0 initialises each unit in full, broadcasts it, and every rank keeps what its stage needs.
 void EngineImpl::init_state(const InitFn& init) {
-  const std::size_t P = partition_elems();
-  const std::size_t domains = static_cast<std::size_t>(num_domains());
-  master_ = alloc(domains * P, master_dtype_, MemoryTag::MasterParams, optimizer_kind_);
-  if (stage_ != 0) {
-    grads_ = alloc(P, accum_dtype_, MemoryTag::Gradients, optimizer_kind_);
-    fill_zero(grads_.data(), accum_dtype_, P);
-  }
-  const int nstates = kernels::optimizer_state_count(groups_[0].hyper);
-  for (int k = 0; k < nstates; ++k) {
-    states_.push_back(alloc(domains * P, state_dtype_, MemoryTag::OptimizerStates, optimizer_kind_));
-    // Param groups share one optimizer kind, so the initial value is the same everywhere.
-    const std::vector<float> init_value(domains * P, kernels::optimizer_state_initial_value(groups_[0].hyper, k));
-    combine(states_.back().data(), state_dtype_, init_value.data(), DType::F32, init_value.size(), 1.0f, false, exec_);
-  }
-  if (stage_ == 3) model_part_ = alloc(P, model_dtype_, MemoryTag::LowPrecisionParams, param_kind_);
-
+  SliceMap& slices = *this;
+  optimizer_ = std::make_unique<PartitionOptimizer>(device_, compute_, *layout_, partition_options_, slices);
+  if (stage_ == 3) model_part_ = alloc(partition_elems(), model_dtype_, MemoryTag::LowPrecisionParams, param_kind_);
   std::vector<float> flat;
   for (std::size_t u = 0; u < layout_units_; ++u) {
     const UnitLayout& ul = layout_->unit(static_cast<int>(u));
@@ -217,58 +229,40 @@ void EngineImpl::init_state(const InitFn& init) {
       }
     }
     if (world_ > 1 && !flat.empty()) comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
-    const std::size_t S = ul.slice_elems;
-    for (int d = 0; d < num_domains(); ++d) {
-      const std::size_t src = static_cast<std::size_t>(domain_rank(d)) * S;
-      combine(master_at(domain_offset(d) + ul.partition_offset), master_dtype_, flat.data() + src,
-              DType::F32, S, 1.0f, false, exec_);
-    }
+    optimizer_->set_master(static_cast<int>(u), flat);
     if (stage_ == 3) {
       combine(at(model_part_, model_dtype_, ul.partition_offset), model_dtype_,
-              flat.data() + static_cast<std::size_t>(rank_) * S, DType::F32, S, 1.0f, false, exec_);
+              flat.data() + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32, ul.slice_elems);
     } else {
       units_[u].model = alloc(ul.padded_elems, model_dtype_, MemoryTag::LowPrecisionParams);
-      combine(units_[u].model.data(), model_dtype_, flat.data(), DType::F32, ul.padded_elems, 1.0f,
-              false, exec_);
-    }
-    if (stage_ <= 1) {
-      units_[u].accum = alloc(ul.padded_elems, accum_dtype_, MemoryTag::Gradients);
-      fill_zero(units_[u].accum.data(), accum_dtype_, ul.padded_elems);
+      combine(units_[u].model.data(), model_dtype_, flat.data(), DType::F32, ul.padded_elems);
     }
   }
+  reducer_ = std::make_unique<GradientReducer>(comm_, device_, compute_, *layout_, reducer_options_, slices,
+                                               timings_);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (params_[i].layout_index) continue;
     flat.assign(params_[i].numel, 0.0f);
     if (rank_ == 0) init(i, flat);
     if (world_ > 1 && !flat.empty()) comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     params_[i].frozen = alloc(params_[i].numel, model_dtype_, MemoryTag::LowPrecisionParams);
-    combine(params_[i].frozen.data(), model_dtype_, flat.data(), DType::F32, flat.size(), 1.0f,
-            false, exec_);
+    combine(params_[i].frozen.data(), model_dtype_, flat.data(), DType::F32, flat.size());
   }
   for (UnitState& u : units_) u.pending = u.trainable.size();
 }
 
-void EngineImpl::build_runs() {
-  for (int d = 0; d < num_domains(); ++d) {
-    const int r = domain_rank(d);
-    for (std::size_t u = 0; u < layout_units_; ++u) {
-      const std::size_t S = layout_->unit(static_cast<int>(u)).slice_elems;
-      if (S == 0) continue;
-      const std::vector<SliceSegment> segs = layout_->segments(static_cast<int>(u), r);
-      OptimizerRun run{d, static_cast<int>(u), 0, 0, segs.empty() ? 0 : layout_->param(segs[0].param).group};
-      for (const SliceSegment& s : segs) {
-        const int g = layout_->param(s.param).group;
-        if (g != run.group) {
-          run.end = s.slice_offset;
-          if (run.end > run.begin) runs_.push_back(run);
-          run.begin = s.slice_offset;
-          run.group = g;
-        }
-      }
-      run.end = S;
-      runs_.push_back(run);
-    }
-  }
+std::byte* EngineImpl::gradient(int domain, int unit, std::size_t slice_offset) {
+  if (stage_ != 0) return optimizer_->gradient(unit, slice_offset);
+  const std::size_t S = layout_->unit(unit).slice_elems;
+  return reducer_->accumulated(unit) +
+         (static_cast<std::size_t>(domain) * S + slice_offset) * dtype_size(reducer_options_.accum_dtype);
+}
+
+std::byte* EngineImpl::model(int domain, int unit, std::size_t slice_offset) {
+  const UnitLayout& ul = layout_->unit(unit);
+  if (stage_ == 3) return at(model_part_, model_dtype_, ul.partition_offset + slice_offset);
+  return at(units_[static_cast<std::size_t>(unit)].model, model_dtype_,
+            static_cast<std::size_t>(domain_rank(domain)) * ul.slice_elems + slice_offset);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -308,16 +302,11 @@ std::span<std::byte> EngineImpl::grad(std::size_t param) {
   ZERO_CHECK(ps.layout_index.has_value(), "grad: parameter '{}' is frozen (trainable = false)",
              specs_[param].name);
   ZERO_CHECK(!ps.ready, "grad: parameter '{}' is already ready in this micro-step", specs_[param].name);
-  const ParamPlacement& pl = layout_->placement(*ps.layout_index);
-  UnitState& us = units_[static_cast<std::size_t>(pl.unit)];
-  if (us.staging.empty() && ps.numel > 0) {
-    const std::size_t n = layout_->unit(pl.unit).padded_elems;
-    us.staging = alloc(n, model_dtype_, MemoryTag::Gradients);
-    fill_zero(us.staging.data(), model_dtype_, n);
-  }
   ps.slot_out = true;
   if (ps.numel == 0) return {};
-  return {at(us.staging, model_dtype_, pl.offset), ps.numel * dtype_size(model_dtype_)};
+  const ParamPlacement& pl = layout_->placement(*ps.layout_index);
+  std::byte* staging = reducer_->staging(pl.unit);
+  return {staging + pl.offset * dtype_size(model_dtype_), ps.numel * dtype_size(model_dtype_)};
 }
 
 void EngineImpl::grad_ready(std::size_t param) {
@@ -330,123 +319,11 @@ void EngineImpl::grad_ready(std::size_t param) {
              specs_[param].name, param);
   ps.ready = true;
   const int unit = specs_[param].unit;
-  if (--units_[static_cast<std::size_t>(unit)].pending == 0) unit_complete(unit);
+  if (--units_[static_cast<std::size_t>(unit)].pending == 0) reducer_->unit_complete(unit);
 }
 
-// Every trainable parameter of `unit` has its gradient for this micro-step in the staging buffer.
-void EngineImpl::unit_complete(int unit) {
-  UnitState& us = units_[static_cast<std::size_t>(unit)];
-  const UnitLayout* ul = layout_unit(unit);
-  if (ul == nullptr || ul->padded_elems == 0) return;
-  if (stage_ <= 1) {
-    ScopedTimer timer(timings_.accumulate_s);
-    combine(us.accum.data(), accum_dtype_, us.staging.data(), model_dtype_, ul->padded_elems, 1.0f,
-            micro_in_window_ > 0, exec_);
-    us.staging.reset();
-    return;
-  }
-  // Stage 2/3: into the bucket; the staging buffer is freed once every piece is packed.
-  submit_unit(unit, us.staging.data(), model_dtype_);
-}
-
-// Submits the unit's gradients in pieces no larger than a bucket.
-void EngineImpl::submit_unit(int unit, const void* unit_buffer, DType dtype) {
-  const UnitLayout& ul = layout_->unit(unit);
-  for (std::size_t b = 0; b < ul.slice_elems; b += bucket_chunk_capacity_) {
-    ++units_[static_cast<std::size_t>(unit)].unpacked;
-  }
-  for (std::size_t b = 0; b < ul.slice_elems; b += bucket_chunk_capacity_) {
-    submit({{unit, b, std::min(ul.slice_elems, b + bucket_chunk_capacity_)}, unit_buffer, dtype});
-  }
-}
-
-void EngineImpl::submit(const BucketSource& source) {
-  if (open_bucket_elems_ + source.piece.size() > bucket_chunk_capacity_) flush_bucket();
-  open_bucket_.push_back(source);
-  open_bucket_elems_ += source.piece.size();
-}
-
-// Packs the open bucket as W rank chunks (chunk q = every piece's slice of rank q) in the
-// communication dtype and starts its reduction.
-void EngineImpl::flush_bucket() {
-  if (open_bucket_.empty()) return;
-  BucketSlot& slot = slots_[next_slot_];
-  next_slot_ = (next_slot_ + 1) % slots_.size();
-  if (slot.in_flight) finish_slot(slot);
-  ++timings_.buckets;
-  std::optional<ScopedTimer> pack_timer(std::in_place, timings_.pack_s);
-  const std::size_t W = static_cast<std::size_t>(world_);
-  const std::size_t chunk = open_bucket_elems_;
-  const std::size_t capacity = bucket_chunk_capacity_;
-  if (slot.send.empty()) {
-    slot.send = alloc(W * capacity, comm_dtype_, MemoryTag::Buckets);
-    if (stage_ != 0 && reduce_scatter_) slot.recv = alloc(capacity, comm_dtype_, MemoryTag::Buckets);
-  }
-  slot.pieces.clear();
-  for (std::size_t q = 0; q < W; ++q) {
-    std::size_t off = q * chunk;
-    for (const BucketSource& s : open_bucket_) {
-      const std::size_t S = layout_->unit(s.piece.unit).slice_elems;
-      const auto* src = static_cast<const std::byte*>(s.unit_buffer) +
-                        (q * S + s.piece.begin) * dtype_size(s.dtype);
-      combine(at(slot.send, comm_dtype_, off), comm_dtype_, src, s.dtype, s.piece.size(),
-              pack_scale_, false, exec_);
-      off += s.piece.size();
-    }
-  }
-  for (const BucketSource& s : open_bucket_) {
-    slot.pieces.push_back(s.piece);
-    UnitState& us = units_[static_cast<std::size_t>(s.piece.unit)];
-    if (--us.unpacked == 0 && stage_ >= 2) us.staging.reset();
-  }
-  slot.chunk_elems = chunk;
-  slot.accumulate = stage_ >= 2 && !window_first_reduction_;
-  pack_timer.reset();
-  if (W == 1) {
-    slot.work = Work();  // the sum over one rank is the bucket itself
-  } else if (stage_ != 0 && reduce_scatter_) {
-    slot.work = comm_.reduce_scatter(slot.send.data(), slot.recv.data(), chunk, comm_dtype_, reduce_op_);
-  } else {
-    slot.work = comm_.all_reduce(slot.send.data(), slot.send.data(), W * chunk, comm_dtype_, reduce_op_);
-  }
-  slot.in_flight = true;
-  open_bucket_.clear();
-  open_bucket_elems_ = 0;
-  if (!overlap_comm_) finish_slot(slot);
-}
-
-// Waits for a bucket's reduction and moves the reduced values into the partition gradients.
-void EngineImpl::finish_slot(BucketSlot& slot) {
-  {
-    ScopedTimer timer(timings_.reduce_wait_s);
-    slot.work.wait();
-  }
-  slot.in_flight = false;
-  ScopedTimer timer(timings_.unpack_s);
-  const bool own_chunk_in_recv = world_ > 1 && stage_ != 0 && reduce_scatter_;
-  for (int d = 0; d < num_domains(); ++d) {
-    const std::size_t q = static_cast<std::size_t>(domain_rank(d));
-    const std::byte* chunk = own_chunk_in_recv
-                                 ? static_cast<const std::byte*>(slot.recv.data())
-                                 : at(slot.send, comm_dtype_, q * slot.chunk_elems);
-    std::size_t off = 0;
-    for (const Piece& p : slot.pieces) {
-      combine(grad_at(d, p.unit, p.begin), accum_dtype_, chunk + off * dtype_size(comm_dtype_),
-              comm_dtype_, p.size(), consume_scale_, slot.accumulate, exec_);
-      off += p.size();
-    }
-  }
-}
-
-void EngineImpl::drain_buckets() {
-  flush_bucket();
-  for (BucketSlot& s : slots_) {
-    if (s.in_flight) finish_slot(s);
-  }
-}
-
-// Closes the micro-step's gradients: missing ones count as zero (or are an error), stage 2/3
-// reduce what is left in the bucket.
+// Closes the micro-step's gradients: missing ones count as zero (or are an error), then the
+// reducer ends the micro-step (stage 2/3: what is left in the buckets is reduced).
 void EngineImpl::finish_micro_step() {
   std::vector<std::string> missing;
   for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -462,24 +339,19 @@ void EngineImpl::finish_micro_step() {
   for (std::size_t u = num_units_; u-- > 0;) {
     UnitState& us = units_[u];
     if (us.pending == 0) continue;
-    const UnitLayout* ul = layout_unit(static_cast<int>(u));
-    if (us.staging.empty() && ul != nullptr && ul->padded_elems > 0) {
-      us.staging = alloc(ul->padded_elems, model_dtype_, MemoryTag::Gradients);
-      fill_zero(us.staging.data(), model_dtype_, ul->padded_elems);
-    }
-    for (std::size_t i : us.trainable) {
-      if (params_[i].ready || params_[i].numel == 0 || !params_[i].slot_out) continue;
-      // A slot handed out but never marked ready holds partial data: count it as zero.
-      const ParamPlacement& pl = layout_->placement(*params_[i].layout_index);
-      fill_zero(at(us.staging, model_dtype_, pl.offset), model_dtype_, pl.numel);
+    if (u < layout_units_) {
+      std::byte* staging = reducer_->staging(static_cast<int>(u));
+      for (std::size_t i : us.trainable) {
+        if (params_[i].ready || params_[i].numel == 0 || !params_[i].slot_out) continue;
+        // A slot handed out but never marked ready holds partial data: count it as zero.
+        const ParamPlacement& pl = layout_->placement(*params_[i].layout_index);
+        compute_.fill_zero(staging + pl.offset * dtype_size(model_dtype_), model_dtype_, pl.numel, exec_);
+      }
     }
     us.pending = 0;
-    unit_complete(static_cast<int>(u));
+    reducer_->unit_complete(static_cast<int>(u));
   }
-  if (stage_ >= 2) {
-    drain_buckets();
-    window_first_reduction_ = false;
-  }
+  reducer_->end_micro_step();
 }
 
 void EngineImpl::reset_micro_step() {
@@ -487,26 +359,55 @@ void EngineImpl::reset_micro_step() {
   for (UnitState& u : units_) u.pending = u.trainable.size();
 }
 
-void EngineImpl::all_gather_model() {
-  if (world_ == 1 || stage_ == 0 || stage_ == 3) return;
-  ScopedTimer timer(timings_.all_gather_s);
-  // Several units in flight, up to allgather_bucket_size elements.
-  const auto limit = static_cast<std::size_t>(std::max<std::int64_t>(cfg_.zero_optimization.allgather_bucket_elems, 1));
-  std::deque<std::pair<Work, std::size_t>> inflight;
-  std::size_t inflight_elems = 0;
-  for (std::size_t u = 0; u < layout_units_; ++u) {
-    const UnitLayout& ul = layout_->unit(static_cast<int>(u));
-    if (ul.padded_elems == 0) continue;
-    while (!inflight.empty() && inflight_elems + ul.padded_elems > limit) {
-      inflight.front().first.wait();
-      inflight_elems -= inflight.front().second;
-      inflight.pop_front();
+// ---------------------------------------------------------------------------------------------
+// step
+
+// Every collective that can fail runs here, before anything is written: the overflow vote and the
+// norm (over this rank's own slices, the same order at every stage), then every group's
+// coefficients are validated.
+EngineImpl::StepPlan EngineImpl::plan_step() {
+  StepPlan plan;
+  {
+    ScopedTimer timer(timings_.norm_s);
+    float overflow = 0.0f;
+    if (check_overflow_) {
+      overflow = optimizer_->has_overflow() ? 1.0f : 0.0f;
+      if (world_ > 1) comm_.all_reduce(&overflow, &overflow, 1, DType::F32, ReduceOp::Max).wait();
     }
-    inflight.emplace_back(comm_.all_gather_in_place(units_[u].model.data(), ul.slice_elems, model_dtype_),
-                          ul.padded_elems);
-    inflight_elems += ul.padded_elems;
+    plan.overflow = overflow != 0.0f;
+    double sumsq = 0.0;
+    if (!plan.overflow) {
+      sumsq = optimizer_->squared_norm();
+      if (world_ > 1) comm_.all_reduce(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum).wait();
+    }
+    plan.norm = std::sqrt(sumsq);
   }
-  for (auto& w : inflight) w.first.wait();
+  plan.scaler_after = *scaler_;
+  plan.scaler_after->update(plan.overflow);  // throws at min scale, state unchanged
+  if (plan.overflow) return plan;
+  double clip_coef = 1.0;
+  if (clip_ > 0 && std::isfinite(plan.norm)) {
+    clip_coef = std::max(1.0, (plan.norm / plan.scaler_after->scale() + 1e-6) / clip_);
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    GroupBase base{groups_[g].base_lr, std::nullopt};
+    const kernels::OptimizerHyper& h = groups_[g].hyper;
+    if (h.kind == kernels::OptimizerKind::Adam || h.kind == kernels::OptimizerKind::AdamW ||
+        h.kind == kernels::OptimizerKind::Lion) {
+      base.betas = std::array<double, 2>{h.beta1, h.beta2};
+    }
+    const ScheduledValues v = scheduled_values(schedule_, base, g, last_batch_iteration_);
+    kernels::OptimizerHyper hyper = h;
+    if (v.betas) {
+      hyper.beta1 = (*v.betas)[0];
+      hyper.beta2 = (*v.betas)[1];
+    }
+    kernels::StepScalars sc{v.lr, applied_steps_ + 1, 1.0 / (plan.scaler_after->scale() * clip_coef)};
+    (void)kernels::make_step_coeffs(hyper, sc);  // validates
+    plan.hypers.push_back(hyper);
+    plan.scalars.push_back(sc);
+  }
+  return plan;
 }
 
 StepResult EngineImpl::step() {
@@ -524,94 +425,30 @@ StepResult EngineImpl::step() {
     return result;
   }
   result.boundary = true;
-  if (stage_ <= 1) {
-    for (std::size_t u = layout_units_; u-- > 0;) {
-      submit_unit(static_cast<int>(u), units_[u].accum.data(), accum_dtype_);
-    }
-    drain_buckets();
-  }
-
-  // Every collective that can fail runs before anything is written. The overflow check and the
-  // norm walk this rank's slice of each unit in unit order, whatever the stage, so every stage
-  // sums the same numbers in the same order.
-  const int own = stage_ == 0 ? rank_ : 0;
-  std::optional<ScopedTimer> norm_timer(std::in_place, timings_.norm_s);
-  float overflow = 0.0f;
-  if (check_overflow_) {
-    for (std::size_t u = 0; u < layout_units_ && overflow == 0.0f; ++u) {
-      const std::size_t S = layout_->unit(static_cast<int>(u)).slice_elems;
-      if (S > 0 && kernels::unscale_and_check_cpu(grad_at(own, static_cast<int>(u), 0), accum_dtype_,
-                                                  S, 1.0f, exec_)) {
-        overflow = 1.0f;
-      }
-    }
-    if (world_ > 1) comm_.all_reduce(&overflow, &overflow, 1, DType::F32, ReduceOp::Max).wait();
-  }
-  double sumsq = 0.0;
-  if (overflow == 0.0f) {
-    for (std::size_t u = 0; u < layout_units_; ++u) {
-      const std::size_t S = layout_->unit(static_cast<int>(u)).slice_elems;
-      if (S > 0) sumsq += kernels::squared_l2_norm_cpu(grad_at(own, static_cast<int>(u), 0), accum_dtype_, S, exec_);
-    }
-    if (world_ > 1) comm_.all_reduce(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum).wait();
-  }
-
-  norm_timer.reset();
-
-  // Per-group coefficients, validated before any write.
-  std::vector<kernels::OptimizerHyper> hypers;
-  std::vector<kernels::StepScalars> scalars;
-  const double prev_scale = scaler_->scale();
-  LossScaler scaler_after = *scaler_;
-  scaler_after.update(overflow != 0.0f);  // throws at min scale, state unchanged
-  const double norm = std::sqrt(sumsq);
-  double clip_coef = 1.0;
-  if (clip_ > 0 && std::isfinite(norm)) {
-    clip_coef = std::max(1.0, (norm / scaler_after.scale() + 1e-6) / clip_);
-  }
-  if (overflow == 0.0f) {
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      GroupBase base{groups_[g].base_lr, std::nullopt};
-      const kernels::OptimizerHyper& h = groups_[g].hyper;
-      if (h.kind == kernels::OptimizerKind::Adam || h.kind == kernels::OptimizerKind::AdamW ||
-          h.kind == kernels::OptimizerKind::Lion) {
-        base.betas = std::array<double, 2>{h.beta1, h.beta2};
-      }
-      const ScheduledValues v = scheduled_values(schedule_, base, g, last_batch_iteration_);
-      kernels::OptimizerHyper hyper = h;
-      if (v.betas) {
-        hyper.beta1 = (*v.betas)[0];
-        hyper.beta2 = (*v.betas)[1];
-      }
-      kernels::StepScalars sc{v.lr, applied_steps_ + 1, 1.0 / (scaler_after.scale() * clip_coef)};
-      (void)kernels::make_step_coeffs(hyper, sc);  // validates
-      hypers.push_back(hyper);
-      scalars.push_back(sc);
-    }
-  }
+  if (stage_ <= 1) reducer_->reduce_window();
+  const StepPlan plan = plan_step();
 
   // Commit.
-  *scaler_ = scaler_after;
+  const double prev_scale = scaler_->scale();
+  *scaler_ = *plan.scaler_after;
   ++global_steps_;
   micro_in_window_ = 0;
-  window_first_reduction_ = true;
+  reducer_->start_window();
   reset_micro_step();
   result.global_steps = global_steps_;
-  result.grad_norm = norm / prev_scale;
-  if (overflow != 0.0f) {
+  result.grad_norm = plan.norm / prev_scale;
+  if (plan.overflow) {
     ++skipped_steps_;
     result.skipped = true;
     result.skipped_steps = skipped_steps_;
     result.grad_norm = std::numeric_limits<double>::quiet_NaN();
     return result;
   }
-  result.lr = scalars[0].lr;
-  std::optional<ScopedTimer> optimizer_timer(std::in_place, timings_.optimizer_s);
-  for (const OptimizerRun& run : runs_) {
-    const auto g = static_cast<std::size_t>(run.group);
-    optimizer_run(run, hypers[g], scalars[g]);
+  result.lr = plan.scalars[0].lr;
+  {
+    ScopedTimer timer(timings_.optimizer_s);
+    optimizer_->step(plan.hypers, plan.scalars);
   }
-  optimizer_timer.reset();
   ++applied_steps_;
   ++last_batch_iteration_;
   all_gather_model();
@@ -619,49 +456,33 @@ StepResult EngineImpl::step() {
   return result;
 }
 
-void EngineImpl::optimizer_run(const OptimizerRun& run, const kernels::OptimizerHyper& hyper,
-                               const kernels::StepScalars& scalars) {
-  const std::size_t off = domain_offset(run.domain) + layout_->unit(run.unit).partition_offset + run.begin;
-  const std::size_t n = run.end - run.begin;
-  std::byte* model_out = model_at(run);
-  const std::byte* grad = grad_at(run.domain, run.unit, run.begin);
-  kernels::OptimizerTensors t;
-  t.grad_dtype = accum_dtype_;
-  t.state_dtype = state_dtype_;
-  // A 16-bit model copy is written by the kernel, rounded once from the updated master.
-  if (model_dtype_ != DType::F32) t.param_out_dtype = model_dtype_;
-  constexpr std::size_t kTile = 1 << 16;
-  const std::size_t tile = master_dtype_ == DType::F32 ? std::max<std::size_t>(n, 1) : kTile;
-  for (std::size_t b = 0; b < n; b += tile) {
-    const std::size_t m = std::min(tile, n - b);
-    if (master_dtype_ == DType::F32) {
-      t.master = reinterpret_cast<float*>(master_at(off + b));
-    } else {
-      master_tile_.resize(m);
-      combine(master_tile_.data(), DType::F32, master_at(off + b), master_dtype_, m, 1.0f, false, exec_);
-      t.master = master_tile_.data();
+// Stages 1/2: every rank's updated slices of the model copy to every rank, several units in
+// flight up to allgather_bucket_size elements.
+void EngineImpl::all_gather_model() {
+  if (world_ == 1 || stage_ == 0 || stage_ == 3) return;
+  ScopedTimer timer(timings_.all_gather_s);
+  const std::size_t limit = std::max<std::size_t>(elems(cfg_.zero_optimization.allgather_bucket_elems), 1);
+  std::deque<std::pair<Work, std::size_t>> inflight;
+  std::size_t inflight_elems = 0;
+  for (std::size_t u = 0; u < layout_units_; ++u) {
+    const UnitLayout& ul = layout_->unit(static_cast<int>(u));
+    if (ul.padded_elems == 0) continue;
+    while (!inflight.empty() && inflight_elems + ul.padded_elems > limit) {
+      inflight.front().first.wait();
+      inflight_elems -= inflight.front().second;
+      inflight.pop_front();
     }
-    t.grad = grad + b * dtype_size(accum_dtype_);
-    if (!states_.empty()) t.state0 = state_at(0, off + b);
-    if (states_.size() > 1) t.state1 = state_at(1, off + b);
-    if (model_dtype_ != DType::F32) t.param_out = model_out + b * dtype_size(model_dtype_);
-    t.numel = m;
-    kernels::optimizer_step_cpu(hyper, scalars, t, exec_);
-    if (model_dtype_ == DType::F32) {
-      std::memcpy(model_out + b * sizeof(float), t.master, m * sizeof(float));
-    }
-    if (master_dtype_ != DType::F32) {
-      // The master keeps what the model copy got: the update rounded once to bf16.
-      combine(master_at(off + b), master_dtype_, t.master, DType::F32, m, 1.0f, false, exec_);
-    }
+    inflight.emplace_back(comm_.all_gather_in_place(units_[u].model.data(), ul.slice_elems, model_dtype_),
+                          ul.padded_elems);
+    inflight_elems += ul.padded_elems;
   }
+  for (auto& w : inflight) w.first.wait();
 }
 
-std::byte* EngineImpl::model_at(const OptimizerRun& run) const {
-  const UnitLayout& ul = layout_->unit(run.unit);
-  if (stage_ == 3) return at(model_part_, model_dtype_, ul.partition_offset + run.begin);
-  return at(units_[static_cast<std::size_t>(run.unit)].model, model_dtype_,
-            static_cast<std::size_t>(domain_rank(run.domain)) * ul.slice_elems + run.begin);
+void EngineImpl::refresh_model_from_master() {
+  optimizer_->write_model();
+  all_gather_model();
+  if (fetcher_) fetcher_->refresh_after_step();
 }
 
 double EngineImpl::current_lr(int group) const {
@@ -671,28 +492,34 @@ double EngineImpl::current_lr(int group) const {
   return scheduled_values(schedule_, base, static_cast<std::size_t>(group), last_batch_iteration_).lr;
 }
 
+// ---------------------------------------------------------------------------------------------
+// whole parameters
+
 std::vector<float> EngineImpl::gather_master(std::size_t param) {
   check_param(param, "gather_master");
   const ParamState& ps = params_[param];
   std::vector<float> out(ps.numel);
   if (!ps.layout_index) {
-    combine(out.data(), DType::F32, ps.frozen.data(), model_dtype_, ps.numel, 1.0f, false, exec_);
+    combine(out.data(), DType::F32, ps.frozen.data(), model_dtype_, ps.numel);
     return out;
   }
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
   const UnitLayout& ul = layout_->unit(pl.unit);
-  std::vector<std::byte> flat(ul.padded_elems * dtype_size(master_dtype_));
-  const std::size_t slice_bytes = ul.slice_elems * dtype_size(master_dtype_);
+  const DType master_dtype = optimizer_->master_dtype();
+  std::vector<std::byte> flat(ul.padded_elems * dtype_size(master_dtype));
+  const std::size_t slice_bytes = ul.slice_elems * dtype_size(master_dtype);
+  const std::size_t unit_offset_bytes = ul.partition_offset * dtype_size(master_dtype);
   if (stage_ == 0) {
     for (int d = 0; d < world_; ++d) {
       std::memcpy(flat.data() + static_cast<std::size_t>(d) * slice_bytes,
-                  master_at(domain_offset(d) + ul.partition_offset), slice_bytes);
+                  optimizer_->tensor_data(0, d) + unit_offset_bytes, slice_bytes);
     }
   } else if (ul.slice_elems > 0) {
-    comm_.all_gather(master_at(ul.partition_offset), flat.data(), ul.slice_elems, master_dtype_).wait();
+    comm_.all_gather(optimizer_->tensor_data(0, 0) + unit_offset_bytes, flat.data(), ul.slice_elems,
+                     master_dtype)
+        .wait();
   }
-  combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype_), master_dtype_,
-          ps.numel, 1.0f, false, exec_);
+  combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype), master_dtype, ps.numel);
   return out;
 }
 
@@ -727,6 +554,10 @@ std::unique_ptr<Engine> Engine::create(const config::DsConfig& config, Communica
   auto engine = std::make_unique<engine_detail::EngineImpl>(config, comm, device, params, options);
   engine->build(init, options);
   return engine;
+}
+
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  save_checkpoint(dir, tag, nlohmann::json::object());
 }
 
 }  // namespace zero

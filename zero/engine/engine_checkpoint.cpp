@@ -17,7 +17,9 @@
 #include <map>
 #include <memory>
 
-#include "kernels/cast.h"
+#include <nlohmann/json.hpp>
+
+#include "kernels/combine.h"
 #include "zero/dscheckpoint/deepspeed.h"
 #include "zero/engine/engine_impl.h"
 
@@ -160,7 +162,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
   // This rank's file.
   const std::vector<std::string> names = state_names(groups_[0].hyper);
   const std::size_t P = partition_elems();
-  const std::size_t own = domain_offset(stage_ == 0 ? rank_ : 0);
+  const int own = optimizer_->own_domain();
   ckpt::RankFile mine{rank_, ckpt::rank_file_name(rank_, world_), {}};
   try {
     std::vector<io::TensorDecl> decls{{"master", DType::F32, {static_cast<std::int64_t>(P)}}};
@@ -183,12 +185,11 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       std::vector<float> tile(std::min<std::size_t>(P, 1 << 20));
       for (std::size_t b = 0; b < P; b += tile.size()) {
         const std::size_t m = std::min(tile.size(), P - b);
-        combine(tile.data(), DType::F32, data + b * dtype_size(dtype), dtype, m, 1.0f, false, exec_);
+        combine(tile.data(), DType::F32, data + b * dtype_size(dtype), dtype, m);
         w.append(tile.data(), m * sizeof(float));
       }
     };
-    append_f32(master_at(own), master_dtype_);
-    for (std::size_t k = 0; k < names.size(); ++k) append_f32(state_at(k, own), state_dtype_);
+    for (int t = 0; t < optimizer_->tensors(); ++t) append_f32(optimizer_->tensor_data(t, own), optimizer_->tensor_dtype(t));
     for (std::size_t i : frozen) w.append(params_[i].frozen.data(), params_[i].frozen.size_bytes());
     w.finish();
     for (std::size_t k = 0; k < decls.size(); ++k) {
@@ -290,15 +291,6 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
   agree_on_failure(error);
 }
 
-void EngineImpl::refresh_model_from_master() {
-  for (const OptimizerRun& run : runs_) {
-    const std::size_t off = domain_offset(run.domain) + layout_->unit(run.unit).partition_offset + run.begin;
-    combine(model_at(run), model_dtype_, master_at(off), master_dtype_, run.end - run.begin, 1.0f, false, exec_);
-  }
-  all_gather_model();
-  if (fetcher_) fetcher_->refresh_after_step();
-}
-
 namespace {
 
 // What a load reads, whatever wrote it: zero's own checkpoints, or DeepSpeed's.
@@ -357,7 +349,7 @@ class ZeroSource final : public LoadSource {
       r_.read_param(p, "master", 0, v.size(), v.data());
     } else {
       const std::vector<std::byte> raw = r_.read_frozen(p);
-      combine(v.data(), DType::F32, raw.data(), e.dtype, v.size(), 1.0f, false, {});
+      kernels::combine_cpu(v.data(), DType::F32, raw.data(), e.dtype, v.size(), 1.0f, false, {});
     }
     return v;
   }
@@ -515,7 +507,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       if (params_[i].layout_index) continue;
       const std::vector<float> v = source->read_frozen(from[i]);
       frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
-      combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size(), 1.0f, false, exec_);
+      combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size());
     }
     // Padding positions keep the optimizer's initial state values.
     for (std::size_t k = 0; k < names.size(); ++k) {
@@ -538,10 +530,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   agree_on_failure(error);
 
   // Commit.
-  combine(master_.data(), master_dtype_, tensors[0].data(), DType::F32, domains * P, 1.0f, false, exec_);
-  for (std::size_t k = 0; k < names.size(); ++k) {
-    combine(states_[k].data(), state_dtype_, tensors[k + 1].data(), DType::F32, domains * P, 1.0f, false, exec_);
-  }
+  for (std::size_t k = 0; k < tensors.size(); ++k) optimizer_->assign(static_cast<int>(k), tensors[k]);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (!frozen[i].empty()) std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());
   }
@@ -553,7 +542,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   // config's scale.
   if (scaler_->dynamic() && counters.scaler) scaler_->restore(*counters.scaler);
   micro_in_window_ = 0;
-  window_first_reduction_ = true;
+  reducer_->start_window();
   reset_micro_step();
   refresh_model_from_master();
   return source->client_state();

@@ -1,28 +1,36 @@
-// The engine's private class, shared by engine.cpp (stages, steps) and engine_checkpoint.cpp
-// (save and load). Not a public header: embeddings use zero/engine.h.
+// The engine's private class, shared by engine.cpp (specs, micro-step sequencing, the step) and
+// engine_checkpoint.cpp (save and load). Not a public header: embeddings use zero/engine.h.
+//
+// EngineImpl keeps the API, the specs, the order of a step ("every collective that can fail runs
+// before the first write"), the loss scaler, the LR schedule and the checkpoints; the data flow
+// lives in three parts, each usable alone:
+//   forward   ParamFetcher        (stage 3: units gathered on demand, prefetched by trace)
+//   backward  GradientReducer     (staging, accumulation, buckets, reduce-scatter)
+//   step      PartitionOptimizer  (master weights, optimizer states, partition gradients)
+// The engine owns the model copy and maps (domain, unit, offset) to it and to the gradients for
+// the other two (SliceMap).
 #pragma once
 
-#include <chrono>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "kernels/optimizer.h"
+#include "config/ds_config.h"
+#include "kernels/compute.h"
+#include "zero/base/error.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/engine.h"
-#include "zero/engine/elementwise.h"
+#include "zero/engine/gradient_reducer.h"
 #include "zero/engine/optimizer_setup.h"
 #include "zero/engine/param_fetcher.h"
-#include "zero/base/error.h"
+#include "zero/engine/partition_optimizer.h"
+#include "zero/engine/slice_map.h"
 #include "zero/layout/flat_layout.h"
 #include "zero/schedule/loss_scaler.h"
 #include "zero/schedule/lr_schedule.h"
 
 namespace zero::engine_detail {
-
-
 
 // Every unit is padded so each rank's slice is a multiple of 16 elements (64 bytes of fp32):
 // slices, and so partitions, start cache-line aligned.
@@ -41,37 +49,11 @@ inline std::byte* at(const Buffer& b, DType t, std::size_t elem) {
   return static_cast<std::byte*>(b.data()) + elem * dtype_size(t);
 }
 
-// A run [begin, end) of a unit's slice, the same on every rank (offsets inside the slice).
-struct Piece {
-  int unit = 0;
-  std::size_t begin = 0;
-  std::size_t end = 0;
-  std::size_t size() const { return end - begin; }
-};
-
-// A run of one rank's slice of a unit that belongs to one param group (alignment gaps and
-// padding join a neighbouring run; their master and gradient values are zero and stay zero).
-struct OptimizerRun {
-  int domain = 0;  // whose partition: the rank itself, or any rank at stage 0
-  int unit = 0;
-  std::size_t begin = 0;
-  std::size_t end = 0;
-  int group = 0;
-};
-
-// Where a gradient bucket's pieces come from on this rank.
-struct BucketSource {
-  Piece piece;
-  const void* unit_buffer = nullptr;  // the unit's flat gradient buffer (W slices)
-  DType dtype = DType::F32;
-};
-
-class EngineImpl final : public Engine {
+class EngineImpl final : public Engine, private SliceMap {
  public:
   EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& device,
-             std::span<const ParamSpec> params, const EngineOptions& options)
-      : cfg_(cfg), comm_(comm), device_(device), exec_(options.exec),
-        specs_(params.begin(), params.end()) {}
+             std::span<const ParamSpec> params, const EngineOptions& options);
+  ~EngineImpl() override;
 
   void build(const InitFn& init, const EngineOptions& options);
 
@@ -118,21 +100,14 @@ class EngineImpl final : public Engine {
   struct UnitState {
     std::vector<std::size_t> trainable;  // spec indices, ascending
     std::size_t pending = 0;             // trainable params not yet ready this micro-step
-    Buffer staging;                      // this micro-step's gradients, unit-flat, model dtype
     Buffer model;                        // stages 0–2: the full model copy, unit-flat
-    Buffer accum;                        // stages 0/1: the window's accumulated gradients
-    std::size_t unpacked = 0;            // stage 2/3: pieces submitted but not yet packed
   };
-  // One in-flight bucket reduction.
-  struct BucketSlot {
-    Buffer send;
-    Buffer recv;
-    std::vector<Piece> pieces;
-    std::size_t chunk_elems = 0;  // per-rank elements of the reduction in flight
-    Work work;
-    bool in_flight = false;
-    bool accumulate = false;
-  };
+
+  // SliceMap: stage 0 reduces in place in the reducer's accumulation buffers (domain d at d·S);
+  // stages 1–3 into the optimizer's partition. The model copy is the unit's full buffer at
+  // stages 0–2 and this rank's slice of it at stage 3.
+  std::byte* gradient(int domain, int unit, std::size_t slice_offset) override;
+  std::byte* model(int domain, int unit, std::size_t slice_offset) override;
 
   void check_param(std::size_t param, const char* what) const {
     ZERO_CHECK(param < specs_.size(), "{}: unknown parameter id {} (the engine has {} parameters)",
@@ -143,60 +118,47 @@ class EngineImpl final : public Engine {
                "{}: unknown unit {} (the engine has units 0..{}) on rank {}", what, unit,
                static_cast<long long>(num_units_) - 1, rank_);
   }
-  const UnitLayout* layout_unit(int unit) const {
-    return static_cast<std::size_t>(unit) < layout_units_ ? &layout_->unit(unit) : nullptr;
-  }
   std::size_t partition_elems() const { return layout_->partition_elems(); }
-  // Elements of domain d's partition start here in master_/states_/grads_.
+  int num_domains() const { return optimizer_->domains(); }
+  int domain_rank(int domain) const { return optimizer_->domain_rank(domain); }
+  // Elements of domain d's partition start here in the optimizer's tensors.
   std::size_t domain_offset(int domain) const {
-    return stage_ == 0 ? static_cast<std::size_t>(domain) * partition_elems() : 0;
+    return static_cast<std::size_t>(domain) * partition_elems();
   }
-  int num_domains() const { return stage_ == 0 ? world_ : 1; }
-  // The reduced gradient of domain d's slice of `unit`, from `slice_offset` on. Stage 0 reduces
-  // in place in the full accumulation buffers; other stages into the partition buffer.
-  std::byte* grad_at(int domain, int unit, std::size_t slice_offset) const {
-    const UnitLayout& ul = layout_->unit(unit);
-    if (stage_ == 0) {
-      return at(units_[static_cast<std::size_t>(unit)].accum, accum_dtype_,
-                static_cast<std::size_t>(domain) * ul.slice_elems + slice_offset);
-    }
-    return at(grads_, accum_dtype_, ul.partition_offset + slice_offset);
-  }
-  int domain_rank(int domain) const { return stage_ == 0 ? domain : rank_; }
-
-  void init_state(const InitFn& init);
-  // Where an optimizer run's slice of the low-precision model copy lives.
-  std::byte* model_at(const OptimizerRun& run) const;
-  std::byte* master_at(std::size_t elem) const { return at(master_, master_dtype_, elem); }
-  std::byte* state_at(std::size_t k, std::size_t elem) const { return at(states_[k], state_dtype_, elem); }
-  // One optimizer run; with 16-bit master weights, in fp32 tiles written back rounded.
-  void optimizer_run(const OptimizerRun& run, const kernels::OptimizerHyper& hyper,
-                     const kernels::StepScalars& scalars);
-  std::vector<float> master_tile_;
-  // Checkpoints (engine_checkpoint.cpp).
-  ckpt::Manifest describe(const std::string& tag) const;
-  void refresh_model_from_master();
-  // Collective: when any rank's `local_error` is non-empty, every rank throws IoError with the
-  // first failing rank's message.
-  void agree_on_failure(const std::string& local_error);
-  void build_runs();
   Buffer alloc(std::size_t elems, DType dtype, MemoryTag tag, MemoryKind kind = MemoryKind::Device) {
     return device_.allocate(elems * dtype_size(dtype), kind, tag);
   }
+  void combine(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t numel) const {
+    compute_.combine(dst, dst_dtype, src, src_dtype, numel, 1.0f, false, exec_);
+  }
 
-  void unit_complete(int unit);
-  void submit_unit(int unit, const void* unit_buffer, DType dtype);
-  void submit(const BucketSource& source);
-  void flush_bucket();
-  void finish_slot(BucketSlot& slot);
-  void drain_buckets();
+  void read_options(const EngineOptions& options);
+  void register_specs(const EngineOptions& options);
+  void init_state(const InitFn& init);
   void finish_micro_step();
-  void all_gather_model();
   void reset_micro_step();
+  // Collective, before any write: overflow vote, squared norm and every group's coefficients.
+  struct StepPlan {
+    bool overflow = false;
+    double norm = 0;  // of the scaled gradients
+    std::optional<LossScaler> scaler_after;
+    std::vector<kernels::OptimizerHyper> hypers;
+    std::vector<kernels::StepScalars> scalars;
+  };
+  StepPlan plan_step();
+  void all_gather_model();
+  void refresh_model_from_master();
+
+  // Checkpoints (engine_checkpoint.cpp).
+  ckpt::Manifest describe(const std::string& tag) const;
+  // Collective: when any rank's `local_error` is non-empty, every rank throws IoError with the
+  // first failing rank's message.
+  void agree_on_failure(const std::string& local_error);
 
   const config::DsConfig cfg_;
   Communicator& comm_;
   Device& device_;
+  const kernels::ComputeKernels& compute_;
   kernels::CpuExec exec_;
   std::vector<ParamSpec> specs_;
 
@@ -205,24 +167,14 @@ class EngineImpl final : public Engine {
   int world_ = 1;
   int gas_ = 1;
   DType model_dtype_ = DType::F32;
-  DType accum_dtype_ = DType::F32;
-  DType comm_dtype_ = DType::F32;
-  // fp32, or bf16 with bf16.bf16_master_weights_and_grads / bf16.bf16_optimizer_states.
-  DType master_dtype_ = DType::F32;
-  DType state_dtype_ = DType::F32;
   bool check_overflow_ = false;
-  bool overlap_comm_ = false;
-  bool reduce_scatter_ = true;
   bool ignore_unused_ = true;
-  // Where the optimizer's partition (master, states, reduced gradients) and, at stage 3, the
-  // model copy's own slices live: the device, or host memory with offload ("cpu"; "nvme" at
-  // stages 1/2 too, as DeepSpeed does). On a CpuDevice both are host memory; the ledger says which.
-  MemoryKind optimizer_kind_ = MemoryKind::Device;
+  // Where the stage-3 model copy's own slices live: the device, or host memory with
+  // offload_param. (offload_optimizer places the optimizer's partition: PartitionOptions::kind.)
   MemoryKind param_kind_ = MemoryKind::Device;
   double clip_ = 0;
-  ReduceOp reduce_op_ = ReduceOp::Avg;
-  float pack_scale_ = 1.0f;     // prescale_gradients / gradient_predivide_factor, before the sum
-  float consume_scale_ = 1.0f;  // ... and after it
+  ReducerOptions reducer_options_;
+  PartitionOptions partition_options_;
 
   std::optional<FlatLayout> layout_;
   std::size_t num_units_ = 0;
@@ -230,22 +182,13 @@ class EngineImpl final : public Engine {
   std::vector<ParamState> params_;
   std::vector<UnitState> units_;
   std::vector<std::size_t> layout_to_spec_;
-  std::vector<OptimizerRun> runs_;
-
-  Buffer master_;
-  std::vector<Buffer> states_;
-  Buffer grads_;       // stages 1–3: reduced gradients of the partition, accum dtype
   Buffer model_part_;  // stage 3: own slices of the model copy
-  std::unique_ptr<engine_detail::ParamFetcher> fetcher_;  // stage 3
 
-  std::size_t bucket_chunk_capacity_ = 0;  // per-rank elements a bucket holds
-  std::vector<BucketSource> open_bucket_;
-  std::size_t open_bucket_elems_ = 0;
-  std::vector<BucketSlot> slots_;
-  std::size_t next_slot_ = 0;
-  bool window_first_reduction_ = true;  // stage 2/3: first micro-step of the window assigns
+  std::unique_ptr<PartitionOptimizer> optimizer_;
+  std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<ParamFetcher> fetcher_;  // stage 3
 
-  std::vector<engine_detail::GroupOptimizer> groups_;
+  std::vector<GroupOptimizer> groups_;
   LrScheduleParams schedule_;
   std::optional<LossScaler> scaler_;
   std::int64_t micro_in_window_ = 0;
@@ -255,21 +198,5 @@ class EngineImpl final : public Engine {
   std::int64_t last_batch_iteration_ = -1;
   EngineTimings timings_;
 };
-
-// Adds the wall time of its scope to one EngineTimings field.
-class ScopedTimer {
- public:
-  explicit ScopedTimer(double& into) : into_(into), start_(std::chrono::steady_clock::now()) {}
-  ~ScopedTimer() {
-    into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
-  ScopedTimer(const ScopedTimer&) = delete;
-  ScopedTimer& operator=(const ScopedTimer&) = delete;
-
- private:
-  double& into_;
-  std::chrono::steady_clock::time_point start_;
-};
-
 
 }  // namespace zero::engine_detail

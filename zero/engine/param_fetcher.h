@@ -29,7 +29,7 @@
 #include "zero/comm/communicator.h"
 #include "zero/device/device.h"
 #include "zero/base/dtype.h"
-#include "zero/engine.h"
+#include "zero/engine_timings.h"
 #include "zero/layout/flat_layout.h"
 
 namespace zero::engine_detail {

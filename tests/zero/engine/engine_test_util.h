@@ -113,7 +113,7 @@ inline TrainResult train(const TrainSpec& spec) {
     auto device = make_device("cpu", r);
     EngineOptions options;
     options.groups = spec.groups;
-    options.exec.threads = 1;
+    options.kernel_threads = 1;
     auto engine = Engine::create(
         cfg, comm, *device, specs,
         [&](std::size_t i, std::span<float> out) { init_param(shape, i, spec.seed, 0, out); },

@@ -53,7 +53,7 @@ Stage3Run run_layers(const json& cfg_json, int world, int steps,
       try {
         auto device = make_device("cpu", r);
         EngineOptions options;
-        options.exec.threads = 1;
+        options.kernel_threads = 1;
         auto engine = Engine::create(
             cfg, comm, *device, specs,
             [](std::size_t i, std::span<float> v) {

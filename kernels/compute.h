@@ -1,0 +1,39 @@
+// The compute seam: every kernel the engine calls, as one small table a backend provides
+// (STYLE.md: a backend is a table of operations). The engine takes the table once from its
+// Device (Device::compute()) and never names a backend's kernels itself, so a CUDA table can
+// stand in for the CPU one without a branch in the engine.
+//
+// Every entry has the contract of the CPU function it points to (kernels/optimizer.h,
+// unscale.h, norm.h, combine.h); all backends give bitwise the same results. Memory passed in
+// must be addressable by the backend (host memory for the CPU table). `exec` says how the
+// calling rank runs CPU kernels (threads, ISA); a GPU table will take its stream from there.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "kernels/isa.h"
+#include "kernels/optimizer.h"
+#include "zero/base/dtype.h"
+
+namespace zero::kernels {
+
+struct ComputeKernels {
+  std::string_view backend;  // "cpu", "cuda"
+  void (*optimizer_step)(const OptimizerHyper& hyper, const StepScalars& scalars,
+                         const OptimizerTensors& tensors, const CpuExec& exec);
+  // data[i] ← data[i]·scale in place; true when a result is ±inf or NaN.
+  bool (*unscale_and_check)(void* data, DType dtype, std::size_t numel, float scale,
+                            const CpuExec& exec);
+  // Σ data[i]² in double, in a fixed order.
+  double (*squared_l2_norm)(const void* data, DType dtype, std::size_t numel, const CpuExec& exec);
+  // dst ← src·scale (+ dst with accumulate), rounded once to dst's dtype.
+  void (*combine)(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t numel,
+                  float scale, bool accumulate, const CpuExec& exec);
+  void (*fill_zero)(void* dst, DType dtype, std::size_t numel, const CpuExec& exec);
+};
+
+// The table of the CPU kernels (SIMD and OpenMP, ISA chosen per call from exec.isa).
+const ComputeKernels& cpu_compute_kernels();
+
+}  // namespace zero::kernels

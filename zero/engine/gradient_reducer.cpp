@@ -1,0 +1,198 @@
+#include "zero/engine/gradient_reducer.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "zero/base/error.h"
+#include "zero/engine/scoped_timer.h"
+
+namespace zero::engine_detail {
+namespace {
+
+std::byte* at(const Buffer& b, DType t, std::size_t elem) {
+  return static_cast<std::byte*>(b.data()) + elem * dtype_size(t);
+}
+
+}  // namespace
+
+GradientReducer::GradientReducer(Communicator& comm, Device& device,
+                                 const kernels::ComputeKernels& compute, const FlatLayout& layout,
+                                 const ReducerOptions& options, SliceMap& target,
+                                 EngineTimings& timings)
+    : comm_(comm), device_(device), compute_(compute), layout_(layout), options_(options),
+      target_(target), timings_(timings), rank_(comm.rank()), world_(comm.size()),
+      units_(layout.num_units()), slots_(options.overlap_comm ? 2 : 1) {
+  ZERO_CHECK(layout.world_size() == world_,
+             "GradientReducer: the layout is for {} ranks but the communicator has {}",
+             layout.world_size(), world_);
+  // A bucket holds reduce_bucket_size elements, never more than the whole model needs.
+  const std::size_t total = layout.total_padded_elems();
+  const std::size_t bucket = std::max<std::size_t>(options.bucket_elems, 1);
+  chunk_capacity_ = std::max<std::size_t>(1, std::min(bucket, total) / static_cast<std::size_t>(world_));
+  if (options_.stage <= 1) {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const std::size_t n = layout.unit(static_cast<int>(u)).padded_elems;
+      units_[u].accum = alloc(n, options_.accum_dtype);
+      compute_.fill_zero(units_[u].accum.data(), options_.accum_dtype, n, options_.exec);
+    }
+  }
+}
+
+GradientReducer::~GradientReducer() {
+  // A reduction may still read or write the slot buffers.
+  for (Slot& s : slots_) {
+    if (!s.in_flight) continue;
+    try {
+      s.work.wait();
+    } catch (...) {
+    }
+  }
+}
+
+Buffer GradientReducer::alloc(std::size_t elems, DType dtype) {
+  return device_.allocate(elems * dtype_size(dtype), MemoryKind::Device, MemoryTag::Gradients);
+}
+
+std::byte* GradientReducer::staging(int unit) {
+  UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
+  const std::size_t n = layout_.unit(unit).padded_elems;
+  if (n == 0) return nullptr;
+  if (ub.staging.empty()) {
+    ub.staging = alloc(n, options_.grad_dtype);
+    compute_.fill_zero(ub.staging.data(), options_.grad_dtype, n, options_.exec);
+  }
+  return static_cast<std::byte*>(ub.staging.data());
+}
+
+std::byte* GradientReducer::accumulated(int unit) const {
+  return static_cast<std::byte*>(units_[static_cast<std::size_t>(unit)].accum.data());
+}
+
+void GradientReducer::unit_complete(int unit) {
+  if (static_cast<std::size_t>(unit) >= units_.size()) return;
+  UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
+  const std::size_t n = layout_.unit(unit).padded_elems;
+  if (n == 0) return;
+  if (options_.stage <= 1) {
+    ScopedTimer timer(timings_.accumulate_s);
+    compute_.combine(ub.accum.data(), options_.accum_dtype, ub.staging.data(), options_.grad_dtype, n,
+                     1.0f, !window_first_micro_, options_.exec);
+    ub.staging.reset();
+    return;
+  }
+  // Into the buckets; the staging buffer is freed once every piece is packed.
+  submit_unit(unit, ub.staging.data(), options_.grad_dtype);
+}
+
+void GradientReducer::end_micro_step() {
+  if (options_.stage >= 2) drain();
+  window_first_micro_ = false;
+}
+
+void GradientReducer::reduce_window() {
+  ZERO_ASSERT(options_.stage <= 1);
+  for (std::size_t u = units_.size(); u-- > 0;) {
+    submit_unit(static_cast<int>(u), units_[u].accum.data(), options_.accum_dtype);
+  }
+  drain();
+}
+
+void GradientReducer::start_window() { window_first_micro_ = true; }
+
+// Submits the unit's slices in pieces no larger than a bucket's per-rank capacity.
+void GradientReducer::submit_unit(int unit, const void* buffer, DType dtype) {
+  const std::size_t S = layout_.unit(unit).slice_elems;
+  for (std::size_t b = 0; b < S; b += chunk_capacity_) ++units_[static_cast<std::size_t>(unit)].unpacked;
+  for (std::size_t b = 0; b < S; b += chunk_capacity_) {
+    submit({{unit, b, std::min(S, b + chunk_capacity_)}, buffer, dtype});
+  }
+}
+
+void GradientReducer::submit(const Source& source) {
+  if (open_elems_ + source.piece.size() > chunk_capacity_) flush_bucket();
+  open_.push_back(source);
+  open_elems_ += source.piece.size();
+}
+
+// Packs the open bucket as W rank chunks in the communication dtype and starts its reduction.
+void GradientReducer::flush_bucket() {
+  if (open_.empty()) return;
+  Slot& slot = slots_[next_slot_];
+  next_slot_ = (next_slot_ + 1) % slots_.size();
+  if (slot.in_flight) finish(slot);
+  ++timings_.buckets;
+  std::optional<ScopedTimer> pack_timer(std::in_place, timings_.pack_s);
+  const auto W = static_cast<std::size_t>(world_);
+  const DType comm_dtype = options_.comm_dtype;
+  const std::size_t chunk = open_elems_;
+  if (slot.send.empty()) {
+    slot.send = device_.allocate(W * chunk_capacity_ * dtype_size(comm_dtype), MemoryKind::Device,
+                                 MemoryTag::Buckets);
+    if (options_.stage != 0 && options_.reduce_scatter) {
+      slot.recv = device_.allocate(chunk_capacity_ * dtype_size(comm_dtype), MemoryKind::Device,
+                                   MemoryTag::Buckets);
+    }
+  }
+  slot.pieces.clear();
+  for (std::size_t q = 0; q < W; ++q) {
+    std::size_t off = q * chunk;
+    for (const Source& s : open_) {
+      const std::size_t S = layout_.unit(s.piece.unit).slice_elems;
+      const auto* src = static_cast<const std::byte*>(s.unit_buffer) + (q * S + s.piece.begin) * dtype_size(s.dtype);
+      compute_.combine(at(slot.send, comm_dtype, off), comm_dtype, src, s.dtype, s.piece.size(),
+                       options_.pack_scale, false, options_.exec);
+      off += s.piece.size();
+    }
+  }
+  for (const Source& s : open_) {
+    slot.pieces.push_back(s.piece);
+    UnitBuffers& ub = units_[static_cast<std::size_t>(s.piece.unit)];
+    if (--ub.unpacked == 0 && options_.stage >= 2) ub.staging.reset();
+  }
+  slot.chunk_elems = chunk;
+  slot.accumulate = options_.stage >= 2 && !window_first_micro_;
+  pack_timer.reset();
+  if (W == 1) {
+    slot.work = Work();  // the sum over one rank is the bucket itself
+  } else if (options_.stage != 0 && options_.reduce_scatter) {
+    slot.work = comm_.reduce_scatter(slot.send.data(), slot.recv.data(), chunk, comm_dtype, options_.op);
+  } else {
+    slot.work = comm_.all_reduce(slot.send.data(), slot.send.data(), W * chunk, comm_dtype, options_.op);
+  }
+  slot.in_flight = true;
+  open_.clear();
+  open_elems_ = 0;
+  if (!options_.overlap_comm) finish(slot);
+}
+
+// Waits for a bucket's reduction and lands the reduced values in the target.
+void GradientReducer::finish(Slot& slot) {
+  {
+    ScopedTimer timer(timings_.reduce_wait_s);
+    slot.work.wait();
+  }
+  slot.in_flight = false;
+  ScopedTimer timer(timings_.unpack_s);
+  const DType comm_dtype = options_.comm_dtype;
+  for (int d = 0; d < domains(); ++d) {
+    const auto q = static_cast<std::size_t>(domain_rank(d));
+    const std::byte* chunk = scatters() ? static_cast<const std::byte*>(slot.recv.data())
+                                        : at(slot.send, comm_dtype, q * slot.chunk_elems);
+    std::size_t off = 0;
+    for (const Piece& p : slot.pieces) {
+      compute_.combine(target_.gradient(d, p.unit, p.begin), options_.accum_dtype,
+                       chunk + off * dtype_size(comm_dtype), comm_dtype, p.size(), options_.consume_scale,
+                       slot.accumulate, options_.exec);
+      off += p.size();
+    }
+  }
+}
+
+void GradientReducer::drain() {
+  flush_bucket();
+  for (Slot& s : slots_) {
+    if (s.in_flight) finish(s);
+  }
+}
+
+}  // namespace zero::engine_detail

@@ -1,0 +1,148 @@
+// The backward half of the engine: a rank's gradients from the trainer's slots to the reduced
+// partition gradients (DESIGN.md §3, SPEC_DEEPSPEED.md §3.2–3.3).
+//
+// Per micro-step, each unit's gradients are written into a unit-flat staging buffer (model dtype,
+// all ranks' slices). When a unit is complete:
+//   stage 0/1  the staging buffer is added into the unit's accumulation buffer (accumulation
+//              dtype); at the accumulation boundary reduce_window() reduces every unit, in
+//              backward (descending) order.
+//   stage 2/3  the unit's slices are cut into pieces of at most one bucket's per-rank capacity and
+//              packed into the open bucket; a full bucket is packed as W rank chunks (chunk q =
+//              every piece's slice of rank q) in the communication dtype and reduce-scattered
+//              (all-reduced at stage 0 or with reduce_scatter off) while the trainer goes on.
+// With overlap_comm two bucket slots alternate, so one bucket is reduced while the next fills.
+// A finished reduction lands in the SliceMap the engine passes in: domain d's reduced chunk is
+// written to gradients(d, unit, offset), added to what is there for all but the first micro-step
+// of a window at stages 2/3. Packing scales by pack_scale before the sum, landing by
+// consume_scale after it (prescale_gradients, gradient_predivide_factor).
+//
+// Collectives: unit_complete() (stage 2/3: a full bucket), end_micro_step() and reduce_window()
+// issue reductions; every rank must complete the same units in the same order (the engine's
+// micro-step contract). Thread safety: the rank's thread only. Buffers handed to a reduction
+// stay alive until it completes, also when the reducer is destroyed with one in flight.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "kernels/compute.h"
+#include "zero/base/dtype.h"
+#include "zero/comm/communicator.h"
+#include "zero/device/device.h"
+#include "zero/engine/slice_map.h"
+#include "zero/engine_timings.h"
+#include "zero/layout/flat_layout.h"
+
+namespace zero::engine_detail {
+
+struct ReducerOptions {
+  int stage = 0;
+  DType grad_dtype = DType::F32;   // the trainer's gradients: the model dtype
+  DType accum_dtype = DType::F32;  // data_types.grad_accum_dtype (default: the model dtype)
+  DType comm_dtype = DType::F32;   // communication_data_type
+  std::size_t bucket_elems = 500'000'000;  // reduce_bucket_size: elements of all ranks' chunks
+  bool overlap_comm = false;
+  bool reduce_scatter = true;  // false: all-reduce, and each rank takes its own chunk
+  ReduceOp op = ReduceOp::Avg;
+  float pack_scale = 1.0f;
+  float consume_scale = 1.0f;
+  kernels::CpuExec exec;
+};
+
+class GradientReducer {
+ public:
+  // REQUIRES: comm, device, compute, layout, target and timings outlive the reducer; the
+  // layout's world size is comm.size().
+  GradientReducer(Communicator& comm, Device& device, const kernels::ComputeKernels& compute,
+                  const FlatLayout& layout, const ReducerOptions& options, SliceMap& target,
+                  EngineTimings& timings);
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Per-rank elements one bucket holds (the pieces a unit's slice is cut into).
+  std::size_t bucket_chunk_capacity() const { return chunk_capacity_; }
+
+  // This micro-step's gradient buffer of `unit` (layout.unit(unit).padded_elems elements of the
+  // gradient dtype), allocated and zeroed on first use in a micro-step. Null for a unit with no
+  // elements. REQUIRES: unit < layout.num_units(); the unit is not complete in this micro-step.
+  std::byte* staging(int unit);
+
+  // Every gradient of `unit` is in staging(unit) for this micro-step. Stage 0/1: accumulated
+  // (the staging buffer is freed). Stage 2/3: submitted to the buckets (a full bucket starts a
+  // reduction). A unit without elements, or beyond the layout, is a no-op.
+  void unit_complete(int unit);
+
+  // The end of a micro-step's backward (every unit complete). Stage 2/3: reduces the open bucket
+  // and waits for every reduction; the partition gradients then hold this window's sum so far.
+  // Collective.
+  void end_micro_step();
+
+  // Stage 0/1, at the accumulation boundary: reduces every unit's accumulated gradients and
+  // waits. Collective.
+  void reduce_window();
+
+  // The next micro-step opens a new accumulation window: its results overwrite instead of add.
+  void start_window();
+
+  // Stage 0/1: unit `unit`'s accumulation buffer (all ranks' slices, accumulation dtype). At
+  // stage 0 reduce_window() all-reduces it in place, so it is also where the target's domain d
+  // lives (offset d·S). Null for a unit with no elements.
+  std::byte* accumulated(int unit) const;
+
+ private:
+  struct Piece {  // a run [begin, end) of a unit's slice, the same on every rank
+    int unit = 0;
+    std::size_t begin = 0;
+    std::size_t end = 0;
+    std::size_t size() const { return end - begin; }
+  };
+  struct Source {  // where a bucket piece comes from on this rank
+    Piece piece;
+    const void* unit_buffer = nullptr;  // the unit's flat buffer (W slices)
+    DType dtype = DType::F32;
+  };
+  struct Slot {  // one bucket reduction in flight
+    Buffer send;
+    Buffer recv;
+    std::vector<Piece> pieces;
+    std::size_t chunk_elems = 0;
+    Work work;
+    bool in_flight = false;
+    bool accumulate = false;
+  };
+  struct UnitBuffers {
+    Buffer staging;
+    Buffer accum;  // stage 0/1
+    std::size_t unpacked = 0;  // stage 2/3: pieces submitted but not yet packed
+  };
+
+  int domains() const { return options_.stage == 0 ? world_ : 1; }
+  int domain_rank(int domain) const { return options_.stage == 0 ? domain : rank_; }
+  bool scatters() const { return world_ > 1 && options_.stage != 0 && options_.reduce_scatter; }
+  Buffer alloc(std::size_t elems, DType dtype);
+  void submit_unit(int unit, const void* buffer, DType dtype);
+  void submit(const Source& source);
+  void flush_bucket();
+  void finish(Slot& slot);
+  void drain();
+
+  Communicator& comm_;
+  Device& device_;
+  const kernels::ComputeKernels& compute_;
+  const FlatLayout& layout_;
+  const ReducerOptions options_;
+  SliceMap& target_;
+  EngineTimings& timings_;
+  const int rank_;
+  const int world_;
+  std::size_t chunk_capacity_ = 1;
+  std::vector<UnitBuffers> units_;
+  std::vector<Source> open_;
+  std::size_t open_elems_ = 0;
+  std::vector<Slot> slots_;
+  std::size_t next_slot_ = 0;
+  bool window_first_micro_ = true;  // the current micro-step opened its window
+};
+
+}  // namespace zero::engine_detail

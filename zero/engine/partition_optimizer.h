@@ -1,0 +1,122 @@
+// The step half of the engine: one rank's optimizer partition (DESIGN.md §3, "Step at the
+// accumulation boundary").
+//
+// Owns the master weights (fp32, or bf16 with bf16.bf16_master_weights_and_grads), the optimizer
+// states (fp32, or bf16 with bf16.bf16_optimizer_states) and, at stages 1–3, the reduced gradient
+// partition (accumulation dtype), and decides where they live (the device, or pinned/pageable host
+// memory under offload_optimizer). A partition is one rank's slice of every unit in unit order
+// (FlatLayout); at stage 0 the optimizer holds every rank's partition (domains = world size), which
+// is what makes stages 0–3 bitwise comparable.
+//
+// The partition is walked as *runs*: for each domain and unit, the stretches of the slice whose
+// parameters share a param group (alignment gaps and padding join a neighbouring run; their master
+// and gradient values are zero and stay zero). step() runs the optimizer kernel once per run with
+// its group's coefficients and writes the low-precision model copy in the same pass (the fused
+// write); with 16-bit master weights it steps fp32 tiles and stores them rounded. The overflow
+// check and the squared norm walk the rank's own slices unit by unit, so every stage sums the same
+// numbers in the same order.
+//
+// Gradients are read, and the model copy written, through the engine's SliceMap. Nothing here is
+// collective. Thread safety: the rank's thread only.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/compute.h"
+#include "zero/base/dtype.h"
+#include "zero/device/device.h"
+#include "zero/engine/slice_map.h"
+#include "zero/layout/flat_layout.h"
+
+namespace zero::engine_detail {
+
+struct PartitionOptions {
+  int rank = 0;
+  bool every_domain = false;  // stage 0: hold and step every rank's partition
+  bool own_gradients = true;  // stages 1–3: the reduced gradient partition lives here
+  DType master_dtype = DType::F32;
+  DType state_dtype = DType::F32;
+  DType grad_dtype = DType::F32;   // the accumulation dtype
+  DType model_dtype = DType::F32;  // the low-precision copy step() writes
+  MemoryKind kind = MemoryKind::Device;  // where master, states and gradients live
+  // The optimizer of every group (param groups share a kind, so its state count and initial
+  // values come from here); hyper-parameters of each step come with step().
+  kernels::OptimizerHyper optimizer;
+  kernels::CpuExec exec;
+};
+
+class PartitionOptimizer {
+ public:
+  // Allocates the partition; states hold their initial value, gradients zero, master weights
+  // are set by set_master(). REQUIRES: device, compute, layout and slices outlive it.
+  PartitionOptimizer(Device& device, const kernels::ComputeKernels& compute,
+                     const FlatLayout& layout, const PartitionOptions& options, SliceMap& slices);
+
+  int domains() const { return domains_; }
+  // The rank whose partition domain `domain` is.
+  int domain_rank(int domain) const { return domains_ > 1 ? domain : options_.rank; }
+  // This rank's own domain.
+  int own_domain() const { return domains_ > 1 ? options_.rank : 0; }
+  std::size_t partition_elems() const { return partition_elems_; }
+  DType master_dtype() const { return options_.master_dtype; }
+  int state_count() const { return static_cast<int>(states_.size()); }
+
+  // Sets every domain's slice of `unit` from the unit's whole flat fp32 value
+  // (layout.unit(unit).padded_elems elements).
+  void set_master(int unit, std::span<const float> unit_flat);
+
+  // Stages 1–3: the reduced gradient of this rank's slice of `unit` from `slice_offset` on.
+  std::byte* gradient(int unit, std::size_t slice_offset) const;
+
+  // True when a gradient of the rank's own slices is ±inf or NaN (stops at the first).
+  bool has_overflow() const;
+  // Σ g² over the rank's own slices, unit by unit in unit order, in double.
+  double squared_norm() const;
+
+  // One optimizer step of every run: hypers[g] and scalars[g] for param group g (validated by
+  // the caller). Writes the master weights, states and the model copy.
+  void step(std::span<const kernels::OptimizerHyper> hypers,
+            std::span<const kernels::StepScalars> scalars);
+  // The model copy ← master weights, rounded (after a checkpoint load).
+  void write_model();
+
+  // Checkpoint access. Tensor 0 is the master weights, tensor k + 1 optimizer state k; each is
+  // domains() × partition_elems() elements, domain after domain, in tensor_dtype(t).
+  int tensors() const { return 1 + state_count(); }
+  DType tensor_dtype(int tensor) const;
+  const std::byte* tensor_data(int tensor, int domain) const;
+  // Replaces tensor `tensor` (domains() × partition_elems() fp32 values, rounded to its dtype).
+  void assign(int tensor, std::span<const float> values);
+
+ private:
+  struct Run {
+    int domain = 0;
+    int unit = 0;
+    std::size_t begin = 0;  // inside the unit's slice
+    std::size_t end = 0;
+    int group = 0;
+  };
+  void build_runs();
+  std::size_t partition_offset(int domain, int unit) const;
+  Buffer alloc(std::size_t elems, DType dtype, MemoryTag tag);
+  void step_run(const Run& run, const kernels::OptimizerHyper& hyper,
+                const kernels::StepScalars& scalars);
+
+  Device& device_;
+  const kernels::ComputeKernels& compute_;
+  const FlatLayout& layout_;
+  const PartitionOptions options_;
+  SliceMap& slices_;
+  const int domains_;
+  const std::size_t partition_elems_;
+  Buffer master_;
+  std::vector<Buffer> states_;
+  Buffer gradients_;  // own_gradients only
+  std::vector<Run> runs_;
+  std::vector<float> master_tile_;  // 16-bit master weights are stepped in fp32 tiles
+};
+
+}  // namespace zero::engine_detail

@@ -1,0 +1,24 @@
+// How the engine's parts address the buffers they share, by (domain, unit, offset in the slice).
+//
+// A *domain* is one rank's partition (its slice of every unit, in unit order): a rank steps only
+// its own partition (domain 0) at stages 1–3, and every rank's partition (domain r = rank r) at
+// stage 0, which keeps the whole model's optimizer state. The engine owns the mapping of a domain
+// to memory and hands it to GradientReducer (where reduced gradients land) and to
+// PartitionOptimizer (where it reads them and writes the updated low-precision copy).
+#pragma once
+
+#include <cstddef>
+
+namespace zero::engine_detail {
+
+class SliceMap {
+ public:
+  virtual ~SliceMap() = default;
+  // The reduced gradient of `domain`'s slice of `unit` from element `slice_offset` on, in the
+  // accumulation dtype; the slice's elements are contiguous.
+  virtual std::byte* gradient(int domain, int unit, std::size_t slice_offset) = 0;
+  // The low-precision model copy at the same positions, in the model dtype.
+  virtual std::byte* model(int domain, int unit, std::size_t slice_offset) = 0;
+};
+
+}  // namespace zero::engine_detail

@@ -1,0 +1,28 @@
+// EngineTimings: where one rank's engine spent its time (zero/engine.h, Engine::timings()). Its
+// own header so the engine's parts (zero/engine/) can count into it without the public API.
+#pragma once
+
+#include <cstdint>
+
+namespace zero {
+
+// Where this rank's time went since create() (or the last reset_timings()), wall-clock seconds
+// on the rank's thread. Communication that overlapped with compute shows only as the time spent
+// waiting for it.
+struct EngineTimings {
+  double pack_s = 0;            // gradients into buckets (cast to the communication dtype)
+  double reduce_wait_s = 0;     // waiting for bucket reductions
+  double unpack_s = 0;          // reduced buckets into the partition gradients
+  double accumulate_s = 0;      // stages 0/1: micro-step gradients into the accumulation buffer
+  double norm_s = 0;            // overflow check, squared norm and their all-reduces
+  double optimizer_s = 0;       // the optimizer kernels (with the low-precision write)
+  double all_gather_s = 0;      // stages 1/2: the updated model copy to every rank
+  double gather_s = 0;          // stage 3: time inside gather() (issuing prefetches included)
+  double gather_wait_s = 0;     // stage 3: waiting for all-gathers to complete, in gather() and
+                                // when persistent units are re-gathered after a step
+  std::int64_t buckets = 0;     // bucket reductions issued
+  std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
+  std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
+};
+
+}  // namespace zero

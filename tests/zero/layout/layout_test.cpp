@@ -10,7 +10,6 @@
 
 #include "zero/base/error.h"
 #include "zero/layout/flat_layout.h"
-#include "zero/layout/gradient_buckets.h"
 
 using zero::DType;
 using zero::FlatLayout;
@@ -319,111 +318,4 @@ TEST_CASE("invalid layout options and unit ids are rejected with the offending v
   REQUIRE_THROWS_AS(layout.locate(0, 0, 2), zero::Error);
   const std::vector<ParamDesc> none;
   REQUIRE(FlatLayout::build(none, {3, 1, 1}).num_units() == 0);
-}
-
-// ---- gradient buckets ---------------------------------------------------------------------------
-
-namespace {
-
-void check_buckets(const std::vector<ParamDesc>& params, const std::vector<std::size_t>& order,
-                   std::size_t capacity, const std::vector<zero::GradientBucket>& buckets) {
-  std::vector<std::size_t> next_begin(params.size(), 0);  // pieces arrive in element order
-  std::vector<int> entries_of(params.size(), 0);
-  std::vector<std::size_t> first_seen;  // per dtype, params in the order they were bucketed
-  std::vector<std::vector<std::size_t>> seen_by_dtype(4);
-  for (const auto& b : buckets) {
-    REQUIRE(b.elems <= capacity);
-    REQUIRE_FALSE(b.entries.empty());
-    std::size_t offset = 0;
-    for (const auto& e : b.entries) {
-      REQUIRE(params[e.param].dtype == b.dtype);
-      REQUIRE(e.bucket_offset == offset);
-      REQUIRE(e.param_begin == next_begin[e.param]);
-      next_begin[e.param] += e.numel;
-      offset += e.numel;
-      auto& seen = seen_by_dtype[static_cast<std::size_t>(b.dtype)];
-      if (seen.empty() || seen.back() != e.param) seen.push_back(e.param);
-      ++entries_of[e.param];
-      if (e.numel < params[e.param].numel) REQUIRE(b.entries.size() == 1);  // split: alone
-    }
-    REQUIRE(b.elems == offset);
-  }
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    REQUIRE(next_begin[p] == params[p].numel);  // covered exactly once
-    REQUIRE(entries_of[p] >= 1);
-  }
-  // Within each dtype, parameters are bucketed in ready order.
-  for (std::size_t d = 0; d < 4; ++d) {
-    std::vector<std::size_t> expected;
-    for (std::size_t p : order) {
-      if (static_cast<std::size_t>(params[p].dtype) == d) expected.push_back(p);
-    }
-    REQUIRE(seen_by_dtype[d] == expected);
-  }
-}
-
-}  // namespace
-
-TEST_CASE("gradient buckets fill in backward order and close before overflowing") {
-  const auto params = make_params({4, 4, 4, 1}, {0, 0, 0, 0});  // p2 is bf16, the rest fp32
-  const auto buckets = zero::assign_gradient_buckets(params, 9);
-  // Backward: p3 (fp32), p2 (bf16), p1 (fp32), p0 (fp32): p3+p1 = 5, +p0 = 9 fits.
-  REQUIRE(buckets.size() == 2);
-  REQUIRE(buckets[0].dtype == DType::F32);
-  REQUIRE(buckets[0].elems == 9);
-  REQUIRE(buckets[0].entries.size() == 3);
-  REQUIRE(buckets[0].entries[0].param == 3);
-  REQUIRE(buckets[0].entries[2].param == 0);
-  REQUIRE(buckets[1].dtype == DType::BF16);
-  const auto smaller = zero::assign_gradient_buckets(params, 8);
-  REQUIRE(smaller.size() == 3);
-  REQUIRE(smaller[0].elems == 5);  // p3, p1; p0 would overflow
-  REQUIRE(smaller[0].entries[1].param == 1);
-}
-
-TEST_CASE("a gradient larger than the bucket is split into capacity-sized buckets of its own") {
-  const auto params = make_params({3, 10, 2}, {0, 0, 0});
-  const auto buckets = zero::assign_gradient_buckets(params, 4);
-  // p2 (bf16) opens a bucket; p1 (fp32, 10) splits into 4+4+2; p0 (fp32) opens a new bucket;
-  // the open buckets are flushed at the end in the order they were opened (bf16 first).
-  std::vector<std::size_t> sizes;
-  for (const auto& b : buckets) sizes.push_back(b.elems);
-  REQUIRE(sizes == std::vector<std::size_t>{4, 4, 2, 2, 3});
-  REQUIRE(buckets[3].dtype == DType::BF16);
-  REQUIRE(buckets[1].entries[0].param_begin == 4);
-}
-
-TEST_CASE("gradient buckets cover every parameter once within capacity for awkward sizes") {
-  std::mt19937 rng(kSeed + 1);
-  std::size_t checked = 0;
-  std::size_t split = 0;
-  for (const auto& sizes : awkward_size_lists()) {
-    const auto params = make_params(sizes, std::vector<int>(sizes.size(), 0));
-    std::vector<std::size_t> backward(sizes.size());
-    for (std::size_t i = 0; i < sizes.size(); ++i) backward[i] = sizes.size() - 1 - i;
-    std::vector<std::size_t> shuffled = backward;
-    std::shuffle(shuffled.begin(), shuffled.end(), rng);
-    for (std::size_t capacity : {1u, 2u, 3u, 7u, 64u, 1000u, 100000u}) {
-      INFO(sizes.size() << " params, capacity " << capacity);
-      const auto buckets = zero::assign_gradient_buckets(params, capacity);
-      check_buckets(params, backward, capacity, buckets);
-      check_buckets(params, shuffled, capacity,
-                    zero::assign_gradient_buckets(params, shuffled, capacity));
-      for (const auto& b : buckets) {
-        if (b.entries.size() == 1 && b.entries[0].numel < params[b.entries[0].param].numel) ++split;
-      }
-      ++checked;
-    }
-  }
-  REQUIRE(checked > 100);
-  REQUIRE(split > 100);
-}
-
-TEST_CASE("gradient bucket arguments are validated") {
-  const auto params = make_params({1, 2}, {0, 0});
-  REQUIRE_THROWS_WITH(zero::assign_gradient_buckets(params, 0), Catch::Contains("capacity"));
-  const std::vector<std::size_t> twice = {1, 1};
-  REQUIRE_THROWS_WITH(zero::assign_gradient_buckets(params, twice, 4), Catch::Contains("twice"));
-  const std::vector<std::size_t> short_order = {1};
-  REQUIRE_THROWS_AS(zero::assign_gradient_buckets(params, short_order, 4), zero::Error);
 }

@@ -29,13 +29,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "zero/base/dtype.h"
 #include "zero/comm/communicator.h"
@@ -50,12 +49,12 @@ struct DsConfig;  // config/ds_config.h
 
 // One parameter as the trainer registers it.
 struct ParamSpec {
-  std::string name;                // unique; checkpoints and dumps use it
+  std::string name;                 // unique; checkpoints and dumps use it
   std::vector<std::int64_t> shape;  // numel = product (a scalar has shape {})
   // The model copy's dtype. REQUIRES: the config's training dtype (fp16 / bf16 / fp32).
   DType dtype = DType::F32;
-  int group = 0;  // param group: index into EngineOptions::groups (own lr / weight decay)
-  int unit = 0;   // what stage 3 gathers together (a layer); units are 0..U-1
+  int group = 0;          // param group: index into EngineOptions::groups (own lr / weight decay)
+  int unit = 0;           // what stage 3 gathers together (a layer); units are 0..U-1
   bool trainable = true;  // frozen: kept whole on every rank, never updated, no gradient
   // Other names of this same tensor (tied weights, e.g. an output layer sharing the embedding):
   // registered once, under `name`; checkpoints record the aliases and zero_to_fp32 writes the
@@ -86,7 +85,7 @@ using InitFn = std::function<void(std::size_t index, std::span<float> out)>;
 // What one step() call did.
 struct StepResult {
   bool boundary = false;  // this micro-step closed an accumulation window: an optimizer step ran
-  bool skipped = false;   // ... and was skipped on overflow (fp16, or bf16 with check_grad_overflow)
+  bool skipped = false;  // ... and was skipped on overflow (fp16, or bf16 with check_grad_overflow)
   std::int64_t global_steps = 0;   // optimizer steps so far, skipped ones included
   std::int64_t skipped_steps = 0;  // of those, skipped
   double lr = 0;                   // lr of group 0 used by this optimizer step

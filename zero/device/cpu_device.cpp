@@ -249,6 +249,8 @@ void CpuDevice::launch_host_impl(Stream& stream, std::function<void()> fn) {
   as_cpu(stream).enqueue(std::move(fn));
 }
 
-const kernels::ComputeKernels& CpuDevice::compute() const { return kernels::cpu_compute_kernels(); }
+const kernels::ComputeKernels& CpuDevice::compute() const {
+  return kernels::cpu_compute_kernels();
+}
 
 }  // namespace zero

@@ -24,11 +24,11 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
 #include "zero/engine/engine_impl.h"
+#include "zero/engine/part_options.h"
 #include "zero/engine/scoped_timer.h"
 #include "zero/schedule/from_config.h"
 
@@ -48,44 +48,27 @@ std::string specs_fingerprint(std::span<const ParamSpec> specs) {
   return s;
 }
 
-void refuse_blockers(const config::DsConfig& cfg, int comm_size) {
-  std::vector<ConfigError::Problem> problems;
-  for (const config::Finding& f : cfg.blockers()) {
-    std::string msg = f.message;
-    if (f.severity == config::Severity::Unsupported &&
-        msg.find("not supported yet") == std::string::npos) {
-      msg = "not supported yet: " + msg;
-    }
-    problems.push_back({f.path, msg});
-  }
-  if (cfg.world_size && *cfg.world_size != comm_size) {
-    problems.push_back({"world_size", fmt::format("the config resolves to {} ranks but the "
-                                                  "communicator has {}: supply --world-size {} "
-                                                  "or fix the batch sizes",
-                                                  *cfg.world_size, comm_size, comm_size)});
-  }
-  if (!problems.empty()) throw ConfigError(std::move(problems));
-}
-
 kernels::CpuExec exec_of(const EngineOptions& options) {
   kernels::CpuExec exec;
   exec.threads = options.kernel_threads;
   if (!options.kernel_isa.empty()) {
     const std::optional<kernels::Isa> isa = kernels::parse_isa(options.kernel_isa);
-    ZERO_CHECK(isa.has_value(),
-               "EngineOptions::kernel_isa '{}': use auto, scalar, avx2 or avx512", options.kernel_isa);
+    ZERO_CHECK(isa.has_value(), "EngineOptions::kernel_isa '{}': use auto, scalar, avx2 or avx512",
+               options.kernel_isa);
     exec.isa = *isa;
   }
   return exec;
 }
 
-std::size_t elems(std::int64_t v) { return static_cast<std::size_t>(std::max<std::int64_t>(v, 0)); }
-
 }  // namespace
 
 EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& device,
                        std::span<const ParamSpec> params, const EngineOptions& options)
-    : cfg_(cfg), comm_(comm), device_(device), compute_(device.compute()), exec_(exec_of(options)),
+    : cfg_(cfg),
+      comm_(comm),
+      device_(device),
+      compute_(device.compute()),
+      exec_(exec_of(options)),
       specs_(params.begin(), params.end()) {}
 
 EngineImpl::~EngineImpl() = default;
@@ -101,78 +84,27 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
                   specs_fingerprint(specs_));
   init_state(init);
   if (stage_ == 3) {
-    const auto& zo = cfg_.zero_optimization;
-    FetchOptions fo;
-    fo.prefetch_bucket_elems = elems(zo.prefetch_bucket_elems);
-    fo.max_live_elems = elems(zo.max_live_parameters_elems);
-    fo.max_reuse_distance_elems = elems(zo.max_reuse_distance_elems);
-    fo.param_persistence_threshold_elems = elems(zo.param_persistence_threshold_elems);
-    fo.model_persistence_threshold_elems = elems(zo.model_persistence_threshold_elems);
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
                                               static_cast<const std::byte*>(model_part_.data()),
-                                              fo, timings_);
+                                              parts_.fetch, timings_);
   }
 }
 
-// The config's precision, reduction and offload choices, as the parts take them.
+// The config's precision, schedule and scaler, and what it asks of the parts.
 void EngineImpl::read_options(const EngineOptions& options) {
-  const auto& zo = cfg_.zero_optimization;
-  stage_ = zo.stage;
+  stage_ = cfg_.zero_optimization.stage;
   gas_ = static_cast<int>(cfg_.gradient_accumulation_steps.value_or(1));
   model_dtype_ = cfg_.model_dtype;
   check_overflow_ = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
-  ignore_unused_ = zo.ignore_unused_parameters;
+  ignore_unused_ = cfg_.zero_optimization.ignore_unused_parameters;
   clip_ = cfg_.gradient_clipping;
-
-  ReducerOptions& ro = reducer_options_;
-  ro.stage = stage_;
-  ro.grad_dtype = model_dtype_;
-  ro.accum_dtype = cfg_.data_types.grad_accum_dtype.value_or(model_dtype_);
-  ro.comm_dtype = cfg_.communication_data_type;
-  ZERO_CHECK(ro.accum_dtype != DType::F64 && ro.comm_dtype != DType::F64,
-             "fp64 gradients are not supported (data_types.grad_accum_dtype, "
-             "communication_data_type)");
-  ro.bucket_elems = elems(zo.reduce_bucket_elems);
-  ro.overlap_comm = zo.overlap_comm;
-  ro.reduce_scatter = zo.reduce_scatter;
-  ro.exec = exec_;
-  const double f = cfg_.gradient_predivide_factor;
-  if (cfg_.gradient_allreduce_sum) {
-    ro.op = ReduceOp::Sum;
-  } else if (cfg_.prescale_gradients) {
-    ro.op = ReduceOp::Sum;
-    ro.pack_scale = static_cast<float>(1.0 / world_);
-  } else if (f != 1.0) {
-    // DeepSpeed's "allreduce with predivide" (SPEC §3.3 a): ×1/f, sum, ×f/W.
-    ro.op = ReduceOp::Sum;
-    ro.pack_scale = static_cast<float>(1.0 / f);
-    ro.consume_scale = static_cast<float>(f / world_);
-  }
-
+  parts_ = part_options(cfg_, rank_, world_, exec_);
   std::vector<GroupOverrides> overrides;
   for (const ParamGroupOptions& g : options.groups) overrides.push_back({g.lr, g.weight_decay});
   groups_ = group_optimizers(cfg_, overrides);
+  parts_.partition.optimizer = groups_[0].hyper;
   schedule_ = lr_schedule_from_config(cfg_);
   scaler_.emplace(loss_scaler_from_config(cfg_));
-
-  PartitionOptions& po = partition_options_;
-  po.rank = rank_;
-  po.every_domain = stage_ == 0;
-  po.own_gradients = stage_ != 0;
-  if (cfg_.bf16.enabled && cfg_.bf16.bf16_master_weights_and_grads) po.master_dtype = DType::BF16;
-  if (cfg_.bf16.enabled && cfg_.bf16.bf16_optimizer_states) po.state_dtype = DType::BF16;
-  po.grad_dtype = ro.accum_dtype;
-  po.model_dtype = model_dtype_;
-  po.optimizer = groups_[0].hyper;
-  po.exec = exec_;
-  // Offload: "cpu" (and "nvme" at stages 1/2, as DeepSpeed) puts the optimizer's partition in
-  // host memory; on a CpuDevice both are host memory and the ledger says which.
-  if (zo.offload_optimizer && zo.offload_optimizer->device != config::OffloadDevice::None && stage_ > 0) {
-    po.kind = zo.offload_optimizer->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
-  }
-  if (zo.offload_param && zo.offload_param->device != config::OffloadDevice::None && stage_ == 3) {
-    param_kind_ = zo.offload_param->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
-  }
 }
 
 void EngineImpl::register_specs(const EngineOptions& options) {
@@ -186,7 +118,8 @@ void EngineImpl::register_specs(const EngineOptions& options) {
     ZERO_CHECK(names.insert(s.name).second, "parameter '{}' is registered twice", s.name);
     for (const std::string& alias : s.tied_names) {
       ZERO_CHECK(!alias.empty() && names.insert(alias).second,
-                 "parameter '{}': tied name '{}' is empty or already a parameter or alias", s.name, alias);
+                 "parameter '{}': tied name '{}' is empty or already a parameter or alias", s.name,
+                 alias);
     }
     ZERO_CHECK(s.dtype == model_dtype_,
                "parameter '{}' has dtype {} but the config trains in {} (fp16/bf16 blocks); "
@@ -209,15 +142,19 @@ void EngineImpl::register_specs(const EngineOptions& options) {
   layout_units_ = layout_->num_units();
   units_.resize(num_units_);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
-    if (params_[i].layout_index) units_[static_cast<std::size_t>(specs_[i].unit)].trainable.push_back(i);
+    if (params_[i].layout_index)
+      units_[static_cast<std::size_t>(specs_[i].unit)].trainable.push_back(i);
   }
 }
 
 // Rank 0 initialises each unit in full, broadcasts it, and every rank keeps what its stage needs.
 void EngineImpl::init_state(const InitFn& init) {
   SliceMap& slices = *this;
-  optimizer_ = std::make_unique<PartitionOptimizer>(device_, compute_, *layout_, partition_options_, slices);
-  if (stage_ == 3) model_part_ = alloc(partition_elems(), model_dtype_, MemoryTag::LowPrecisionParams, param_kind_);
+  optimizer_ =
+      std::make_unique<PartitionOptimizer>(device_, compute_, *layout_, parts_.partition, slices);
+  if (stage_ == 3)
+    model_part_ =
+        alloc(partition_elems(), model_dtype_, MemoryTag::LowPrecisionParams, parts_.param_kind);
   std::vector<float> flat;
   for (std::size_t u = 0; u < layout_units_; ++u) {
     const UnitLayout& ul = layout_->unit(static_cast<int>(u));
@@ -228,23 +165,26 @@ void EngineImpl::init_state(const InitFn& init) {
         init(layout_to_spec_[li], std::span<float>(flat.data() + pl.offset, pl.numel));
       }
     }
-    if (world_ > 1 && !flat.empty()) comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
+    if (world_ > 1 && !flat.empty())
+      comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     optimizer_->set_master(static_cast<int>(u), flat);
     if (stage_ == 3) {
       combine(at(model_part_, model_dtype_, ul.partition_offset), model_dtype_,
-              flat.data() + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32, ul.slice_elems);
+              flat.data() + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32,
+              ul.slice_elems);
     } else {
       units_[u].model = alloc(ul.padded_elems, model_dtype_, MemoryTag::LowPrecisionParams);
       combine(units_[u].model.data(), model_dtype_, flat.data(), DType::F32, ul.padded_elems);
     }
   }
-  reducer_ = std::make_unique<GradientReducer>(comm_, device_, compute_, *layout_, reducer_options_, slices,
-                                               timings_);
+  reducer_ = std::make_unique<GradientReducer>(comm_, device_, compute_, *layout_, parts_.reducer,
+                                               slices, timings_);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (params_[i].layout_index) continue;
     flat.assign(params_[i].numel, 0.0f);
     if (rank_ == 0) init(i, flat);
-    if (world_ > 1 && !flat.empty()) comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
+    if (world_ > 1 && !flat.empty())
+      comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     params_[i].frozen = alloc(params_[i].numel, model_dtype_, MemoryTag::LowPrecisionParams);
     combine(params_[i].frozen.data(), model_dtype_, flat.data(), DType::F32, flat.size());
   }
@@ -254,8 +194,8 @@ void EngineImpl::init_state(const InitFn& init) {
 std::byte* EngineImpl::gradient(int domain, int unit, std::size_t slice_offset) {
   if (stage_ != 0) return optimizer_->gradient(unit, slice_offset);
   const std::size_t S = layout_->unit(unit).slice_elems;
-  return reducer_->accumulated(unit) +
-         (static_cast<std::size_t>(domain) * S + slice_offset) * dtype_size(reducer_options_.accum_dtype);
+  return reducer_->accumulated(unit) + (static_cast<std::size_t>(domain) * S + slice_offset) *
+                                           dtype_size(parts_.reducer.accum_dtype);
 }
 
 std::byte* EngineImpl::model(int domain, int unit, std::size_t slice_offset) {
@@ -285,7 +225,8 @@ std::span<const std::byte> EngineImpl::param(std::size_t param) const {
   if (!ps.layout_index) return {static_cast<const std::byte*>(ps.frozen.data()), bytes};
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
   if (ps.numel == 0) return {};
-  if (!fetcher_) return {at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset), bytes};
+  if (!fetcher_)
+    return {at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset), bytes};
   const std::byte* data = fetcher_->data(pl.unit);
   ZERO_CHECK(data != nullptr,
              "param: parameter '{}' (unit {}) is not gathered on rank {}: call gather({}) first",
@@ -301,7 +242,8 @@ std::span<std::byte> EngineImpl::grad(std::size_t param) {
   ParamState& ps = params_[param];
   ZERO_CHECK(ps.layout_index.has_value(), "grad: parameter '{}' is frozen (trainable = false)",
              specs_[param].name);
-  ZERO_CHECK(!ps.ready, "grad: parameter '{}' is already ready in this micro-step", specs_[param].name);
+  ZERO_CHECK(!ps.ready, "grad: parameter '{}' is already ready in this micro-step",
+             specs_[param].name);
   ps.slot_out = true;
   if (ps.numel == 0) return {};
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
@@ -312,7 +254,8 @@ std::span<std::byte> EngineImpl::grad(std::size_t param) {
 void EngineImpl::grad_ready(std::size_t param) {
   check_param(param, "grad_ready");
   ParamState& ps = params_[param];
-  ZERO_CHECK(ps.layout_index.has_value(), "grad_ready: parameter '{}' is frozen", specs_[param].name);
+  ZERO_CHECK(ps.layout_index.has_value(), "grad_ready: parameter '{}' is frozen",
+             specs_[param].name);
   ZERO_CHECK(!ps.ready, "grad_ready: parameter '{}' is ready twice in one micro-step (rank {})",
              specs_[param].name, rank_);
   ZERO_CHECK(ps.slot_out, "grad_ready: parameter '{}' has no gradient written: call grad({}) first",
@@ -330,10 +273,10 @@ void EngineImpl::finish_micro_step() {
     if (params_[i].layout_index && !params_[i].ready) missing.push_back(specs_[i].name);
   }
   if (!missing.empty() && !ignore_unused_) {
-    throw Error(fmt::format(
-        "step: no gradient this micro-step for {} parameter(s) on rank {}: {} (set "
-        "zero_optimization.ignore_unused_parameters to true to count them as zero)",
-        missing.size(), rank_, fmt::join(missing, ", ")));
+    throw Error(
+        fmt::format("step: no gradient this micro-step for {} parameter(s) on rank {}: {} (set "
+                    "zero_optimization.ignore_unused_parameters to true to count them as zero)",
+                    missing.size(), rank_, fmt::join(missing, ", ")));
   }
   // Units with missing gradients complete now, in backward (descending) order.
   for (std::size_t u = num_units_; u-- > 0;) {
@@ -345,7 +288,8 @@ void EngineImpl::finish_micro_step() {
         if (params_[i].ready || params_[i].numel == 0 || !params_[i].slot_out) continue;
         // A slot handed out but never marked ready holds partial data: count it as zero.
         const ParamPlacement& pl = layout_->placement(*params_[i].layout_index);
-        compute_.fill_zero(staging + pl.offset * dtype_size(model_dtype_), model_dtype_, pl.numel, exec_);
+        compute_.fill_zero(staging + pl.offset * dtype_size(model_dtype_), model_dtype_, pl.numel,
+                           exec_);
       }
     }
     us.pending = 0;
@@ -402,7 +346,8 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
       hyper.beta1 = (*v.betas)[0];
       hyper.beta2 = (*v.betas)[1];
     }
-    kernels::StepScalars sc{v.lr, applied_steps_ + 1, 1.0 / (plan.scaler_after->scale() * clip_coef)};
+    kernels::StepScalars sc{v.lr, applied_steps_ + 1,
+                            1.0 / (plan.scaler_after->scale() * clip_coef)};
     (void)kernels::make_step_coeffs(hyper, sc);  // validates
     plan.hypers.push_back(hyper);
     plan.scalars.push_back(sc);
@@ -461,7 +406,7 @@ StepResult EngineImpl::step() {
 void EngineImpl::all_gather_model() {
   if (world_ == 1 || stage_ == 0 || stage_ == 3) return;
   ScopedTimer timer(timings_.all_gather_s);
-  const std::size_t limit = std::max<std::size_t>(elems(cfg_.zero_optimization.allgather_bucket_elems), 1);
+  const std::size_t limit = parts_.allgather_bucket_elems;
   std::deque<std::pair<Work, std::size_t>> inflight;
   std::size_t inflight_elems = 0;
   for (std::size_t u = 0; u < layout_units_; ++u) {
@@ -472,8 +417,9 @@ void EngineImpl::all_gather_model() {
       inflight_elems -= inflight.front().second;
       inflight.pop_front();
     }
-    inflight.emplace_back(comm_.all_gather_in_place(units_[u].model.data(), ul.slice_elems, model_dtype_),
-                          ul.padded_elems);
+    inflight.emplace_back(
+        comm_.all_gather_in_place(units_[u].model.data(), ul.slice_elems, model_dtype_),
+        ul.padded_elems);
     inflight_elems += ul.padded_elems;
   }
   for (auto& w : inflight) w.first.wait();
@@ -486,10 +432,11 @@ void EngineImpl::refresh_model_from_master() {
 }
 
 double EngineImpl::current_lr(int group) const {
-  ZERO_CHECK(group >= 0 && static_cast<std::size_t>(group) < groups_.size(), "current_lr: unknown group {}",
-             group);
+  ZERO_CHECK(group >= 0 && static_cast<std::size_t>(group) < groups_.size(),
+             "current_lr: unknown group {}", group);
   GroupBase base{groups_[static_cast<std::size_t>(group)].base_lr, std::nullopt};
-  return scheduled_values(schedule_, base, static_cast<std::size_t>(group), last_batch_iteration_).lr;
+  return scheduled_values(schedule_, base, static_cast<std::size_t>(group), last_batch_iteration_)
+      .lr;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -515,11 +462,13 @@ std::vector<float> EngineImpl::gather_master(std::size_t param) {
                   optimizer_->tensor_data(0, d) + unit_offset_bytes, slice_bytes);
     }
   } else if (ul.slice_elems > 0) {
-    comm_.all_gather(optimizer_->tensor_data(0, 0) + unit_offset_bytes, flat.data(), ul.slice_elems,
-                     master_dtype)
+    comm_
+        .all_gather(optimizer_->tensor_data(0, 0) + unit_offset_bytes, flat.data(), ul.slice_elems,
+                    master_dtype)
         .wait();
   }
-  combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype), master_dtype, ps.numel);
+  combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype), master_dtype,
+          ps.numel);
   return out;
 }
 
@@ -536,8 +485,9 @@ std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
   const UnitLayout& ul = layout_->unit(pl.unit);
   if (ul.slice_elems == 0) return out;
   Buffer flat = alloc(ul.padded_elems, model_dtype_, MemoryTag::Staging);
-  comm_.all_gather(at(model_part_, model_dtype_, ul.partition_offset), flat.data(), ul.slice_elems,
-                   model_dtype_)
+  comm_
+      .all_gather(at(model_part_, model_dtype_, ul.partition_offset), flat.data(), ul.slice_elems,
+                  model_dtype_)
       .wait();
   std::memcpy(out.data(), at(flat, model_dtype_, pl.offset), bytes);
   return out;

@@ -24,6 +24,7 @@
 #include "zero/engine/gradient_reducer.h"
 #include "zero/engine/optimizer_setup.h"
 #include "zero/engine/param_fetcher.h"
+#include "zero/engine/part_options.h"
 #include "zero/engine/partition_optimizer.h"
 #include "zero/engine/slice_map.h"
 #include "zero/layout/flat_layout.h"
@@ -84,7 +85,8 @@ class EngineImpl final : public Engine, private SliceMap {
   double current_lr(int group) const override;
   MemorySnapshot memory() const override { return device_.ledger().snapshot(); }
   void save_checkpoint(const std::string& dir, const std::string& tag,
-                       const nlohmann::json& client_state, std::optional<bool> model_16bit) override;
+                       const nlohmann::json& client_state,
+                       std::optional<bool> model_16bit) override;
   nlohmann::json load_checkpoint(const std::string& dir, const std::string& tag) override;
   EngineTimings timings() const override { return timings_; }
   void reset_timings() override { timings_ = {}; }
@@ -125,10 +127,12 @@ class EngineImpl final : public Engine, private SliceMap {
   std::size_t domain_offset(int domain) const {
     return static_cast<std::size_t>(domain) * partition_elems();
   }
-  Buffer alloc(std::size_t elems, DType dtype, MemoryTag tag, MemoryKind kind = MemoryKind::Device) {
+  Buffer alloc(std::size_t elems, DType dtype, MemoryTag tag,
+               MemoryKind kind = MemoryKind::Device) {
     return device_.allocate(elems * dtype_size(dtype), kind, tag);
   }
-  void combine(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t numel) const {
+  void combine(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+               std::size_t numel) const {
     compute_.combine(dst, dst_dtype, src, src_dtype, numel, 1.0f, false, exec_);
   }
 
@@ -169,12 +173,8 @@ class EngineImpl final : public Engine, private SliceMap {
   DType model_dtype_ = DType::F32;
   bool check_overflow_ = false;
   bool ignore_unused_ = true;
-  // Where the stage-3 model copy's own slices live: the device, or host memory with
-  // offload_param. (offload_optimizer places the optimizer's partition: PartitionOptions::kind.)
-  MemoryKind param_kind_ = MemoryKind::Device;
   double clip_ = 0;
-  ReducerOptions reducer_options_;
-  PartitionOptions partition_options_;
+  PartOptions parts_;  // what the config asks of the three parts
 
   std::optional<FlatLayout> layout_;
   std::size_t num_units_ = 0;

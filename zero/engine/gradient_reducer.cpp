@@ -19,16 +19,25 @@ GradientReducer::GradientReducer(Communicator& comm, Device& device,
                                  const kernels::ComputeKernels& compute, const FlatLayout& layout,
                                  const ReducerOptions& options, SliceMap& target,
                                  EngineTimings& timings)
-    : comm_(comm), device_(device), compute_(compute), layout_(layout), options_(options),
-      target_(target), timings_(timings), rank_(comm.rank()), world_(comm.size()),
-      units_(layout.num_units()), slots_(options.overlap_comm ? 2 : 1) {
+    : comm_(comm),
+      device_(device),
+      compute_(compute),
+      layout_(layout),
+      options_(options),
+      target_(target),
+      timings_(timings),
+      rank_(comm.rank()),
+      world_(comm.size()),
+      units_(layout.num_units()),
+      slots_(options.overlap_comm ? 2 : 1) {
   ZERO_CHECK(layout.world_size() == world_,
              "GradientReducer: the layout is for {} ranks but the communicator has {}",
              layout.world_size(), world_);
   // A bucket holds reduce_bucket_size elements, never more than the whole model needs.
   const std::size_t total = layout.total_padded_elems();
   const std::size_t bucket = std::max<std::size_t>(options.bucket_elems, 1);
-  chunk_capacity_ = std::max<std::size_t>(1, std::min(bucket, total) / static_cast<std::size_t>(world_));
+  chunk_capacity_ =
+      std::max<std::size_t>(1, std::min(bucket, total) / static_cast<std::size_t>(world_));
   if (options_.stage <= 1) {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const std::size_t n = layout.unit(static_cast<int>(u)).padded_elems;
@@ -75,8 +84,8 @@ void GradientReducer::unit_complete(int unit) {
   if (n == 0) return;
   if (options_.stage <= 1) {
     ScopedTimer timer(timings_.accumulate_s);
-    compute_.combine(ub.accum.data(), options_.accum_dtype, ub.staging.data(), options_.grad_dtype, n,
-                     1.0f, !window_first_micro_, options_.exec);
+    compute_.combine(ub.accum.data(), options_.accum_dtype, ub.staging.data(), options_.grad_dtype,
+                     n, 1.0f, !window_first_micro_, options_.exec);
     ub.staging.reset();
     return;
   }
@@ -97,12 +106,15 @@ void GradientReducer::reduce_window() {
   drain();
 }
 
-void GradientReducer::start_window() { window_first_micro_ = true; }
+void GradientReducer::start_window() {
+  window_first_micro_ = true;
+}
 
 // Submits the unit's slices in pieces no larger than a bucket's per-rank capacity.
 void GradientReducer::submit_unit(int unit, const void* buffer, DType dtype) {
   const std::size_t S = layout_.unit(unit).slice_elems;
-  for (std::size_t b = 0; b < S; b += chunk_capacity_) ++units_[static_cast<std::size_t>(unit)].unpacked;
+  for (std::size_t b = 0; b < S; b += chunk_capacity_)
+    ++units_[static_cast<std::size_t>(unit)].unpacked;
   for (std::size_t b = 0; b < S; b += chunk_capacity_) {
     submit({{unit, b, std::min(S, b + chunk_capacity_)}, buffer, dtype});
   }
@@ -138,7 +150,8 @@ void GradientReducer::flush_bucket() {
     std::size_t off = q * chunk;
     for (const Source& s : open_) {
       const std::size_t S = layout_.unit(s.piece.unit).slice_elems;
-      const auto* src = static_cast<const std::byte*>(s.unit_buffer) + (q * S + s.piece.begin) * dtype_size(s.dtype);
+      const auto* src = static_cast<const std::byte*>(s.unit_buffer) +
+                        (q * S + s.piece.begin) * dtype_size(s.dtype);
       compute_.combine(at(slot.send, comm_dtype, off), comm_dtype, src, s.dtype, s.piece.size(),
                        options_.pack_scale, false, options_.exec);
       off += s.piece.size();
@@ -155,9 +168,11 @@ void GradientReducer::flush_bucket() {
   if (W == 1) {
     slot.work = Work();  // the sum over one rank is the bucket itself
   } else if (options_.stage != 0 && options_.reduce_scatter) {
-    slot.work = comm_.reduce_scatter(slot.send.data(), slot.recv.data(), chunk, comm_dtype, options_.op);
+    slot.work =
+        comm_.reduce_scatter(slot.send.data(), slot.recv.data(), chunk, comm_dtype, options_.op);
   } else {
-    slot.work = comm_.all_reduce(slot.send.data(), slot.send.data(), W * chunk, comm_dtype, options_.op);
+    slot.work =
+        comm_.all_reduce(slot.send.data(), slot.send.data(), W * chunk, comm_dtype, options_.op);
   }
   slot.in_flight = true;
   open_.clear();
@@ -181,8 +196,8 @@ void GradientReducer::finish(Slot& slot) {
     std::size_t off = 0;
     for (const Piece& p : slot.pieces) {
       compute_.combine(target_.gradient(d, p.unit, p.begin), options_.accum_dtype,
-                       chunk + off * dtype_size(comm_dtype), comm_dtype, p.size(), options_.consume_scale,
-                       slot.accumulate, options_.exec);
+                       chunk + off * dtype_size(comm_dtype), comm_dtype, p.size(),
+                       options_.consume_scale, slot.accumulate, options_.exec);
       off += p.size();
     }
   }

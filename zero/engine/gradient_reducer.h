@@ -37,9 +37,9 @@ namespace zero::engine_detail {
 
 struct ReducerOptions {
   int stage = 0;
-  DType grad_dtype = DType::F32;   // the trainer's gradients: the model dtype
-  DType accum_dtype = DType::F32;  // data_types.grad_accum_dtype (default: the model dtype)
-  DType comm_dtype = DType::F32;   // communication_data_type
+  DType grad_dtype = DType::F32;           // the trainer's gradients: the model dtype
+  DType accum_dtype = DType::F32;          // data_types.grad_accum_dtype (default: the model dtype)
+  DType comm_dtype = DType::F32;           // communication_data_type
   std::size_t bucket_elems = 500'000'000;  // reduce_bucket_size: elements of all ranks' chunks
   bool overlap_comm = false;
   bool reduce_scatter = true;  // false: all-reduce, and each rank takes its own chunk
@@ -113,7 +113,7 @@ class GradientReducer {
   };
   struct UnitBuffers {
     Buffer staging;
-    Buffer accum;  // stage 0/1
+    Buffer accum;              // stage 0/1
     std::size_t unpacked = 0;  // stage 2/3: pieces submitted but not yet packed
   };
 

@@ -20,7 +20,9 @@ kernels::OptimizerHyper base_hyper(const config::Optimizer& opt) {
   h.weight_decay = opt.weight_decay;
   h.bias_correction = opt.bias_correction;
   switch (opt.kind) {
-    case config::OptimizerKind::Adam: h.kind = opt.adam_w_mode ? OptimizerKind::AdamW : OptimizerKind::Adam; break;
+    case config::OptimizerKind::Adam:
+      h.kind = opt.adam_w_mode ? OptimizerKind::AdamW : OptimizerKind::Adam;
+      break;
     case config::OptimizerKind::AdamW: h.kind = OptimizerKind::AdamW; break;
     case config::OptimizerKind::Adagrad:
       h.kind = OptimizerKind::Adagrad;

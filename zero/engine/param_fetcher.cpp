@@ -26,8 +26,14 @@ std::uint64_t order_hash(const std::vector<int>& order) {
 ParamFetcher::ParamFetcher(Communicator& comm, Device& device, const FlatLayout& layout,
                            std::size_t units, DType dtype, const std::byte* partition,
                            const FetchOptions& options, EngineTimings& timings)
-    : comm_(comm), device_(device), layout_(layout), dtype_(dtype), partition_(partition),
-      options_(options), timings_(timings), units_(units) {
+    : comm_(comm),
+      device_(device),
+      layout_(layout),
+      dtype_(dtype),
+      partition_(partition),
+      options_(options),
+      timings_(timings),
+      units_(units) {
   // Persistence by unit, walking units in order (DeepSpeed walks parameters in order).
   std::size_t persistent_total = 0;
   for (std::size_t u = 0; u < layout_.num_units() && u < units; ++u) {
@@ -62,8 +68,9 @@ ParamFetcher::~ParamFetcher() {
 void ParamFetcher::start_gather(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   const UnitLayout& ul = layout_.unit(unit);
-  u.buffer = device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
-                              u.persistent ? MemoryTag::LowPrecisionParams : MemoryTag::GatherBuffers);
+  u.buffer =
+      device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
+                       u.persistent ? MemoryTag::LowPrecisionParams : MemoryTag::GatherBuffers);
   u.work = comm_.all_gather(partition_ + ul.partition_offset * dtype_size(dtype_), u.buffer.data(),
                             ul.slice_elems, dtype_);
   u.state = State::InFlight;
@@ -115,13 +122,15 @@ void ParamFetcher::gather(int unit) {
 // Frees prefetched-but-unused units until `unit` fits under max_live; fails if it cannot.
 void ParamFetcher::make_room(int unit) {
   const Unit& want = units_[static_cast<std::size_t>(unit)];
-  for (std::size_t i = units_.size(); i-- > 0 && live_elems_ + want.elems > options_.max_live_elems;) {
+  for (std::size_t i = units_.size();
+       i-- > 0 && live_elems_ + want.elems > options_.max_live_elems;) {
     if (units_[i].prefetched) free(units_[i]);
   }
   if (live_elems_ + want.elems <= options_.max_live_elems) return;
   std::vector<int> held;
   for (std::size_t i = 0; i < units_.size(); ++i) {
-    if (!units_[i].persistent && units_[i].state != State::Released) held.push_back(static_cast<int>(i));
+    if (!units_[i].persistent && units_[i].state != State::Released)
+      held.push_back(static_cast<int>(i));
   }
   throw Error(fmt::format(
       "gather({}): rank {} would hold {} gathered elements, over stage3_max_live_parameters = {} "
@@ -217,9 +226,11 @@ void ParamFetcher::check_same_order() {
   for (std::size_t k = 0; k < n && detail.empty(); ++k) {
     for (std::size_t r = 1; r < W; ++r) {
       if (all[r * (n + 1) + k] == all[k]) continue;
-      auto name = [](double u) { return u < 0 ? std::string("nothing") : fmt::format("unit {}", u); };
-      detail = fmt::format("gather #{}: rank 0 gathered {}, rank {} gathered {}", k, name(all[k]), r,
-                           name(all[r * (n + 1) + k]));
+      auto name = [](double u) {
+        return u < 0 ? std::string("nothing") : fmt::format("unit {}", u);
+      };
+      detail = fmt::format("gather #{}: rank 0 gathered {}, rank {} gathered {}", k, name(all[k]),
+                           r, name(all[r * (n + 1) + k]));
       break;
     }
   }

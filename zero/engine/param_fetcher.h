@@ -26,9 +26,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "zero/base/dtype.h"
 #include "zero/comm/communicator.h"
 #include "zero/device/device.h"
-#include "zero/base/dtype.h"
 #include "zero/engine_timings.h"
 #include "zero/layout/flat_layout.h"
 

@@ -20,7 +20,11 @@ constexpr std::size_t kMasterTileElems = 1 << 16;
 PartitionOptimizer::PartitionOptimizer(Device& device, const kernels::ComputeKernels& compute,
                                        const FlatLayout& layout, const PartitionOptions& options,
                                        SliceMap& slices)
-    : device_(device), compute_(compute), layout_(layout), options_(options), slices_(slices),
+    : device_(device),
+      compute_(compute),
+      layout_(layout),
+      options_(options),
+      slices_(slices),
       domains_(options.every_domain ? layout.world_size() : 1),
       partition_elems_(layout.partition_elems()) {
   ZERO_CHECK(options.rank >= 0 && options.rank < layout.world_size(),
@@ -35,9 +39,10 @@ PartitionOptimizer::PartitionOptimizer(Device& device, const kernels::ComputeKer
   const int nstates = kernels::optimizer_state_count(options_.optimizer);
   for (int k = 0; k < nstates; ++k) {
     states_.push_back(alloc(total, options_.state_dtype, MemoryTag::OptimizerStates));
-    const std::vector<float> init(total, kernels::optimizer_state_initial_value(options_.optimizer, k));
-    compute_.combine(states_.back().data(), options_.state_dtype, init.data(), DType::F32, total, 1.0f,
-                     false, options_.exec);
+    const std::vector<float> init(total,
+                                  kernels::optimizer_state_initial_value(options_.optimizer, k));
+    compute_.combine(states_.back().data(), options_.state_dtype, init.data(), DType::F32, total,
+                     1.0f, false, options_.exec);
   }
   build_runs();
 }
@@ -80,8 +85,9 @@ void PartitionOptimizer::set_master(int unit, std::span<const float> unit_flat) 
   const std::size_t S = ul.slice_elems;
   for (int d = 0; d < domains_; ++d) {
     const std::size_t src = static_cast<std::size_t>(domain_rank(d)) * S;
-    compute_.combine(at(master_, options_.master_dtype, partition_offset(d, unit)), options_.master_dtype,
-                     unit_flat.data() + src, DType::F32, S, 1.0f, false, options_.exec);
+    compute_.combine(at(master_, options_.master_dtype, partition_offset(d, unit)),
+                     options_.master_dtype, unit_flat.data() + src, DType::F32, S, 1.0f, false,
+                     options_.exec);
   }
 }
 
@@ -135,7 +141,8 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
   t.state_dtype = options_.state_dtype;
   // A 16-bit model copy is written by the kernel, rounded once from the updated master.
   if (model_dtype != DType::F32) t.param_out_dtype = model_dtype;
-  const std::size_t tile = master_dtype == DType::F32 ? std::max<std::size_t>(n, 1) : kMasterTileElems;
+  const std::size_t tile =
+      master_dtype == DType::F32 ? std::max<std::size_t>(n, 1) : kMasterTileElems;
   for (std::size_t b = 0; b < n; b += tile) {
     const std::size_t m = std::min(tile, n - b);
     std::byte* master = at(master_, master_dtype, off + b);
@@ -143,7 +150,8 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
       t.master = reinterpret_cast<float*>(master);
     } else {
       master_tile_.resize(m);
-      compute_.combine(master_tile_.data(), DType::F32, master, master_dtype, m, 1.0f, false, options_.exec);
+      compute_.combine(master_tile_.data(), DType::F32, master, master_dtype, m, 1.0f, false,
+                       options_.exec);
       t.master = master_tile_.data();
     }
     t.grad = grad + b * dtype_size(options_.grad_dtype);
@@ -152,7 +160,8 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
     if (model_dtype != DType::F32) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
-    if (model_dtype == DType::F32) std::memcpy(model_out + b * sizeof(float), t.master, m * sizeof(float));
+    if (model_dtype == DType::F32)
+      std::memcpy(model_out + b * sizeof(float), t.master, m * sizeof(float));
     if (master_dtype != DType::F32) {
       // The master keeps what the model copy got: the update rounded once to bf16.
       compute_.combine(master, master_dtype, t.master, DType::F32, m, 1.0f, false, options_.exec);
@@ -164,8 +173,8 @@ void PartitionOptimizer::write_model() {
   for (const Run& run : runs_) {
     const std::size_t off = partition_offset(run.domain, run.unit) + run.begin;
     compute_.combine(slices_.model(run.domain, run.unit, run.begin), options_.model_dtype,
-                     at(master_, options_.master_dtype, off), options_.master_dtype, run.end - run.begin,
-                     1.0f, false, options_.exec);
+                     at(master_, options_.master_dtype, off), options_.master_dtype,
+                     run.end - run.begin, 1.0f, false, options_.exec);
   }
 }
 
@@ -183,8 +192,8 @@ void PartitionOptimizer::assign(int tensor, std::span<const float> values) {
   ZERO_ASSERT(tensor >= 0 && tensor < tensors());
   ZERO_ASSERT(values.size() == static_cast<std::size_t>(domains_) * partition_elems_);
   const Buffer& b = tensor == 0 ? master_ : states_[static_cast<std::size_t>(tensor - 1)];
-  compute_.combine(b.data(), tensor_dtype(tensor), values.data(), DType::F32, values.size(), 1.0f, false,
-                   options_.exec);
+  compute_.combine(b.data(), tensor_dtype(tensor), values.data(), DType::F32, values.size(), 1.0f,
+                   false, options_.exec);
 }
 
 }  // namespace zero::engine_detail

@@ -39,8 +39,8 @@ struct PartitionOptions {
   bool own_gradients = true;  // stages 1–3: the reduced gradient partition lives here
   DType master_dtype = DType::F32;
   DType state_dtype = DType::F32;
-  DType grad_dtype = DType::F32;   // the accumulation dtype
-  DType model_dtype = DType::F32;  // the low-precision copy step() writes
+  DType grad_dtype = DType::F32;         // the accumulation dtype
+  DType model_dtype = DType::F32;        // the low-precision copy step() writes
   MemoryKind kind = MemoryKind::Device;  // where master, states and gradients live
   // The optimizer of every group (param groups share a kind, so its state count and initial
   // values come from here); hyper-parameters of each step come with step().

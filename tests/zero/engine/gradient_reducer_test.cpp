@@ -2,8 +2,9 @@
 // a few micro-steps, and the reduced values that land in the target must be the exact sums over
 // ranks (and micro-steps) of the slices each domain owns, at world sizes 1–16, for stages 0–3,
 // with and without overlap, with buckets smaller than a unit, and in bf16.
-#include <catch2/catch.hpp>
+#include "zero/engine/gradient_reducer.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -12,7 +13,6 @@
 #include "kernels/compute.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/cpu_device.h"
-#include "zero/engine/gradient_reducer.h"
 
 namespace zero::engine_detail {
 namespace {
@@ -34,14 +34,17 @@ float gradient_value(int rank, int unit, std::size_t elem, int micro) {
 class TestTarget final : public SliceMap {
  public:
   TestTarget(const FlatLayout& layout, int stage, DType dtype)
-      : layout_(layout), stage_(stage), dtype_(dtype),
+      : layout_(layout),
+        stage_(stage),
+        dtype_(dtype),
         partition_(layout.partition_elems() * dtype_size(dtype)) {}
   void attach(const GradientReducer* reducer) { reducer_ = reducer; }
   std::byte* gradient(int domain, int unit, std::size_t slice_offset) override {
     const UnitLayout& ul = layout_.unit(unit);
     if (stage_ == 0) {
       return reducer_->accumulated(unit) +
-             (static_cast<std::size_t>(domain) * ul.slice_elems + slice_offset) * dtype_size(dtype_);
+             (static_cast<std::size_t>(domain) * ul.slice_elems + slice_offset) *
+                 dtype_size(dtype_);
     }
     REQUIRE(domain == 0);
     return partition_.data() + (ul.partition_offset + slice_offset) * dtype_size(dtype_);
@@ -115,13 +118,14 @@ std::size_t run_case(const Case& c, std::size_t& compared, std::int64_t& buckets
         const UnitLayout& ul = layout.unit(static_cast<int>(u));
         if (ul.slice_elems == 0) continue;
         std::vector<float> got(ul.slice_elems);
-        kernels::cast_cpu(target.gradient(d, static_cast<int>(u), 0), c.dtype, got.data(), DType::F32,
-                          got.size());
+        kernels::cast_cpu(target.gradient(d, static_cast<int>(u), 0), c.dtype, got.data(),
+                          DType::F32, got.size());
         for (std::size_t j = 0; j < ul.slice_elems; ++j) {
           const std::size_t e = static_cast<std::size_t>(owner) * ul.slice_elems + j;
           float want = 0;
           for (int q = 0; q < c.world; ++q) {
-            for (int k = 0; k < c.micro_steps; ++k) want += gradient_value(q, static_cast<int>(u), e, k);
+            for (int k = 0; k < c.micro_steps; ++k)
+              want += gradient_value(q, static_cast<int>(u), e, k);
           }
           bad += got[j] != want;
           ++seen;
@@ -155,7 +159,8 @@ TEST_CASE("the reducer lands the exact sum of every rank's gradients at world si
   }
 }
 
-TEST_CASE("the reducer gives the same sums with one slot, tiny buckets, one micro-step and in bf16") {
+TEST_CASE(
+    "the reducer gives the same sums with one slot, tiny buckets, one micro-step and in bf16") {
   for (int world : {1, 3, 4, 7}) {
     for (int stage : {0, 1, 2, 3}) {
       for (bool overlap : {false, true}) {
@@ -164,8 +169,9 @@ TEST_CASE("the reducer gives the same sums with one slot, tiny buckets, one micr
             for (DType dtype : {DType::F32, DType::BF16}) {
               if (dtype == DType::BF16 && world > 4) continue;  // sums past 256 are not exact
               Case c{stage, world, micro, overlap, bucket, dtype};
-              INFO("world " << world << ", stage " << stage << ", overlap " << overlap << ", bucket "
-                            << bucket << ", micro-steps " << micro << ", " << dtype_name(dtype));
+              INFO("world " << world << ", stage " << stage << ", overlap " << overlap
+                            << ", bucket " << bucket << ", micro-steps " << micro << ", "
+                            << dtype_name(dtype));
               std::size_t compared = 0;
               std::int64_t buckets = 0;
               REQUIRE(run_case(c, compared, buckets) == 0);

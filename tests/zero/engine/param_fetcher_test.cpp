@@ -1,15 +1,15 @@
 // ParamFetcher alone, without an engine: every rank's partition holds values that name their rank
 // and position, so a gathered unit shows whether every rank's slice arrived in its place; then
 // persistence, prefetch by trace, and ranks that gather different units.
-#include <catch2/catch.hpp>
+#include "zero/engine/param_fetcher.h"
 
+#include <catch2/catch.hpp>
 #include <mutex>
 #include <vector>
 
 #include "zero/base/error.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/cpu_device.h"
-#include "zero/engine/param_fetcher.h"
 
 namespace zero::engine_detail {
 namespace {
@@ -62,19 +62,20 @@ TEST_CASE("a gathered unit holds every rank's slice in rank order, at world size
     options.param_persistence_threshold_elems = 0;
     std::mutex mu;
     std::size_t wrong = 0, units = 0;
-    run(world, options, [&](ParamFetcher& fetcher, const FlatLayout& layout, int, const EngineTimings&) {
-      for (int step = 0; step < 3; ++step) {
-        for (int u = 0; u < 5; ++u) {
-          fetcher.gather(u);
-          const std::size_t w = wrong_elements(fetcher, layout, u);
-          fetcher.release(u);
-          std::lock_guard<std::mutex> lock(mu);
-          wrong += w;
-          ++units;
-        }
-        fetcher.end_micro_step();
-      }
-    });
+    run(world, options,
+        [&](ParamFetcher& fetcher, const FlatLayout& layout, int, const EngineTimings&) {
+          for (int step = 0; step < 3; ++step) {
+            for (int u = 0; u < 5; ++u) {
+              fetcher.gather(u);
+              const std::size_t w = wrong_elements(fetcher, layout, u);
+              fetcher.release(u);
+              std::lock_guard<std::mutex> lock(mu);
+              wrong += w;
+              ++units;
+            }
+            fetcher.end_micro_step();
+          }
+        });
     REQUIRE(units == static_cast<std::size_t>(world) * 15);
     REQUIRE(wrong == 0);
   }
@@ -111,22 +112,23 @@ TEST_CASE("after the first micro-step the trace prefetches the next units") {
   std::mutex mu;
   std::vector<std::int64_t> prefetches;
   std::size_t wrong = 0;
-  run(2, options, [&](ParamFetcher& fetcher, const FlatLayout& layout, int, const EngineTimings& timings) {
-    std::size_t w = 0;
-    std::vector<std::int64_t> mine;
-    for (int step = 0; step < 3; ++step) {
-      for (int u : {3, 1, 0, 4, 2}) {
-        fetcher.gather(u);
-        w += wrong_elements(fetcher, layout, u);
-        fetcher.release(u);
-      }
-      fetcher.end_micro_step();
-      mine.push_back(timings.prefetches);
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    wrong += w;
-    prefetches = mine;
-  });
+  run(2, options,
+      [&](ParamFetcher& fetcher, const FlatLayout& layout, int, const EngineTimings& timings) {
+        std::size_t w = 0;
+        std::vector<std::int64_t> mine;
+        for (int step = 0; step < 3; ++step) {
+          for (int u : {3, 1, 0, 4, 2}) {
+            fetcher.gather(u);
+            w += wrong_elements(fetcher, layout, u);
+            fetcher.release(u);
+          }
+          fetcher.end_micro_step();
+          mine.push_back(timings.prefetches);
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        wrong += w;
+        prefetches = mine;
+      });
   REQUIRE(wrong == 0);
   // The first micro-step records the trace and prefetches nothing; the later ones prefetch.
   REQUIRE(prefetches.size() == 3);
@@ -139,14 +141,15 @@ TEST_CASE("ranks that gather different units get an error naming the difference,
   FetchOptions options;
   options.param_persistence_threshold_elems = 0;
   options.prefetch_bucket_elems = 0;
-  REQUIRE_THROWS_WITH(run(2, options,
-                          [&](ParamFetcher& fetcher, const FlatLayout&, int rank, const EngineTimings&) {
-                            // Same-size all-gathers (so no collective fails), different units.
-                            fetcher.gather(rank == 0 ? 1 : 4);
-                            fetcher.release(rank == 0 ? 1 : 4);
-                            fetcher.end_micro_step();
-                          }),
-                      Catch::Contains("unit"));
+  REQUIRE_THROWS_WITH(
+      run(2, options,
+          [&](ParamFetcher& fetcher, const FlatLayout&, int rank, const EngineTimings&) {
+            // Same-size all-gathers (so no collective fails), different units.
+            fetcher.gather(rank == 0 ? 1 : 4);
+            fetcher.release(rank == 0 ? 1 : 4);
+            fetcher.end_micro_step();
+          }),
+      Catch::Contains("unit"));
 }
 
 }  // namespace

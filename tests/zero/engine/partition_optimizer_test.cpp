@@ -2,8 +2,9 @@
 // two-group model, stepped against the optimizer kernel applied by hand to each parameter's
 // elements; the fused low-precision write, 16-bit master weights, the overflow and norm walk,
 // stage 0's every-domain mode and the checkpoint accessors.
-#include <catch2/catch.hpp>
+#include "zero/engine/partition_optimizer.h"
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,7 +13,6 @@
 #include "kernels/cast.h"
 #include "kernels/optimizer.h"
 #include "zero/device/cpu_device.h"
-#include "zero/engine/partition_optimizer.h"
 
 namespace zero::engine_detail {
 namespace {
@@ -21,7 +21,10 @@ constexpr int kWorld = 3;
 
 // Two units; group 1 (e.g. biases without decay) interleaves with group 0 inside unit 0.
 std::vector<ParamDesc> model_params(DType dtype) {
-  return {{"w0", 50, dtype, 0, 0}, {"b0", 7, dtype, 1, 0}, {"w1", 33, dtype, 0, 1}, {"b1", 4, dtype, 1, 1}};
+  return {{"w0", 50, dtype, 0, 0},
+          {"b0", 7, dtype, 1, 0},
+          {"w1", 33, dtype, 0, 1},
+          {"b1", 4, dtype, 1, 1}};
 }
 
 float initial_value(std::size_t param, std::size_t j) {
@@ -120,7 +123,8 @@ void check_against_reference(const Setup& s) {
       const int unit = static_cast<int>(u);
       for (const SliceSegment& seg : layout.segments(unit, opt.domain_rank(d))) {
         auto* g = reinterpret_cast<float*>(slices.gradient(d, unit, seg.slice_offset));
-        for (std::size_t j = 0; j < seg.numel; ++j) g[j] = gradient_value(unit, seg.slice_offset + j);
+        for (std::size_t j = 0; j < seg.numel; ++j)
+          g[j] = gradient_value(unit, seg.slice_offset + j);
       }
     }
   }
@@ -136,7 +140,8 @@ void check_against_reference(const Setup& s) {
   for (int d = 0; d < opt.domains(); ++d) {
     const int r = opt.domain_rank(d);
     std::vector<float> master(opt.partition_elems());
-    kernels::cast_cpu(opt.tensor_data(0, d), opt.master_dtype(), master.data(), DType::F32, master.size());
+    kernels::cast_cpu(opt.tensor_data(0, d), opt.master_dtype(), master.data(), DType::F32,
+                      master.size());
     for (std::size_t u = 0; u < layout.num_units(); ++u) {
       const int unit = static_cast<int>(u);
       const UnitLayout& ul = layout.unit(unit);
@@ -155,13 +160,15 @@ void check_against_reference(const Setup& s) {
             t.state1 = &v;
             t.numel = 1;
             kernels::optimizer_step_cpu(hypers[static_cast<std::size_t>(group)],
-                                        {group == 0 ? 1e-2 : 3e-2, step, 0.5}, t, {1, kernels::Isa::Scalar});
+                                        {group == 0 ? 1e-2 : 3e-2, step, 0.5}, t,
+                                        {1, kernels::Isa::Scalar});
           }
           const float got = master[ul.partition_offset + seg.slice_offset + j];
           INFO("domain " << d << " unit " << unit << " param " << seg.param << " element " << j);
           REQUIRE(std::fabs(got - w) <= tolerance * std::fabs(w) + (tolerance > 0 ? 1e-3f : 0.0f));
           // The model copy is the master rounded once to the model dtype.
-          const float in_model = model[static_cast<std::size_t>(r) * ul.slice_elems + seg.slice_offset + j];
+          const float in_model =
+              model[static_cast<std::size_t>(r) * ul.slice_elems + seg.slice_offset + j];
           float rounded = got;
           if (s.model_dtype != DType::F32) {
             std::uint16_t h;
@@ -184,12 +191,23 @@ void check_against_reference(const Setup& s) {
   REQUIRE(moved == checked);
 }
 
-TEST_CASE("the partition steps each param group's elements exactly as the kernel steps them alone") {
-  SECTION("fp32 model, rank 0") { check_against_reference({DType::F32, DType::F32, false, 0}); }
-  SECTION("fp32 model, last rank") { check_against_reference({DType::F32, DType::F32, false, kWorld - 1}); }
-  SECTION("bf16 model: the fused low-precision write") { check_against_reference({DType::BF16, DType::F32, false, 1}); }
-  SECTION("fp16 model") { check_against_reference({DType::F16, DType::F32, false, 1}); }
-  SECTION("stage 0: every rank's partition") { check_against_reference({DType::F32, DType::F32, true, 1}); }
+TEST_CASE(
+    "the partition steps each param group's elements exactly as the kernel steps them alone") {
+  SECTION("fp32 model, rank 0") {
+    check_against_reference({DType::F32, DType::F32, false, 0});
+  }
+  SECTION("fp32 model, last rank") {
+    check_against_reference({DType::F32, DType::F32, false, kWorld - 1});
+  }
+  SECTION("bf16 model: the fused low-precision write") {
+    check_against_reference({DType::BF16, DType::F32, false, 1});
+  }
+  SECTION("fp16 model") {
+    check_against_reference({DType::F16, DType::F32, false, 1});
+  }
+  SECTION("stage 0: every rank's partition") {
+    check_against_reference({DType::F32, DType::F32, true, 1});
+  }
 }
 
 TEST_CASE("16-bit master weights are stepped in fp32 and stored rounded") {
@@ -225,7 +243,8 @@ TEST_CASE("the overflow check and the norm walk only the rank's own gradients") 
   REQUIRE(std::isinf(opt.squared_norm()));
 }
 
-TEST_CASE("checkpoint accessors read back what assign wrote, and states start at their initial value") {
+TEST_CASE(
+    "checkpoint accessors read back what assign wrote, and states start at their initial value") {
   const FlatLayout layout = FlatLayout::build(model_params(DType::F32), {kWorld, 1, 4});
   CpuDevice device(0);
   TestSlices slices(layout, DType::F32, true);
@@ -254,7 +273,8 @@ TEST_CASE("checkpoint accessors read back what assign wrote, and states start at
   kernels::cast_cpu(opt.tensor_data(1, 0), DType::BF16, state.data(), DType::F32, n);
   REQUIRE(state == values);  // multiples of 0.5 below 48 are exact in bf16
   // Domain d's tensor starts d partitions in.
-  REQUIRE(opt.tensor_data(0, 2) == opt.tensor_data(0, 0) + 2 * opt.partition_elems() * sizeof(float));
+  REQUIRE(opt.tensor_data(0, 2) ==
+          opt.tensor_data(0, 0) + 2 * opt.partition_elems() * sizeof(float));
 }
 
 }  // namespace

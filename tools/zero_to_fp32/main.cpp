@@ -1,12 +1,11 @@
-// zero_to_fp32: consolidates a zero checkpoint (DESIGN.md §5) into whole tensors, as DeepSpeed's
-// zero_to_fp32.py does for its own checkpoints. Every rank file is verified first; then each
-// parameter is streamed chunk by chunk from the rank files' byte ranges straight into a
-// SafetensorsStreamWriter, so memory stays bounded by a fixed buffer (frozen parameters, which
-// the checkpoint keeps whole, by the largest of them).
-//
-// A DeepSpeed checkpoint directory (ZeRO 1/2/3; zero/dscheckpoint reads its .pt files without
-// executing their pickles) is consolidated the same way, one parameter in memory at a time, with
-// exactly the values DeepSpeed's own zero_to_fp32 reconstructs.
+// zero_to_fp32: consolidates a checkpoint into whole tensors, as DeepSpeed's zero_to_fp32.py does
+// for its own checkpoints. The checkpoint is read through ckpt::CheckpointSource, so a zero
+// checkpoint (DESIGN.md §5) and a DeepSpeed one (ZeRO 1/2/3; zero/dscheckpoint reads its .pt
+// files without executing their pickles) go the same way. Every checksummed file is verified
+// first; then each parameter is streamed chunk by chunk into a SafetensorsStreamWriter, so
+// memory stays bounded by a fixed buffer (frozen parameters, which checkpoints keep whole, and
+// DeepSpeed parameters, reconstructed whole, by the largest of them). A DeepSpeed checkpoint
+// gives exactly the values DeepSpeed's own zero_to_fp32 reconstructs.
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,10 +25,9 @@
 #include "kernels/cast.h"
 #include "tools/zero_to_fp32/options.h"
 #include "tools/zero_to_fp32/shards.h"
-#include "zero/checkpoint/checkpoint.h"
-#include "zero/dscheckpoint/deepspeed.h"
 #include "zero/base/dtype.h"
 #include "zero/base/error.h"
+#include "zero/checkpoint/source.h"
 #include "zero/io/safetensors.h"
 
 namespace {
@@ -136,7 +135,11 @@ struct Location {
 };
 
 // CHECKPOINT_DIR is the directory holding `latest` and the tags, or one tag directory itself.
+// DeepSpeed's folders (either kind) are resolved by CheckpointSource::open as they are given.
 Location locate_checkpoint(const Options& o) {
+  if (ckpt::detect_format(o.checkpoint_dir) == ckpt::Format::DeepSpeed) {
+    return {o.checkpoint_dir, o.tag};
+  }
   const fs::path given(o.checkpoint_dir);
   std::error_code ec;
   if (!fs::exists(given, ec)) {
@@ -191,20 +194,14 @@ Location locate_checkpoint(const Options& o) {
 
 // One tensor of the output.
 struct Item {
-  std::size_t param = 0;  // manifest index
+  std::size_t param = 0;  // index into CheckpointSource::params()
   std::string name;
   std::vector<std::int64_t> shape;
   std::uint64_t numel = 0;
   bool trainable = true;
-  DType source_dtype = DType::F32;  // master: fp32; frozen: the model copy's dtype
+  DType source_dtype = DType::F32;        // master: fp32; frozen: SourceParam::frozen_dtype
   std::vector<std::string> aliases = {};  // tied names: the tensor is written once
 };
-
-std::uint64_t shape_numel(const std::vector<std::int64_t>& shape) {
-  std::uint64_t n = 1;
-  for (const std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
-  return n;
-}
 
 // Converts and appends tensor bytes in pieces of at most kChunkElems.
 class Appender {
@@ -241,66 +238,20 @@ class Appender {
   std::vector<std::byte> narrow_;
 };
 
-// Where the tensors come from: a zero checkpoint or a DeepSpeed one.
-class TensorSource {
- public:
-  virtual ~TensorSource() = default;
-  virtual std::string path() const = 0;
-  // Elements [begin, begin + count) of a trainable item as fp32.
-  virtual void read_range(const Item& item, std::uint64_t begin, std::uint64_t count, float* out) = 0;
-  // The whole model copy of a frozen item, in item.source_dtype.
-  virtual std::vector<std::byte> read_whole(const Item& item) = 0;
-};
-
-class ZeroSource final : public TensorSource {
- public:
-  explicit ZeroSource(const ckpt::CheckpointReader& r) : r_(r) {}
-  std::string path() const override { return r_.path(); }
-  void read_range(const Item& item, std::uint64_t begin, std::uint64_t count, float* out) override {
-    r_.read_param(item.param, "master", begin, count, out);
-  }
-  std::vector<std::byte> read_whole(const Item& item) override { return r_.read_frozen(item.param); }
-
- private:
-  const ckpt::CheckpointReader& r_;
-};
-
-// DeepSpeed reconstructs a parameter whole; the last one is kept for the chunks that follow.
-class DeepSpeedSource final : public TensorSource {
- public:
-  explicit DeepSpeedSource(const zero::dscheckpoint::DeepSpeedCheckpoint& d) : d_(d) {}
-  std::string path() const override { return d_.tag_dir(); }
-  void read_range(const Item& item, std::uint64_t begin, std::uint64_t count, float* out) override {
-    if (cached_ != item.param) {
-      values_ = d_.read_fp32(item.param);
-      cached_ = item.param;
-    }
-    std::copy_n(values_.begin() + static_cast<std::ptrdiff_t>(begin), count, out);
-  }
-  std::vector<std::byte> read_whole(const Item& item) override {
-    throw zero::Error(fmt::format("{}: {} is read as fp32 ranges", d_.tag_dir(), item.name));
-  }
-
- private:
-  const zero::dscheckpoint::DeepSpeedCheckpoint& d_;
-  std::size_t cached_ = SIZE_MAX;
-  std::vector<float> values_;
-};
-
-void write_tensor(TensorSource& reader, const Item& item,
+void write_tensor(const ckpt::CheckpointSource& reader, const Item& item,
                   zero::io::SafetensorsStreamWriter& writer, Appender& appender,
                   Progress& progress) {
   if (item.trainable) {
     for (std::uint64_t begin = 0; begin < item.numel;) {
       const std::uint64_t count = std::min(kChunkElems, item.numel - begin);
-      reader.read_range(item, begin, count, appender.f32());
+      reader.read(item.param, "master", begin, count, appender.f32());
       appender.append(writer, appender.f32(), DType::F32, static_cast<std::size_t>(count),
                       progress);
       begin += count;
     }
     return;
   }
-  const std::vector<std::byte> whole = reader.read_whole(item);
+  const std::vector<std::byte> whole = reader.read_frozen_raw(item.param);
   const std::size_t element_bytes = zero::dtype_size(item.source_dtype);
   ZERO_CHECK_AS(IoError, whole.size() == item.numel * element_bytes,
                 "{}: frozen parameter {} has {} bytes, its shape and dtype {} say {}",
@@ -341,89 +292,72 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-int write_output(const Options& o, TensorSource& reader, std::vector<Item> items,
+// Every checksummed file, every tensor, before anything is written: a corrupted checkpoint must
+// not produce plausible-looking weights. A DeepSpeed checkpoint has none (its zip entries carry
+// CRCs, checked as they are read); the line then says what was found.
+void verify_all(const ckpt::CheckpointSource& source) {
+  const std::vector<ckpt::ChecksummedFile> files = source.checksummed_files();
+  const int world = source.world_size();
+  if (files.empty()) {
+    fmt::print(stderr,
+               "zero_to_fp32: {} is a {} checkpoint (ZeRO stage {}, {} rank{}, {}, {} tensors)\n",
+               source.path(), ckpt::format_name(source.format()), source.stage(), world,
+               world == 1 ? "" : "s", source.model_dtype(), source.params().size());
+    return;
+  }
+  std::uint64_t checked_bytes = 0;
+  std::size_t checked_tensors = 0;
+  for (const ckpt::ChecksummedFile& f : files) {
+    checked_bytes += f.bytes;
+    checked_tensors += f.tensors;
+  }
+  const Clock::time_point verify_start = Clock::now();
+  Progress progress("verifying", checked_bytes);
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    source.verify_file(i);
+    progress.advance(files[i].bytes);
+  }
+  progress.clear();
+  fmt::print(stderr,
+             "zero_to_fp32: verified {} (ZeRO stage {}, {} rank{}): {} tensors, {} in {} "
+             "file{}, checksums match ({:.2f} s)\n",
+             source.path(), source.stage(), world, world == 1 ? "" : "s", checked_tensors,
+             format_bytes(checked_bytes), files.size(), files.size() == 1 ? "" : "s",
+             seconds_since(verify_start));
+}
+
+int write_output(const Options& o, const ckpt::CheckpointSource& reader, std::vector<Item> items,
                  std::size_t frozen_left_out, Clock::time_point start);
 
-// A DeepSpeed checkpoint: every tensor DeepSpeed's zero_to_fp32 writes, in its order.
-int run_deepspeed(const Options& o, Clock::time_point start) {
-  const auto ds = zero::dscheckpoint::DeepSpeedCheckpoint::open(o.checkpoint_dir, o.tag);
-  fmt::print(stderr, "zero_to_fp32: {} is a DeepSpeed checkpoint (ZeRO stage {}, {} rank{}, {}, {} tensors)\n",
-             ds.tag_dir(), ds.stage(), ds.world_size(), ds.world_size() == 1 ? "" : "s", ds.dtype(),
-             ds.params().size());
+int run(const Options& o) {
+  const Clock::time_point start = Clock::now();
+  const Location where = locate_checkpoint(o);
+  const std::unique_ptr<ckpt::CheckpointSource> source =
+      ckpt::CheckpointSource::open(where.dir, where.tag);
+  verify_all(*source);
+
+  // Every tensor, in the checkpoint's order; DeepSpeed's buffers are written like parameters
+  // (its zero_to_fp32 keeps them), frozen parameters unless --exclude-frozen.
   std::vector<Item> items;
   std::size_t frozen_left_out = 0;
-  for (std::size_t i = 0; i < ds.params().size(); ++i) {
-    const zero::dscheckpoint::DsParam& p = ds.params()[i];
+  for (std::size_t i = 0; i < source->params().size(); ++i) {
+    const ckpt::SourceParam& p = source->params()[i];
     if (!p.trainable && !p.buffer && o.exclude_frozen) {
       ++frozen_left_out;
       continue;
     }
-    items.push_back({.param = i, .name = p.name, .shape = p.shape, .numel = shape_numel(p.shape),
-                     .trainable = true, .source_dtype = DType::F32});
+    items.push_back({.param = i,
+                     .name = p.name,
+                     .shape = p.shape,
+                     .numel = p.numel,
+                     .trainable = p.trainable,
+                     .source_dtype = p.trainable ? DType::F32 : p.frozen_dtype,
+                     .aliases = p.aliases});
   }
-  DeepSpeedSource source(ds);
-  return write_output(o, source, std::move(items), frozen_left_out, start);
+  return write_output(o, *source, std::move(items), frozen_left_out, start);
 }
 
-int run(const Options& o) {
-  const Clock::time_point start = Clock::now();
-  if (zero::dscheckpoint::is_deepspeed_checkpoint(o.checkpoint_dir)) return run_deepspeed(o, start);
-  const Location where = locate_checkpoint(o);
-  const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(where.dir, where.tag);
-  const ckpt::Manifest& manifest = reader.manifest();
-
-  // Every rank file, every tensor, before anything is written: a corrupted checkpoint must not
-  // produce plausible-looking weights.
-  std::uint64_t checked_bytes = 0;
-  std::size_t checked_tensors = 0;
-  for (const ckpt::RankFile& f : manifest.files) {
-    for (const auto& [name, sum] : f.tensors) checked_bytes += sum.bytes;
-    checked_tensors += f.tensors.size();
-  }
-  {
-    const Clock::time_point verify_start = Clock::now();
-    Progress progress("verifying", checked_bytes);
-    for (const ckpt::RankFile& f : manifest.files) {
-      reader.verify_rank_file(f.rank);
-      std::uint64_t bytes = 0;
-      for (const auto& [name, sum] : f.tensors) bytes += sum.bytes;
-      progress.advance(bytes);
-    }
-    progress.clear();
-    fmt::print(stderr,
-               "zero_to_fp32: verified {} (ZeRO stage {}, {} rank{}): {} tensors, {} in {} "
-               "file{}, checksums match ({:.2f} s)\n",
-               reader.path(), manifest.stage, manifest.world_size,
-               manifest.world_size == 1 ? "" : "s", checked_tensors, format_bytes(checked_bytes),
-               manifest.files.size(), manifest.files.size() == 1 ? "" : "s",
-               seconds_since(verify_start));
-  }
-
-  std::vector<Item> items;
-  std::size_t frozen_left_out = 0;
-  for (std::size_t i = 0; i < manifest.params.size(); ++i) {
-    const ckpt::ParamEntry& p = manifest.params[i];
-    if (!p.trainable && o.exclude_frozen) {
-      ++frozen_left_out;
-      continue;
-    }
-    Item item{.param = i,
-              .name = p.name,
-              .shape = p.shape,
-              .numel = shape_numel(p.shape),
-              .trainable = p.trainable,
-              .source_dtype = p.trainable ? DType::F32 : p.dtype,
-              .aliases = p.aliases};
-    ZERO_CHECK_AS(IoError, !p.trainable || p.numel == item.numel,
-                  "{}: manifest lists parameter {} with {} elements, but its shape holds {}",
-                  reader.path(), p.name, p.numel, item.numel);
-    items.push_back(std::move(item));
-  }
-  ZeroSource source(reader);
-  return write_output(o, source, std::move(items), frozen_left_out, start);
-}
-
-int write_output(const Options& o, TensorSource& reader, std::vector<Item> items,
+int write_output(const Options& o, const ckpt::CheckpointSource& reader, std::vector<Item> items,
                  std::size_t frozen_left_out, Clock::time_point start) {
   if (items.empty()) {
     throw zero::Error(fmt::format("{}: nothing to write: {}", reader.path(),

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/combine.h"
-#include "zero/dscheckpoint/deepspeed.h"
+#include "zero/checkpoint/source.h"
 #include "zero/engine/engine_impl.h"
 
 namespace zero::engine_detail {
@@ -291,153 +291,15 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
   agree_on_failure(error);
 }
 
-namespace {
-
 // What a load reads, whatever wrote it: zero's own checkpoints, or DeepSpeed's.
-struct SourceParam {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  bool trainable = true;
-};
-struct SourceCounters {
-  std::int64_t global_steps = 0, skipped_steps = 0, applied_steps = 0, last_batch_iteration = -1;
-  std::optional<LossScalerState> scaler;
-};
-
-class LoadSource {
- public:
-  virtual ~LoadSource() = default;
-  virtual std::string path() const = 0;
-  virtual const std::vector<SourceParam>& params() const = 0;
-  // Empty when this source cannot serve `names` (the engine's optimizer states); else nothing.
-  virtual std::string check_states(const std::vector<std::string>& names, const std::string& kind) const = 0;
-  // Verifies this rank's share (of `world` ranks) of the checksummed data.
-  virtual void verify(int rank, int world) = 0;
-  // Elements [begin, begin + count) of trainable parameter p's "master" or state `what`.
-  virtual void read(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count,
-                    float* out) = 0;
-  // The whole model copy of a parameter the source holds frozen, as fp32.
-  virtual std::vector<float> read_frozen(std::size_t p) = 0;
-  virtual SourceCounters counters() const = 0;
-  virtual json client_state() const = 0;
-};
-
-class ZeroSource final : public LoadSource {
- public:
-  ZeroSource(const std::string& dir, const std::string& tag) : r_(ckpt::CheckpointReader::open(dir, tag)) {
-    for (const ckpt::ParamEntry& e : r_.manifest().params) params_.push_back({e.name, e.shape, e.trainable});
-  }
-  std::string path() const override { return r_.path(); }
-  const std::vector<SourceParam>& params() const override { return params_; }
-  std::string check_states(const std::vector<std::string>& names, const std::string& kind) const override {
-    const ckpt::Manifest& m = r_.manifest();
-    if (m.state_names == names && m.optimizer.value("kind", std::string()) == kind) return {};
-    return fmt::format("the checkpoint's optimizer is {} (states {}), this run's is {} (states {})",
-                       m.optimizer.value("kind", std::string("?")), fmt::join(m.state_names, ", "), kind,
-                       fmt::join(names, ", "));
-  }
-  void verify(int rank, int world) override {
-    for (int q = rank; q < r_.manifest().world_size; q += world) r_.verify_rank_file(q);
-  }
-  void read(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count, float* out) override {
-    r_.read_param(p, what, begin, count, out);
-  }
-  std::vector<float> read_frozen(std::size_t p) override {
-    const ckpt::ParamEntry& e = r_.manifest().params[p];
-    std::vector<float> v(e.numel);
-    if (e.trainable) {
-      r_.read_param(p, "master", 0, v.size(), v.data());
-    } else {
-      const std::vector<std::byte> raw = r_.read_frozen(p);
-      kernels::combine_cpu(v.data(), DType::F32, raw.data(), e.dtype, v.size(), 1.0f, false, {});
-    }
-    return v;
-  }
-  SourceCounters counters() const override {
-    const json& es = r_.manifest().engine_state;
-    const json& s = es.at("loss_scaler");
-    return {es.at("global_steps").get<std::int64_t>(), es.at("skipped_steps").get<std::int64_t>(),
-            es.at("applied_steps").get<std::int64_t>(), es.at("last_batch_iteration").get<std::int64_t>(),
-            LossScalerState{s.at("scale").get<double>(), s.at("iteration").get<std::int64_t>(),
-                            s.at("last_overflow_iteration").get<std::int64_t>(),
-                            s.at("hysteresis_left").get<std::int64_t>()}};
-  }
-  json client_state() const override { return r_.manifest().client_state; }
-
- private:
-  ckpt::CheckpointReader r_;
-  std::vector<SourceParam> params_;
-};
-
-// DeepSpeed's own checkpoint (zero/dscheckpoint): each parameter is reconstructed whole, so the
-// last one read is kept for the ranges that follow.
-class DeepSpeedSource final : public LoadSource {
- public:
-  DeepSpeedSource(const std::string& dir, const std::string& tag)
-      : d_(dscheckpoint::DeepSpeedCheckpoint::open(dir, tag)) {
-    for (const dscheckpoint::DsParam& p : d_.params()) params_.push_back({p.name, p.shape, p.trainable});
-  }
-  std::string path() const override { return d_.tag_dir(); }
-  const std::vector<SourceParam>& params() const override { return params_; }
-  std::string check_states(const std::vector<std::string>& names, const std::string& kind) const override {
-    for (const std::string& n : names) {
-      if (std::find(d_.state_names().begin(), d_.state_names().end(), n) == d_.state_names().end()) {
-        return fmt::format("the DeepSpeed checkpoint holds optimizer states {}, this run's {} needs {}",
-                           fmt::join(d_.state_names(), ", "), kind, fmt::join(names, ", "));
-      }
-    }
-    return {};
-  }
-  void verify(int, int) override {}  // DeepSpeed stores no checksums; libzip checks each entry's CRC
-  void read(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count, float* out) override {
-    if (cached_param_ != p || cached_what_ != what) {
-      cached_ = what == "master" ? d_.read_fp32(p) : d_.read_state(p, what);
-      cached_param_ = p;
-      cached_what_ = what;
-    }
-    std::copy_n(cached_.begin() + static_cast<std::ptrdiff_t>(begin), count, out);
-  }
-  std::vector<float> read_frozen(std::size_t p) override { return d_.read_fp32(p); }
-  SourceCounters counters() const override {
-    SourceCounters c;
-    c.global_steps = d_.global_steps();
-    c.skipped_steps = d_.skipped_steps();
-    c.applied_steps = d_.step();
-    // DeepSpeed's schedulers count applied steps from -1 (lr_schedules.py last_batch_iteration).
-    const json sched = d_.lr_scheduler();
-    c.last_batch_iteration = sched.is_object() && sched.contains("last_batch_iteration") &&
-                                     sched["last_batch_iteration"].is_number_integer()
-                                 ? sched["last_batch_iteration"].get<std::int64_t>()
-                                 : c.applied_steps - 1;
-    const json sc = d_.scaler_state();
-    if (d_.dynamic_loss_scale() && sc.is_object() && sc.contains("cur_scale")) {
-      c.scaler = LossScalerState{sc.value("cur_scale", 1.0), sc.value("cur_iter", std::int64_t{0}),
-                                 sc.value("last_overflow_iter", std::int64_t{-1}),
-                                 sc.value("cur_hysteresis", std::int64_t{1})};
-    }
-    return c;
-  }
-  json client_state() const override { return json::object(); }
-
- private:
-  dscheckpoint::DeepSpeedCheckpoint d_;
-  std::vector<SourceParam> params_;
-  std::size_t cached_param_ = SIZE_MAX;
-  std::string cached_what_;
-  std::vector<float> cached_;
-};
-
-}  // namespace
+using ckpt::SourceCounters;
+using ckpt::SourceParam;
 
 nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
   std::string error;
-  std::unique_ptr<LoadSource> source;
+  std::unique_ptr<ckpt::CheckpointSource> source;
   try {
-    if (dscheckpoint::is_deepspeed_checkpoint(dir)) {
-      source = std::make_unique<DeepSpeedSource>(dir, tag);
-    } else {
-      source = std::make_unique<ZeroSource>(dir, tag);
-    }
+    source = ckpt::CheckpointSource::open(dir, tag);
   } catch (const std::exception& e) {
     error = fmt::format("load_checkpoint: {}", e.what());
   }

@@ -21,6 +21,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/traffic_probe.h"
 #include "zero/base/error.h"
+#include "zero/base/half.h"
 
 namespace zero::bench {
 
@@ -101,12 +102,6 @@ float hashed(std::uint64_t i, std::uint64_t seed, float lo, float hi) {
   return lo + (hi - lo) * static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
 }
 
-std::uint16_t bf16_bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
 struct Arrays {
   Buffer master, grad_f32, grad_bf16, state0_f32, state1_f32, state0_bf16, state1_bf16, out_bf16;
 };
@@ -128,11 +123,11 @@ Arrays make_arrays(std::size_t n, int threads) {
       master[i] = hashed(i, 1, -1.0f, 1.0f);
       // Positive gradients keep the probe's v += g from making Adam's second moment negative.
       g32[i] = hashed(i, 2, 1e-3f, 1e-2f);
-      g16[i] = bf16_bits(g32[i]);
+      g16[i] = half::float_to_bf16(g32[i]);
       m32[i] = hashed(i, 3, -1e-3f, 1e-3f);
       v32[i] = hashed(i, 4, 1e-6f, 1e-4f);
-      m16[i] = bf16_bits(m32[i]);
-      v16[i] = bf16_bits(v32[i]);
+      m16[i] = half::float_to_bf16(m32[i]);
+      v16[i] = half::float_to_bf16(v32[i]);
       out[i] = 0;
     }
   });

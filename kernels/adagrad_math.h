@@ -5,7 +5,8 @@
 // gradient there (SPEC_DEEPSPEED.md §6.3, §10.19). Same rules as adam_math.h for F.
 #pragma once
 
-#include "kernels/hd.h"
+#include "kernels/element_math.h"
+#include "zero/base/hd.h"
 
 namespace zero::kernels::math {
 

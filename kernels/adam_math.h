@@ -13,7 +13,8 @@
 // the same IEEE operations in the same order and is bitwise identical. No FMA contraction.
 #pragma once
 
-#include "kernels/hd.h"
+#include "kernels/element_math.h"
+#include "zero/base/hd.h"
 
 namespace zero::kernels::math {
 

@@ -2,11 +2,11 @@
 #include <cstring>
 
 #include "kernels/cast.h"
-#include "kernels/cast_math.h"
 #include "kernels/combine.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
 #include "zero/base/error.h"
+#include "zero/base/half.h"
 
 namespace zero::kernels {
 namespace {
@@ -14,8 +14,8 @@ namespace {
 float load(const void* p, DType t, std::size_t i) {
   switch (t) {
     case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::BF16: return math::bf16_to_float(static_cast<const std::uint16_t*>(p)[i]);
-    case DType::F16: return math::f16_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::BF16: return half::bf16_to_float(static_cast<const std::uint16_t*>(p)[i]);
+    case DType::F16: return half::f16_to_float(static_cast<const std::uint16_t*>(p)[i]);
     case DType::F64: break;
   }
   ZERO_ASSERT(false);
@@ -25,8 +25,8 @@ float load(const void* p, DType t, std::size_t i) {
 void store(void* p, DType t, std::size_t i, float v) {
   switch (t) {
     case DType::F32: static_cast<float*>(p)[i] = v; return;
-    case DType::BF16: static_cast<std::uint16_t*>(p)[i] = math::float_to_bf16(v); return;
-    case DType::F16: static_cast<std::uint16_t*>(p)[i] = math::float_to_f16(v); return;
+    case DType::BF16: static_cast<std::uint16_t*>(p)[i] = half::float_to_bf16(v); return;
+    case DType::F16: static_cast<std::uint16_t*>(p)[i] = half::float_to_f16(v); return;
     case DType::F64: break;
   }
   ZERO_ASSERT(false);

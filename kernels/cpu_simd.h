@@ -1,5 +1,6 @@
 // Vector types for the CPU ISA paths. Each has the operators the element functions use (+ − × ÷,
-// zero_sqrt, zero_sign) and loads/stores that convert 16-bit floats exactly like cast_math.h.
+// zero_sqrt, zero_sign) and loads/stores that convert 16-bit floats with the bits of the scalar
+// conversions in zero/base/half.h (the rule is stated there).
 // Included only by the per-ISA translation units (cpu_scalar.cpp, cpu_avx2.cpp, cpu_avx512.cpp),
 // whose -m flags decide which types exist.
 #pragma once
@@ -11,8 +12,9 @@
 #include <immintrin.h>
 #endif
 
-#include "kernels/cast_math.h"
-#include "kernels/hd.h"
+#include "kernels/element_math.h"
+#include "zero/base/half.h"
+#include "zero/base/hd.h"
 
 namespace zero::kernels::math {
 inline namespace ZERO_KERNELS_ABI {
@@ -22,13 +24,13 @@ struct ScalarOps {
   using V = float;
   static constexpr int kWidth = 1;
   static V load_f32(const float* p) { return *p; }
-  static V load_bf16(const std::uint16_t* p) { return bf16_to_float(*p); }
-  static V load_f16(const std::uint16_t* p) { return f16_to_float(*p); }
+  static V load_bf16(const std::uint16_t* p) { return half::bf16_to_float(*p); }
+  static V load_f16(const std::uint16_t* p) { return half::f16_to_float(*p); }
   static void store_f32(float* p, V x) { *p = x; }
-  static void store_bf16(std::uint16_t* p, V x) { *p = float_to_bf16(x); }
-  static void store_f16(std::uint16_t* p, V x) { *p = float_to_f16(x); }
+  static void store_bf16(std::uint16_t* p, V x) { *p = half::float_to_bf16(x); }
+  static void store_f16(std::uint16_t* p, V x) { *p = half::float_to_f16(x); }
   static void store_bf16_truncated(std::uint16_t* p, V x) {
-    *p = static_cast<std::uint16_t>(float_bits(x) >> 16);
+    *p = static_cast<std::uint16_t>(half::float_bits(x) >> 16);
   }
   static bool any_nonfinite(V x) {
     const float d = x - x;  // NaN exactly when x is ±inf or NaN

@@ -5,7 +5,8 @@
 // +lr at 0 (SPEC_DEEPSPEED.md §10.19); an exact zero is rare enough that we keep torch's choice.
 #pragma once
 
-#include "kernels/hd.h"
+#include "kernels/element_math.h"
+#include "zero/base/hd.h"
 
 namespace zero::kernels::math {
 

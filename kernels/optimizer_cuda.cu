@@ -2,9 +2,9 @@
 
 #include <cstdint>
 
-#include "kernels/cast_math.h"
 #include "kernels/optimizer_cuda_launch.h"
 #include "kernels/optimizer_math.h"
+#include "zero/base/half.h"
 
 namespace zero::kernels::detail {
 
@@ -16,7 +16,7 @@ constexpr int kElemsPerThreadStep = 4;
 __device__ __forceinline__ float load_elem(const void* base, DType dtype, long long i) {
   if (dtype == DType::F32) return static_cast<const float*>(base)[i];
   const std::uint16_t bits = static_cast<const std::uint16_t*>(base)[i];
-  return dtype == DType::BF16 ? math::bf16_to_float(bits) : math::f16_to_float(bits);
+  return dtype == DType::BF16 ? half::bf16_to_float(bits) : half::f16_to_float(bits);
 }
 
 __device__ __forceinline__ void store_elem(void* base, DType dtype, long long i, float x) {
@@ -24,7 +24,7 @@ __device__ __forceinline__ void store_elem(void* base, DType dtype, long long i,
     static_cast<float*>(base)[i] = x;
   } else {
     static_cast<std::uint16_t*>(base)[i] =
-        dtype == DType::BF16 ? math::float_to_bf16(x) : math::float_to_f16(x);
+        dtype == DType::BF16 ? half::float_to_bf16(x) : half::float_to_f16(x);
   }
 }
 
@@ -43,7 +43,7 @@ __device__ __forceinline__ void load4(const void* base, DType dtype, long long i
       static_cast<std::uint16_t>(v.x & 0xffffu), static_cast<std::uint16_t>(v.x >> 16),
       static_cast<std::uint16_t>(v.y & 0xffffu), static_cast<std::uint16_t>(v.y >> 16)};
   for (int k = 0; k < 4; ++k) {
-    x[k] = dtype == DType::BF16 ? math::bf16_to_float(bits[k]) : math::f16_to_float(bits[k]);
+    x[k] = dtype == DType::BF16 ? half::bf16_to_float(bits[k]) : half::f16_to_float(bits[k]);
   }
 }
 
@@ -54,7 +54,7 @@ __device__ __forceinline__ void store4(void* base, DType dtype, long long i, con
   }
   std::uint32_t bits[4];
   for (int k = 0; k < 4; ++k) {
-    bits[k] = dtype == DType::BF16 ? math::float_to_bf16(x[k]) : math::float_to_f16(x[k]);
+    bits[k] = dtype == DType::BF16 ? half::float_to_bf16(x[k]) : half::float_to_f16(x[k]);
   }
   *reinterpret_cast<uint2*>(static_cast<std::uint16_t*>(base) + i) =
       make_uint2(bits[0] | (bits[1] << 16), bits[2] | (bits[3] << 16));

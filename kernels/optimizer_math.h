@@ -4,10 +4,10 @@
 
 #include "kernels/adagrad_math.h"
 #include "kernels/adam_math.h"
-#include "kernels/hd.h"
 #include "kernels/lion_math.h"
 #include "kernels/optimizer_kind.h"
 #include "kernels/sgd_math.h"
+#include "zero/base/hd.h"
 
 namespace zero::kernels::math {
 

@@ -5,7 +5,7 @@
 //   p ← p + d·(−lr)
 #pragma once
 
-#include "kernels/hd.h"
+#include "zero/base/hd.h"
 
 namespace zero::kernels::math {
 

@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "kernels/cast.h"
-#include "kernels/cast_math.h"
 #include "kernels/norm.h"
 #include "kernels/unscale.h"
 #include "tests/kernels/test_util.h"
 #include "zero/base/error.h"
+#include "zero/base/half.h"
 
 namespace zk = zero::kernels;
 using zero::DType;
@@ -95,7 +95,8 @@ TEST_CASE("casts between fp32 and bf16/fp16 agree bitwise on every ISA with the 
   for (DType dtype : {DType::BF16, DType::F16}) {
     std::vector<std::uint16_t> expected(kNumel);
     for (std::size_t i = 0; i < kNumel; ++i) {
-      expected[i] = dtype == DType::BF16 ? zk::test::reference_bf16(values[i]) : zk::math::float_to_f16(values[i]);
+      expected[i] = dtype == DType::BF16 ? zk::test::reference_bf16(values[i])
+                                         : zk::test::reference_f16(values[i]);
     }
     for (zk::Isa isa : zk::test::runnable_isas()) {
       INFO(zero::dtype_name(dtype) << " on " << zk::isa_name(isa));
@@ -105,7 +106,8 @@ TEST_CASE("casts between fp32 and bf16/fp16 agree bitwise on every ISA with the 
       std::vector<float> wide(kNumel);
       zk::cast_cpu(narrow.data(), dtype, wide.data(), DType::F32, kNumel, {2, isa});
       for (std::size_t i = 0; i < kNumel; ++i) {
-        const float want = dtype == DType::BF16 ? zk::math::bf16_to_float(narrow[i]) : zk::math::f16_to_float(narrow[i]);
+        const float want = dtype == DType::BF16 ? zero::half::bf16_to_float(narrow[i])
+                                                : zero::half::f16_to_float(narrow[i]);
         REQUIRE(std::memcmp(&wide[i], &want, 4) == 0);
       }
     }

@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cast_math.h"
 #include "kernels/optimizer.h"
 #include "tests/kernels/test_util.h"
 
@@ -160,7 +159,8 @@ Grad make_grad(DType dtype, std::uint32_t seed) {
       std::memcpy(g.bytes.data() + 4 * i, &x, 4);
       g.values[i] = x;
     } else {
-      const std::uint16_t h = dtype == DType::BF16 ? zk::test::reference_bf16(x) : zk::math::float_to_f16(x);
+      const std::uint16_t h =
+          dtype == DType::BF16 ? zk::test::reference_bf16(x) : zk::test::reference_f16(x);
       std::memcpy(g.bytes.data() + 2 * i, &h, 2);
       g.values[i] = dtype == DType::BF16 ? zk::test::bf16_value(h) : zk::test::f16_value(h);
     }
@@ -229,8 +229,9 @@ TEST_CASE("optimizer steps match a double-precision reference for every dtype mi
           INFO("step " << step << " element " << i << " ours " << master[i] << " reference " << ref.p[i]);
           REQUIRE(err <= atol + kFp32Rtol * std::fabs(ref.p[i]));
           if (c.param_out) {
-            const std::uint16_t want = c.param_out_dtype == DType::BF16 ? zk::test::reference_bf16(master[i])
-                                                                        : zk::math::float_to_f16(master[i]);
+            const std::uint16_t want = c.param_out_dtype == DType::BF16
+                                           ? zk::test::reference_bf16(master[i])
+                                           : zk::test::reference_f16(master[i]);
             REQUIRE(out[i] == want);
           }
         }

@@ -11,8 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "zero/comm/reduce_math.h"
 #include "zero/base/error.h"
+#include "zero/base/half.h"
+#include "zero/comm/reduce_math.h"
 
 namespace zero {
 namespace comm_detail {
@@ -57,10 +58,10 @@ void max_16bit(void* in, void* inout, int* len, Convert to_float, Narrow) {
 }
 
 void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
-  max_16bit(in, inout, len, bf16_to_float, float_to_bf16);
+  max_16bit(in, inout, len, half::bf16_to_float, half::float_to_bf16);
 }
 void fp16_max(void* in, void* inout, int* len, MPI_Datatype*) {
-  max_16bit(in, inout, len, fp16_to_float, float_to_fp16);
+  max_16bit(in, inout, len, half::f16_to_float, half::float_to_f16);
 }
 
 struct CustomOps {

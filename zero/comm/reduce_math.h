@@ -13,11 +13,6 @@
 
 namespace zero::comm_detail {
 
-float bf16_to_float(std::uint16_t bits);
-std::uint16_t float_to_bf16(float value);  // round to nearest even; NaN stays NaN
-float fp16_to_float(std::uint16_t bits);
-std::uint16_t float_to_fp16(float value);  // round to nearest even; overflow to inf; NaN stays NaN
-
 // dst[i] = op(srcs[0][i], srcs[1][i], ..., srcs[nsrc-1][i]) taken left to right, for i < elems;
 // Avg divides by `avg_divisor`. A source may alias dst exactly (same address): every element
 // is read before it is written. REQUIRES: nsrc >= 1.

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <limits>
 
-#include "kernels/cast_math.h"
 #include "zero/base/error.h"
+#include "zero/base/half.h"
 
 namespace zero::dscheckpoint {
 
@@ -30,8 +30,8 @@ float element_to_float(ScalarType t, const std::byte* p) {
   switch (t) {
     case ScalarType::F32: return load<float>(p);
     case ScalarType::F64: return static_cast<float>(load<double>(p));
-    case ScalarType::F16: return kernels::math::f16_to_float(load<std::uint16_t>(p));
-    case ScalarType::BF16: return kernels::math::bf16_to_float(load<std::uint16_t>(p));
+    case ScalarType::F16: return half::f16_to_float(load<std::uint16_t>(p));
+    case ScalarType::BF16: return half::bf16_to_float(load<std::uint16_t>(p));
     case ScalarType::I64: return static_cast<float>(load<std::int64_t>(p));
     case ScalarType::I32: return static_cast<float>(load<std::int32_t>(p));
     case ScalarType::I16: return static_cast<float>(load<std::int16_t>(p));

@@ -16,7 +16,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 #include "kernels/combine.h"
@@ -44,17 +43,25 @@ std::vector<std::string> state_names(const kernels::OptimizerHyper& h) {
 
 json hyper_json(const GroupOptimizer& g) {
   const kernels::OptimizerHyper& h = g.hyper;
-  return {{"lr", g.base_lr}, {"beta1", h.beta1}, {"beta2", h.beta2}, {"eps", h.eps},
-          {"weight_decay", h.weight_decay}, {"bias_correction", h.bias_correction},
-          {"momentum", h.momentum}, {"dampening", h.dampening}, {"nesterov", h.nesterov},
-          {"lr_decay", h.lr_decay}, {"initial_accumulator_value", h.initial_accumulator_value}};
+  return {{"lr", g.base_lr},
+          {"beta1", h.beta1},
+          {"beta2", h.beta2},
+          {"eps", h.eps},
+          {"weight_decay", h.weight_decay},
+          {"bias_correction", h.bias_correction},
+          {"momentum", h.momentum},
+          {"dampening", h.dampening},
+          {"nesterov", h.nesterov},
+          {"lr_decay", h.lr_decay},
+          {"initial_accumulator_value", h.initial_accumulator_value}};
 }
 
 void write_text_durably(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK_AS(IoError, fd >= 0, "cannot create {}: {}", tmp.string(), std::strerror(errno));
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                  ::fsync(fd) == 0;
   const int err = errno;
   ::close(fd);
   ZERO_CHECK_AS(IoError, ok, "cannot write {}: {}", tmp.string(), std::strerror(err));
@@ -64,8 +71,9 @@ void write_text_durably(const fs::path& path, const std::string& text) {
 }
 
 void check_tag(const std::string& tag) {
-  ZERO_CHECK_AS(IoError, !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' &&
-                             tag.size() < 200 && tag.find(".tmp") == std::string::npos,
+  ZERO_CHECK_AS(IoError,
+                !tag.empty() && tag.find('/') == std::string::npos && tag[0] != '.' &&
+                    tag.size() < 200 && tag.find(".tmp") == std::string::npos,
                 "checkpoint tag '{}': use a plain name such as global_step100", tag);
 }
 
@@ -114,14 +122,16 @@ ckpt::Manifest EngineImpl::describe(const std::string& tag) const {
   }
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
-    ckpt::ParamEntry e{s.name, s.shape, s.dtype, s.group, s.unit, s.trainable, 0, params_[i].numel, s.tied_names};
+    ckpt::ParamEntry e{s.name,      s.shape, s.dtype,          s.group,     s.unit,
+                       s.trainable, 0,       params_[i].numel, s.tied_names};
     if (params_[i].layout_index) e.offset = layout_->placement(*params_[i].layout_index).offset;
     m.params.push_back(std::move(e));
   }
   m.state_names = state_names(groups_[0].hyper);
   json groups = json::array();
   for (const GroupOptimizer& g : groups_) groups.push_back(hyper_json(g));
-  m.optimizer = {{"kind", std::string(kernels::optimizer_name(groups_[0].hyper.kind))}, {"groups", groups}};
+  m.optimizer = {{"kind", std::string(kernels::optimizer_name(groups_[0].hyper.kind))},
+                 {"groups", groups}};
   const LossScalerState& ls = scaler_->state();
   m.engine_state = {{"global_steps", global_steps_},
                     {"skipped_steps", skipped_steps_},
@@ -137,16 +147,19 @@ ckpt::Manifest EngineImpl::describe(const std::string& tag) const {
 }
 
 void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
-                                 const nlohmann::json& client_state, std::optional<bool> model_16bit) {
+                                 const nlohmann::json& client_state,
+                                 std::optional<bool> model_16bit) {
   check_tag(tag);
   bool mid_window = micro_in_window_ != 0;
   for (const ParamState& p : params_) mid_window = mid_window || p.ready || p.slot_out;
-  ZERO_CHECK(!mid_window,
-             "save_checkpoint: call it at an accumulation boundary (after the step() that ended the "
-             "window), not with gradients of a micro-step pending");
+  ZERO_CHECK(
+      !mid_window,
+      "save_checkpoint: call it at an accumulation boundary (after the step() that ended the "
+      "window), not with gradients of a micro-step pending");
   const fs::path final_dir = fs::path(dir) / tag;
   const fs::path tmp_dir = fs::path(dir) / (tag + ".tmp");
-  const bool with_model = model_16bit.value_or(cfg_.zero_optimization.gather_16bit_weights_on_model_save);
+  const bool with_model =
+      model_16bit.value_or(cfg_.zero_optimization.gather_16bit_weights_on_model_save);
   std::string error;
   if (rank_ == 0) {
     try {
@@ -166,7 +179,8 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
   ckpt::RankFile mine{rank_, ckpt::rank_file_name(rank_, world_), {}};
   try {
     std::vector<io::TensorDecl> decls{{"master", DType::F32, {static_cast<std::int64_t>(P)}}};
-    for (const std::string& n : names) decls.push_back({n, DType::F32, {static_cast<std::int64_t>(P)}});
+    for (const std::string& n : names)
+      decls.push_back({n, DType::F32, {static_cast<std::int64_t>(P)}});
     std::vector<std::size_t> frozen;
     if (rank_ == 0) {
       for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -175,7 +189,8 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
         decls.push_back({"frozen/" + specs_[i].name, model_dtype_, specs_[i].shape});
       }
     }
-    io::SafetensorsStreamWriter w((tmp_dir / mine.file).string(), decls, {{"format", "zero-checkpoint-rank"}});
+    io::SafetensorsStreamWriter w((tmp_dir / mine.file).string(), decls,
+                                  {{"format", "zero-checkpoint-rank"}});
     // Checkpoints hold fp32 (exact for 16-bit master weights or states), converted in tiles.
     auto append_f32 = [&](const std::byte* data, DType dtype) {
       if (dtype == DType::F32) {
@@ -189,7 +204,8 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
         w.append(tile.data(), m * sizeof(float));
       }
     };
-    for (int t = 0; t < optimizer_->tensors(); ++t) append_f32(optimizer_->tensor_data(t, own), optimizer_->tensor_dtype(t));
+    for (int t = 0; t < optimizer_->tensors(); ++t)
+      append_f32(optimizer_->tensor_data(t, own), optimizer_->tensor_dtype(t));
     for (std::size_t i : frozen) w.append(params_[i].frozen.data(), params_[i].frozen.size_bytes());
     w.finish();
     for (std::size_t k = 0; k < decls.size(); ++k) {
@@ -221,7 +237,9 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     std::vector<io::TensorDecl> decls;
     for (const ParamSpec& s : specs_) decls.push_back({s.name, model_dtype_, s.shape});
     try {
-      if (rank_ == 0) w.emplace((tmp_dir / "model_16bit.safetensors").string(), decls, std::map<std::string, std::string>{{"format", "pt"}});
+      if (rank_ == 0)
+        w.emplace((tmp_dir / "model_16bit.safetensors").string(), decls,
+                  std::map<std::string, std::string>{{"format", "pt"}});
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -239,7 +257,8 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       try {
         w->finish();
         model_file = ckpt::RankFile{0, "model_16bit.safetensors", {}};
-        for (std::size_t k = 0; k < decls.size(); ++k) model_file->tensors[decls[k].name] = {w->checksums()[k], decls[k].size_bytes()};
+        for (std::size_t k = 0; k < decls.size(); ++k)
+          model_file->tensors[decls[k].name] = {w->checksums()[k], decls[k].size_bytes()};
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -262,7 +281,8 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
                  static_cast<std::uint64_t>(all_sums[base + 2 * k + 1]);
         };
         f.tensors["master"] = {sum_of(0), P * sizeof(float)};
-        for (std::size_t k = 0; k < names.size(); ++k) f.tensors[names[k]] = {sum_of(k + 1), P * sizeof(float)};
+        for (std::size_t k = 0; k < names.size(); ++k)
+          f.tensors[names[k]] = {sum_of(k + 1), P * sizeof(float)};
         if (r == 0) {
           for (const auto& [name, sum] : mine.tensors) {
             if (name.rfind("frozen/", 0) == 0) f.tensors[name] = sum;
@@ -274,13 +294,16 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       io::fsync_directory(tmp_dir.string());
       if (fs::exists(final_dir)) {
         // Swap atomically, so a crash leaves either the old or the new checkpoint under the tag.
-        ZERO_CHECK_AS(IoError, ::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0,
+        ZERO_CHECK_AS(IoError,
+                      ::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(),
+                                  RENAME_EXCHANGE) == 0,
                       "cannot swap {} into place: {}", final_dir.string(), std::strerror(errno));
         io::fsync_directory(dir);
         fs::remove_all(tmp_dir);
       } else {
-        ZERO_CHECK_AS(IoError, ::rename(tmp_dir.c_str(), final_dir.c_str()) == 0, "cannot rename {} to {}: {}",
-                      tmp_dir.string(), final_dir.string(), std::strerror(errno));
+        ZERO_CHECK_AS(IoError, ::rename(tmp_dir.c_str(), final_dir.c_str()) == 0,
+                      "cannot rename {} to {}: {}", tmp_dir.string(), final_dir.string(),
+                      std::strerror(errno));
         io::fsync_directory(dir);
       }
       write_text_durably(fs::path(dir) / "latest", tag + "\n");
@@ -319,18 +342,23 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     }
     const SourceParam& e = sp[it->second];
     if (e.shape != specs_[i].shape) {
-      problems.push_back(fmt::format("parameter '{}' has shape [{}] here and [{}] in the checkpoint", specs_[i].name,
-                                     fmt::join(specs_[i].shape, ", "), fmt::join(e.shape, ", ")));
+      problems.push_back(
+          fmt::format("parameter '{}' has shape [{}] here and [{}] in the checkpoint",
+                      specs_[i].name, fmt::join(specs_[i].shape, ", "), fmt::join(e.shape, ", ")));
     }
     if (specs_[i].trainable && !e.trainable) {
-      problems.push_back(fmt::format("parameter '{}' is trainable here but was frozen in the checkpoint (no "
-                                     "master weights or optimizer states saved)", specs_[i].name));
+      problems.push_back(
+          fmt::format("parameter '{}' is trainable here but was frozen in the checkpoint (no "
+                      "master weights or optimizer states saved)",
+                      specs_[i].name));
     }
     from[i] = it->second;
     by_name.erase(it);
   }
   for (const auto& [name, index] : by_name) {
-    if (sp[index].trainable) problems.push_back(fmt::format("the checkpoint's parameter '{}' is not registered here", name));
+    if (sp[index].trainable)
+      problems.push_back(
+          fmt::format("the checkpoint's parameter '{}' is not registered here", name));
   }
   const std::vector<std::string> names = state_names(groups_[0].hyper);
   const std::string kind(kernels::optimizer_name(groups_[0].hyper.kind));
@@ -373,12 +401,14 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     }
     // Padding positions keep the optimizer's initial state values.
     for (std::size_t k = 0; k < names.size(); ++k) {
-      const float init = kernels::optimizer_state_initial_value(groups_[0].hyper, static_cast<int>(k));
+      const float init =
+          kernels::optimizer_state_initial_value(groups_[0].hyper, static_cast<int>(k));
       if (init == 0.0f) continue;
       for (int d = 0; d < num_domains(); ++d) {
         std::vector<bool> covered(P, false);
         for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
-          std::fill_n(covered.begin() + static_cast<std::ptrdiff_t>(seg.slice_offset), seg.numel, true);
+          std::fill_n(covered.begin() + static_cast<std::ptrdiff_t>(seg.slice_offset), seg.numel,
+                      true);
         }
         for (std::size_t j = 0; j < P; ++j) {
           if (!covered[j]) tensors[k + 1][domain_offset(d) + j] = init;
@@ -392,9 +422,11 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   agree_on_failure(error);
 
   // Commit.
-  for (std::size_t k = 0; k < tensors.size(); ++k) optimizer_->assign(static_cast<int>(k), tensors[k]);
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    optimizer_->assign(static_cast<int>(k), tensors[k]);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
-    if (!frozen[i].empty()) std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());
+    if (!frozen[i].empty())
+      std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());
   }
   global_steps_ = counters.global_steps;
   skipped_steps_ = counters.skipped_steps;

@@ -14,8 +14,8 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
-#include "kernels/cast_math.h"
 #include "zero/base/error.h"
+#include "zero/base/half.h"
 
 namespace zero::io {
 
@@ -225,9 +225,9 @@ std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
       read_raw(name, narrow.data(), n * 2);
       for (std::size_t i = 0; i < n; ++i) {
         if (t.dtype == DType::F16) {
-          out[i] = kernels::math::f16_to_float(narrow[i]);
+          out[i] = half::f16_to_float(narrow[i]);
         } else {
-          out[i] = kernels::math::bf16_to_float(narrow[i]);
+          out[i] = half::bf16_to_float(narrow[i]);
         }
       }
       break;

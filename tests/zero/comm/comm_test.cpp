@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "tests/zero/comm/comm_test_util.h"
+#include "zero/base/error.h"
+#include "zero/base/half.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
-#include "zero/comm/reduce_math.h"
 #include "zero/comm/testing/faulty_communicator.h"
-#include "zero/base/error.h"
 
 using namespace std::chrono_literals;
 using zero::Collective;
@@ -23,55 +23,12 @@ using zero::Communicator;
 using zero::DType;
 using zero::ReduceOp;
 using zero::run_ranks;
-namespace cd = zero::comm_detail;
 namespace zt = zero::test;
 
 namespace {
 const std::vector<int> kWorldSizes = {1, 2, 3, 4, 8};
 constexpr auto kShortTimeout = 300ms;
 }  // namespace
-
-// ---- element conversions (the reference relies on them) -----------------------------------------
-
-TEST_CASE("fp16 conversion round-trips every half value and rounds floats to nearest even") {
-  std::size_t finite = 0;
-  for (std::uint32_t h = 0; h < 65536; ++h) {
-    const float f = cd::fp16_to_float(static_cast<std::uint16_t>(h));
-    if (std::isnan(f)) {
-      REQUIRE(std::isnan(cd::fp16_to_float(cd::float_to_fp16(f))));
-      continue;
-    }
-    REQUIRE(cd::float_to_fp16(f) == h);
-    ++finite;
-  }
-  REQUIRE(finite == 65536 - 2 * 1023);
-  REQUIRE(cd::fp16_to_float(0x3c00) == 1.0f);
-  REQUIRE(cd::fp16_to_float(0x7bff) == 65504.0f);
-  REQUIRE(cd::fp16_to_float(0x0001) == std::ldexp(1.0f, -24));
-  // Ties go to even: 1 + 2^-11 is halfway between 1 and the next half (1 + 2^-10).
-  REQUIRE(cd::float_to_fp16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);
-  REQUIRE(cd::float_to_fp16(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);
-  REQUIRE(cd::float_to_fp16(65519.0f) == 0x7bff);
-  REQUIRE(cd::float_to_fp16(65520.0f) == 0x7c00);               // rounds to infinity
-  REQUIRE(cd::float_to_fp16(std::ldexp(1.0f, -25)) == 0x0000);  // tie to even (zero)
-  REQUIRE(cd::float_to_fp16(std::ldexp(1.5f, -25)) == 0x0001);
-  REQUIRE(cd::float_to_fp16(-std::ldexp(3.0f, -25)) == 0x8002);  // tie to even (2)
-}
-
-TEST_CASE("bf16 conversion round-trips every bf16 value and rounds floats to nearest even") {
-  for (std::uint32_t b = 0; b < 65536; ++b) {
-    const float f = cd::bf16_to_float(static_cast<std::uint16_t>(b));
-    if (std::isnan(f)) {
-      REQUIRE(std::isnan(cd::bf16_to_float(cd::float_to_bf16(f))));
-      continue;
-    }
-    REQUIRE(cd::float_to_bf16(f) == b);
-  }
-  REQUIRE(cd::float_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);  // tie to even
-  REQUIRE(cd::float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);
-  REQUIRE(
-      std::isnan(cd::bf16_to_float(cd::float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
-}
 
 // ---- correctness of every collective
 // --------------------------------------------------------------
@@ -98,12 +55,12 @@ TEST_CASE("bf16 and fp16 sums are taken in fp32 and rounded once") {
   std::vector<std::vector<std::uint16_t>> results(4);
   run_ranks(4, [&](Communicator& comm) {
     const float v = comm.rank() == 0 ? 1.0f : tiny;
-    std::uint16_t x = cd::float_to_bf16(v);
+    std::uint16_t x = zero::half::float_to_bf16(v);
     comm.all_reduce(&x, &x, 1, DType::BF16, ReduceOp::Sum).wait();
     results[static_cast<std::size_t>(comm.rank())] = {x};
   });
   // Rounded per step: 1 + 2^-9 → 1 each time. Rounded once: 1 + 3·2^-9 → 1 + 2^-7 (0x3f81).
-  REQUIRE(cd::float_to_bf16(1.0f + tiny) == 0x3f80);
+  REQUIRE(zero::half::float_to_bf16(1.0f + tiny) == 0x3f80);
   for (const auto& r : results) REQUIRE(r[0] == 0x3f81);
 }
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "zero/base/half.h"
 #include "zero/comm/communicator.h"
-#include "zero/comm/reduce_math.h"
 
 namespace zero::test {
 
@@ -55,12 +55,12 @@ class Bytes {
       }
       case DType::F64: std::memcpy(p, &v, 8); break;
       case DType::BF16: {
-        const auto b = comm_detail::float_to_bf16(static_cast<float>(v));
+        const auto b = half::float_to_bf16(static_cast<float>(v));
         std::memcpy(p, &b, 2);
         break;
       }
       case DType::F16: {
-        const auto b = comm_detail::float_to_fp16(static_cast<float>(v));
+        const auto b = half::float_to_f16(static_cast<float>(v));
         std::memcpy(p, &b, 2);
         break;
       }
@@ -82,12 +82,12 @@ class Bytes {
       case DType::BF16: {
         std::uint16_t b;
         std::memcpy(&b, p, 2);
-        return comm_detail::bf16_to_float(b);
+        return half::bf16_to_float(b);
       }
       case DType::F16: {
         std::uint16_t b;
         std::memcpy(&b, p, 2);
-        return comm_detail::fp16_to_float(b);
+        return half::f16_to_float(b);
       }
     }
     return 0;

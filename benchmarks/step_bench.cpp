@@ -7,7 +7,7 @@
 //   --params N   8 synthetic layers of about N/8 elements, one unit each, with deterministic
 //                gradients copied from a precomputed buffer: no model compute, so the figures are
 //                the engine's own.
-//   --model S    the teacher-student MLP of zero-train (tools/zero_train/mlp.h), micro-batch 1:
+//   --model S    the teacher-student MLP of zero-train (models/mlp.h), micro-batch 1:
 //                forward_backward runs between the engine calls, as in a real trainer.
 // The first step (more while fp16 skips on overflow) is a warm-up, then the result is validated
 // (every fp32 master value finite, almost all of them changed from their initial value), the
@@ -56,7 +56,7 @@
 #include "kernels/isa.h"
 #include "kernels/optimizer.h"
 #include "kernels/traffic_probe.h"
-#include "tools/zero_train/mlp.h"
+#include "models/mlp.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
@@ -88,7 +88,7 @@ constexpr std::size_t kMemcpyTileBytes = std::size_t{1} << 20;
 
 struct StepArgs {
   bool json = false;
-  std::optional<train::MlpShape> model;
+  std::optional<models::MlpShape> model;
   std::optional<std::size_t> params;
   int world_size = 2;
   std::vector<int> stages = {0, 1, 2, 3};
@@ -139,7 +139,7 @@ StepArgs parse_args(std::span<const std::string_view> args) {
     if (a == "--json") {
       r.json = true;
     } else if (a == "--model") {
-      r.model = train::MlpShape::parse(std::string(value(i, a)));
+      r.model = models::MlpShape::parse(std::string(value(i, a)));
     } else if (a == "--params") {
       r.params = parse_count(value(i, a), a);
       ZERO_CHECK(*r.params >= kSyntheticLayers, "--params {}: at least {} (one per layer)",
@@ -193,7 +193,7 @@ float hashed(std::uint64_t stream, std::uint64_t index, float lo, float hi) {
 // What the ranks train: the parameter specs (dtype left to the precision) and initial values.
 struct Workload {
   std::string label;
-  std::optional<train::MlpShape> mlp;
+  std::optional<models::MlpShape> mlp;
   std::vector<ParamSpec> specs;
   std::size_t params = 0;
   std::size_t largest_param = 0;
@@ -201,7 +201,7 @@ struct Workload {
 
   void init(std::size_t index, std::span<float> out) const {
     if (mlp) {
-      train::init_param(*mlp, index, kSeed, /*stream=*/0, out);
+      models::init_param(*mlp, index, kSeed, /*stream=*/0, out);
       return;
     }
     for (std::size_t j = 0; j < out.size(); ++j) out[j] = hashed(index, j, -0.05f, 0.05f);
@@ -213,7 +213,7 @@ Workload make_workload(const StepArgs& args, DType dtype) {
   if (args.model) {
     w.mlp = args.model;
     w.label = args.model->to_string();
-    const std::vector<train::MlpParam> mlp = train::mlp_params(*args.model);
+    const std::vector<models::MlpParam> mlp = models::mlp_params(*args.model);
     for (std::size_t i = 0; i < mlp.size(); ++i) {
       // Weight and bias of layer k form unit k, as zero-train registers them.
       w.specs.push_back({.name = mlp[i].name,
@@ -358,11 +358,11 @@ class Trainer {
       kernels::cast_cpu(p.data(), dtype_, weights_[i].data(), DType::F32, weights_[i].size(),
                         exec_);
     }
-    const train::Batch batch = data_->batch(static_cast<std::uint64_t>(engine_.global_steps()),
+    const models::Batch batch = data_->batch(static_cast<std::uint64_t>(engine_.global_steps()),
                                             static_cast<std::uint64_t>(rank_), 1);
     const std::vector<std::span<const float>> weight_views(weights_.begin(), weights_.end());
     const std::vector<std::span<float>> grad_views(grads_f32_.begin(), grads_f32_.end());
-    (void)train::forward_backward(*w_.mlp, weight_views, batch,
+    (void)models::forward_backward(*w_.mlp, weight_views, batch,
                                   static_cast<float>(engine_.backward_scale()), grad_views);
   }
 
@@ -375,7 +375,7 @@ class Trainer {
   std::vector<std::vector<std::byte>> grads_;
   double grads_scale_ = std::numeric_limits<double>::quiet_NaN();
   // --model
-  std::optional<train::TeacherStudentData> data_;
+  std::optional<models::TeacherStudentData> data_;
   std::vector<std::vector<float>> weights_, grads_f32_;
 };
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/cast.h"
-#include "tools/zero_train/mlp.h"
+#include "models/mlp.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "tests/cli_util.h"
 #include "zero/io/safetensors.h"
@@ -92,14 +92,14 @@ std::vector<float> as_floats(const Tensor& t) {
 
 // The trained weights are not the initial ones: agreeing with them means something.
 void require_trained(const std::map<std::string, Tensor>& dump) {
-  const zero::train::MlpShape shape = zero::train::MlpShape::parse(kModel);
-  const std::vector<zero::train::MlpParam> params = zero::train::mlp_params(shape);
+  const zero::models::MlpShape shape = zero::models::MlpShape::parse(kModel);
+  const std::vector<zero::models::MlpParam> params = zero::models::mlp_params(shape);
   REQUIRE(dump.size() == params.size());
   double moved = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const std::vector<float> x = as_floats(dump.at(params[i].name));
     std::vector<float> init(x.size());
-    zero::train::init_param(shape, i, 7, 0, init);
+    zero::models::init_param(shape, i, 7, 0, init);
     for (std::size_t e = 0; e < x.size(); ++e) {
       moved = std::max(moved, static_cast<double>(std::abs(x[e] - init[e])));
     }

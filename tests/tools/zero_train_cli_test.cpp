@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "tests/cli_util.h"
-#include "tools/zero_train/mlp.h"
+#include "models/mlp.h"
 #include "zero/io/safetensors.h"
 
 namespace {
@@ -65,13 +65,13 @@ std::map<std::string, std::vector<float>> read_dump(const std::string& path) {
 // The largest difference from the initial weights of `kModel` with `seed`: a guard against
 // comparing runs that never trained.
 double moved_from_init(const std::map<std::string, std::vector<float>>& dump, std::uint64_t seed) {
-  const zero::train::MlpShape shape = zero::train::MlpShape::parse(kModel);
-  const std::vector<zero::train::MlpParam> params = zero::train::mlp_params(shape);
+  const zero::models::MlpShape shape = zero::models::MlpShape::parse(kModel);
+  const std::vector<zero::models::MlpParam> params = zero::models::mlp_params(shape);
   double moved = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const std::vector<float>& x = dump.at(params[i].name);
     std::vector<float> init(x.size());
-    zero::train::init_param(shape, i, seed, 0, init);
+    zero::models::init_param(shape, i, seed, 0, init);
     for (std::size_t e = 0; e < x.size(); ++e) {
       moved = std::max(moved, static_cast<double>(std::abs(x[e] - init[e])));
     }
@@ -194,8 +194,8 @@ TEST_CASE("a 2-rank stage-2 run with --json prints one object per step, then a s
 TEST_CASE(
     "--dump-params writes mlp_params' names and shapes at stages 0 and 2, and 30 steps lower the "
     "loss") {
-  const zero::train::MlpShape shape = zero::train::MlpShape::parse(kModel);
-  const std::vector<zero::train::MlpParam> expected = zero::train::mlp_params(shape);
+  const zero::models::MlpShape shape = zero::models::MlpShape::parse(kModel);
+  const std::vector<zero::models::MlpParam> expected = zero::models::mlp_params(shape);
   std::vector<std::vector<float>> dumped[2];
   for (int stage : {0, 2}) {
     const TempFile dump("stage" + std::to_string(stage) + ".safetensors");
@@ -218,7 +218,7 @@ TEST_CASE(
 
     const auto reader = zero::io::SafetensorsReader::open(dump.path());
     REQUIRE(reader.tensors().size() == expected.size());
-    for (const zero::train::MlpParam& p : expected) {
+    for (const zero::models::MlpParam& p : expected) {
       const zero::io::TensorInfo* t = reader.find(p.name);
       REQUIRE(t != nullptr);
       CHECK(t->dtype == zero::DType::F32);
@@ -245,14 +245,14 @@ TEST_CASE("runs at world sizes 1 and 2 see the same global batches") {
 
   const auto a = zero::io::SafetensorsReader::open(two.path());
   const auto b = zero::io::SafetensorsReader::open(one.path());
-  const zero::train::MlpShape shape = zero::train::MlpShape::parse(kModel);
+  const zero::models::MlpShape shape = zero::models::MlpShape::parse(kModel);
   double worst = 0, moved = 0;
-  for (std::size_t i = 0; i < zero::train::mlp_params(shape).size(); ++i) {
-    const std::string name = zero::train::mlp_params(shape)[i].name;
+  for (std::size_t i = 0; i < zero::models::mlp_params(shape).size(); ++i) {
+    const std::string name = zero::models::mlp_params(shape)[i].name;
     const std::vector<float> x = a.read_f32(name), y = b.read_f32(name);
     REQUIRE(x.size() == y.size());
     std::vector<float> init(x.size());
-    zero::train::init_param(shape, i, 5, 0, init);
+    zero::models::init_param(shape, i, 5, 0, init);
     for (std::size_t e = 0; e < x.size(); ++e) {
       worst = std::max(worst, static_cast<double>(std::abs(x[e] - y[e])));
       moved = std::max(moved, static_cast<double>(std::abs(x[e] - init[e])));

@@ -97,7 +97,7 @@ TrainOptions parse_options(std::span<const std::string> args) {
     } else if (flag == "--model") {
       const std::string v = arg.value("mlp:IN,H1,...,OUT");
       try {
-        o.model = MlpShape::parse(v);
+        o.model = models::MlpShape::parse(v);
       } catch (const Error& e) {
         throw UsageError(fmt::format("--model {}: {}", v, e.what()));
       }

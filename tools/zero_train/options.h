@@ -8,7 +8,7 @@
 #include <string>
 
 #include "tools/common/flags.h"
-#include "tools/zero_train/mlp.h"
+#include "models/mlp.h"
 
 namespace zero::train {
 
@@ -21,7 +21,7 @@ struct TrainOptions {
   std::string comm = "inproc";    // "inproc" or "mpi"
   std::int64_t steps = 20;        // optimizer steps, skipped ones included
   std::uint64_t seed = 0;
-  MlpShape model = MlpShape::parse("mlp:32,256,256,10");
+  models::MlpShape model = models::MlpShape::parse("mlp:32,256,256,10");
   std::optional<int> threads;   // kernel threads per rank; nullopt: cores / ranks on this host
   std::string dump_params;      // safetensors path; empty: no dump
   std::string save_dir;         // checkpoint directory written at the end; empty: no save

@@ -8,7 +8,7 @@
 #include <span>
 
 #include "kernels/cast.h"
-#include "tools/zero_train/mlp.h"
+#include "models/mlp.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
@@ -17,6 +17,11 @@
 #include "zero/io/safetensors.h"
 
 namespace zero::train {
+
+using models::Batch;
+using models::MlpParam;
+using models::MlpShape;
+using models::TeacherStudentData;
 
 namespace {
 
@@ -105,7 +110,7 @@ MicroShare micro_share(std::int64_t global_batch, int world, int rank, std::int6
 void train_rank(const TrainOptions& options, const config::DsConfig& config, int threads,
                 Communicator& comm, TrainObserver* observer) {
   const MlpShape& shape = options.model;
-  const std::vector<MlpParam> mlp = mlp_params(shape);
+  const std::vector<MlpParam> mlp = models::mlp_params(shape);
   const std::size_t num_params = mlp.size();
   const DType dtype = config.model_dtype;
 
@@ -128,7 +133,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   engine_options.kernel_threads = threads;
   const kernels::CpuExec exec{.threads = threads};
   const InitFn init = [&](std::size_t index, std::span<float> out) {
-    init_param(shape, index, options.seed, /*stream=*/0, out);
+    models::init_param(shape, index, options.seed, /*stream=*/0, out);
   };
   const std::unique_ptr<Engine> engine =
       Engine::create(config, comm, *device, specs, init, engine_options);
@@ -268,9 +273,10 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
                           exec);
       }
       if (share.rows > 0) {
-        loss_sum += share.weight * forward_backward(shape, weight_views, batch,
-                                                    static_cast<float>(engine->backward_scale() * share.weight),
-                                                    grad_views);
+        loss_sum += share.weight *
+                    models::forward_backward(
+                        shape, weight_views, batch,
+                        static_cast<float>(engine->backward_scale() * share.weight), grad_views);
       } else {
         for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
       }

@@ -33,7 +33,7 @@ constexpr double kTolFp16 = 5e-4;
 // gradient), clipping by the global norm and the optimizer kernel on whole tensors.
 std::vector<std::vector<float>> reference_fp32(const json& config, int world, int steps,
                                                std::uint64_t seed, const std::string& model) {
-  using namespace zero::train;
+  using namespace zero::models;
   const MlpShape shape = MlpShape::parse(model);
   const auto mp = mlp_params(shape);
   config::Supplied supplied;

@@ -15,7 +15,7 @@
 
 #include "config/ds_config.h"
 #include "kernels/cast.h"
-#include "tools/zero_train/mlp.h"
+#include "models/mlp.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
@@ -83,7 +83,7 @@ inline std::vector<float> to_f32(std::span<const std::byte> bytes, DType t) {
 }
 
 inline TrainResult train(const TrainSpec& spec) {
-  using namespace zero::train;
+  using namespace zero::models;
   const MlpShape shape = MlpShape::parse(spec.model);
   const std::vector<MlpParam> mp = mlp_params(shape);
   config::Supplied supplied;

@@ -1,4 +1,4 @@
-#include "tools/zero_train/mlp.h"
+#include "models/mlp.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 
 #include "zero/base/error.h"
 
-namespace zero::train {
+namespace zero::models {
 
 namespace {
 
@@ -228,4 +228,4 @@ double forward_backward(const MlpShape& shape, std::span<const std::span<const f
   return loss;
 }
 
-}  // namespace zero::train
+}  // namespace zero::models

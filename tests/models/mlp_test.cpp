@@ -1,4 +1,4 @@
-#include "tools/zero_train/mlp.h"
+#include "models/mlp.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "zero/base/error.h"
 
-namespace zt = zero::train;
+namespace zt = zero::models;
 
 namespace {
 

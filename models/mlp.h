@@ -1,6 +1,7 @@
-// The model zero-train trains: an MLP (IN, H1, ..., OUT) with ReLU between layers, fitted with a
-// mean-squared error to a fixed "teacher" MLP of the same shape. Everything is a function of the
-// seed, so any rank can produce its share of any step's batch without talking to the others.
+// The model zero-train trains (and zero-bench step and the engine tests): an MLP (IN, H1, ...,
+// OUT) with ReLU between layers, fitted with a mean-squared error to a fixed "teacher" MLP of the
+// same shape. Everything is a function of the seed, so any rank can produce its share of any
+// step's batch without talking to the others.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace zero::train {
+namespace zero::models {
 
 struct MlpShape {
   std::vector<std::size_t> widths;  // IN, H1, ..., OUT; at least two entries, all positive
@@ -68,4 +69,4 @@ double forward_backward(const MlpShape& shape, std::span<const std::span<const f
 double forward_loss(const MlpShape& shape, std::span<const std::span<const float>> weights,
                     const Batch& batch);
 
-}  // namespace zero::train
+}  // namespace zero::models

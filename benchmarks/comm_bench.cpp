@@ -3,7 +3,7 @@
 // job's processes). Each figure is validated (a sum over ranks of known values) before it is
 // timed: best of R single ops after a warm-up, the slowest rank's time.
 //
-// Figures follow nccl-tests (zero/comm/bandwidth.h): with S the bytes of the full buffer per rank
+// Figures follow nccl-tests (comm_bandwidth.h): with S the bytes of the full buffer per rank
 // (reduce_scatter's input, all_gather's output, all_reduce's buffer), algbw = S / t; busbw =
 // algbw·(W-1)/W for reduce_scatter and all_gather, algbw·2(W-1)/W for all_reduce.
 //
@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/comm_bandwidth.h"
 #include "benchmarks/commands.h"
-#include "zero/comm/bandwidth.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"

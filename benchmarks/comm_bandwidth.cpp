@@ -1,4 +1,4 @@
-#include "zero/comm/bandwidth.h"
+#include "benchmarks/comm_bandwidth.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 #include "zero/comm/reduce_math.h"
 #include "zero/base/error.h"
 
-namespace zero {
+namespace zero::bench {
 
 double bus_bandwidth_factor(Collective kind, int world_size) {
   const double n = world_size;
@@ -107,4 +107,4 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
   return t;
 }
 
-}  // namespace zero
+}  // namespace zero::bench

@@ -1,4 +1,4 @@
-// Timing of collectives, for `zero-bench comm`.
+// Timing of collectives, for `zero-bench comm` (comm_bench.cpp).
 //
 // Bus bandwidth follows the nccl-tests convention, so figures compare across world sizes and
 // with the memory/link bandwidth they run on: with S the bytes of the larger per-rank buffer
@@ -12,7 +12,7 @@
 #include "zero/comm/communicator.h"
 #include "zero/device/device.h"
 
-namespace zero {
+namespace zero::bench {
 
 double bus_bandwidth_factor(Collective kind, int world_size);
 
@@ -33,4 +33,4 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
                                  std::size_t bytes_per_rank, int iterations,
                                  DType dtype = DType::F32);
 
-}  // namespace zero
+}  // namespace zero::bench

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "benchmarks/commands.h"
+#include "cli/flags.h"
 #include "config/ds_config.h"
 #include "kernels/cast.h"
 #include "zero/comm/inproc_comm.h"
@@ -64,15 +65,15 @@ struct Args {
   std::string deepspeed;  // a DeepSpeed checkpoint directory to convert, when given
 };
 
-Args parse(std::span<const std::string_view> argv) {
+Args parse(std::span<const std::string> argv) {
   Args a;
-  auto value = [&](std::size_t& i) {
-    ZERO_CHECK(i + 1 < argv.size(), "{} needs a value; {}", argv[i], kUsage);
-    return std::string(argv[++i]);
+  auto value = [&](cli::FlagArg& arg) {
+    ZERO_CHECK(arg.has_value(), "{} needs a value; {}", arg.name(), kUsage);
+    return arg.value(kUsage);
   };
-  auto number = [&](std::size_t& i, double lo, double hi) {
-    const std::string flag(argv[i]);
-    std::string text = value(i);
+  auto number = [&](cli::FlagArg& arg, double lo, double hi) {
+    const std::string given = value(arg);
+    std::string text = given;
     double scale = 1;
     if (!text.empty() && (text.back() == 'M' || text.back() == 'K' || text.back() == 'G')) {
       scale = text.back() == 'K' ? 1024.0 : text.back() == 'M' ? 1048576.0 : 1073741824.0;
@@ -81,27 +82,29 @@ Args parse(std::span<const std::string_view> argv) {
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end) * scale;
     ZERO_CHECK(!text.empty() && *end == '\0' && v >= lo && v <= hi && v == std::floor(v),
-               "{} {}: expected a whole number in [{}, {}]", flag, argv[i], lo, hi);
+               "{} {}: expected a whole number in [{}, {}]", arg.name(), given, lo, hi);
     return v;
   };
   for (std::size_t i = 0; i < argv.size(); ++i) {
-    const std::string_view f = argv[i];
+    cli::FlagArg arg(argv, i);
+    const std::string& f = arg.name();
     if (f == "--json") {
+      arg.no_value();
       a.json = true;
     } else if (f == "--params") {
-      a.params = static_cast<std::size_t>(number(i, kLayers * 64, 1e10));
+      a.params = static_cast<std::size_t>(number(arg, kLayers * 64, 1e10));
     } else if (f == "--world-size") {
-      a.world = static_cast<int>(number(i, 1, 64));
+      a.world = static_cast<int>(number(arg, 1, 64));
     } else if (f == "--stage") {
-      a.stage = static_cast<int>(number(i, 0, 3));
+      a.stage = static_cast<int>(number(arg, 0, 3));
     } else if (f == "--reps") {
-      a.reps = static_cast<int>(number(i, 1, 100));
+      a.reps = static_cast<int>(number(arg, 1, 100));
     } else if (f == "--dir") {
-      a.dir = value(i);
+      a.dir = value(arg);
     } else if (f == "--deepspeed") {
-      a.deepspeed = value(i);
+      a.deepspeed = value(arg);
     } else {
-      ZERO_CHECK(false, "unexpected argument '{}'; {}", f, kUsage);
+      ZERO_CHECK(false, "unexpected argument '{}'; {}", argv[i], kUsage);
     }
   }
   if (a.dir.empty()) a.dir = (fs::temp_directory_path() / ("zero-bench-checkpoint-" + std::to_string(::getpid()))).string();
@@ -234,7 +237,7 @@ std::string zero_to_fp32_path() {
 
 }  // namespace
 
-int run_checkpoint(std::span<const std::string_view> argv) {
+int run_checkpoint(std::span<const std::string> argv) {
   const Args a = parse(argv);
   fs::create_directories(a.dir);
   const std::string ckpt_dir = (fs::path(a.dir) / "ckpt").string();

@@ -30,6 +30,7 @@
 
 #include "benchmarks/comm_bandwidth.h"
 #include "benchmarks/commands.h"
+#include "cli/flags.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
@@ -81,33 +82,36 @@ std::string size_label(std::size_t bytes) {
   return std::to_string(bytes);
 }
 
-CommArgs parse_args(std::span<const std::string_view> args) {
+CommArgs parse_args(std::span<const std::string> args) {
   CommArgs r;
-  auto value = [&](std::size_t& i, std::string_view flag) {
-    ZERO_CHECK(i + 1 < args.size(), "{} needs a value; {}", flag, kUsage);
-    return args[++i];
+  auto value = [&](cli::FlagArg& arg) {
+    ZERO_CHECK(arg.has_value(), "{} needs a value; {}", arg.name(), kUsage);
+    return arg.value(kUsage);
   };
-  auto integer = [&](std::size_t& i, std::string_view flag, long long min) {
-    const std::string text(value(i, flag));
+  auto integer = [&](cli::FlagArg& arg, long long min) {
+    const std::string text = value(arg);
     char* end = nullptr;
     const long long v = std::strtoll(text.c_str(), &end, 10);
     ZERO_CHECK(end != text.c_str() && *end == '\0' && v >= min && v <= 1 << 20,
-               "{} {}: expected an integer >= {}", flag, text, min);
+               "{} {}: expected an integer >= {}", arg.name(), text, min);
     return static_cast<int>(v);
   };
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
+    cli::FlagArg arg(args, i);
+    const std::string& a = arg.name();
     if (a == "--json") {
+      arg.no_value();
       r.json = true;
     } else if (a == "--world-size") {
-      r.world_size = integer(i, a, 2);
+      r.world_size = integer(arg, 2);
       // Each rank contributes rank + 1, which bf16 holds exactly up to 256.
       ZERO_CHECK(r.world_size <= 256, "--world-size {}: at most 256 ranks", r.world_size);
     } else if (a == "--reps") {
-      r.repetitions = integer(i, a, 1);
+      r.repetitions = integer(arg, 1);
     } else if (a == "--sizes") {
       r.sizes_bytes.clear();
-      std::string_view list = value(i, a);
+      const std::string text = value(arg);
+      std::string_view list = text;
       while (!list.empty()) {
         const std::size_t comma = list.find(',');
         r.sizes_bytes.push_back(parse_size(list.substr(0, comma)));
@@ -115,7 +119,7 @@ CommArgs parse_args(std::span<const std::string_view> args) {
       }
       ZERO_CHECK(!r.sizes_bytes.empty(), "--sizes needs at least one size; {}", kUsage);
     } else if (a == "--backend") {
-      const std::string_view b = value(i, a);
+      const std::string b = value(arg);
       if (b == "inproc") {
         r.backend = BackendChoice::Inproc;
       } else if (b == "mpi") {
@@ -126,7 +130,7 @@ CommArgs parse_args(std::span<const std::string_view> args) {
         ZERO_CHECK(false, "--backend {}: expected inproc, mpi or all", b);
       }
     } else {
-      ZERO_CHECK(false, "unexpected argument '{}'; {}", a, kUsage);
+      ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
     }
   }
   return r;
@@ -247,7 +251,7 @@ void measure_inproc(const CommArgs& args) {
 
 }  // namespace
 
-int run_comm(std::span<const std::string_view> argv) {
+int run_comm(std::span<const std::string> argv) {
   const CommArgs args = parse_args(argv);
   const bool under_mpirun = launched_by_mpirun();
   const bool mpi_built = communicator_available("mpi");

@@ -2,16 +2,17 @@
 #pragma once
 
 #include <span>
-#include <string_view>
+#include <string>
 
 namespace zero::bench {
 
-// args excludes the program and subcommand names. Returns the process exit status; errors may
-// also be thrown as zero::Error (main prints them and exits 1).
-int run_checkpoint(std::span<const std::string_view> args);
-int run_comm(std::span<const std::string_view> args);
-int run_kernels(std::span<const std::string_view> args);
-int run_replay(std::span<const std::string_view> args);
-int run_step(std::span<const std::string_view> args);
+// args excludes the program and subcommand names; flags are parsed with cli::FlagArg. Returns the
+// process exit status; errors may also be thrown as zero::Error or cli::UsageError (main prints
+// them and exits 1).
+int run_checkpoint(std::span<const std::string> args);
+int run_comm(std::span<const std::string> args);
+int run_kernels(std::span<const std::string> args);
+int run_replay(std::span<const std::string> args);
+int run_step(std::span<const std::string> args);
 
 }  // namespace zero::bench

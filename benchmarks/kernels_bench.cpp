@@ -11,10 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "benchmarks/commands.h"
+#include "cli/flags.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/isa.h"
@@ -41,38 +44,45 @@ struct KernelsArgs {
   std::string only_optimizer;  // empty = all
 };
 
-KernelsArgs parse_args(std::span<const std::string_view> args) {
+constexpr std::string_view kUsage =
+    "usage: zero-bench kernels [--json] [--params N] [--threads T] [--isa I] [--reps R] "
+    "[--optimizer O]";
+
+KernelsArgs parse_args(std::span<const std::string> args) {
   KernelsArgs r;
-  auto number = [&](std::size_t& i, std::string_view flag) {
-    ZERO_CHECK(i + 1 < args.size(), "{} needs a value", flag);
-    const std::string text(args[++i]);
+  auto number = [&](cli::FlagArg& arg) {
+    ZERO_CHECK(arg.has_value(), "{} needs a value", arg.name());
+    const std::string text = arg.value("a non-negative integer");
     char* end = nullptr;
     const long long v = std::strtoll(text.c_str(), &end, 10);
-    ZERO_CHECK(end != text.c_str() && *end == '\0' && v >= 0, "{} {}: expected a non-negative integer", flag, text);
+    ZERO_CHECK(end != text.c_str() && *end == '\0' && v >= 0,
+               "{} {}: expected a non-negative integer", arg.name(), text);
     return v;
   };
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
+    cli::FlagArg arg(args, i);
+    const std::string& a = arg.name();
     if (a == "--json") {
+      arg.no_value();
       r.json = true;
     } else if (a == "--params") {
-      r.params = static_cast<std::size_t>(number(i, a));
+      r.params = static_cast<std::size_t>(number(arg));
       ZERO_CHECK(r.params >= 1, "--params must be >= 1");
     } else if (a == "--threads") {
-      r.threads = static_cast<int>(number(i, a));
+      r.threads = static_cast<int>(number(arg));
     } else if (a == "--reps") {
-      r.repetitions = std::max(1, static_cast<int>(number(i, a)));
-    } else if (a == "--optimizer" && i + 1 < args.size()) {
-      r.only_optimizer = args[++i];
+      r.repetitions = std::max(1, static_cast<int>(number(arg)));
+    } else if (a == "--optimizer" && arg.has_value()) {
+      r.only_optimizer = arg.value("an optimizer");
       ZERO_CHECK(kernels::parse_optimizer_kind(r.only_optimizer).has_value(),
                  "--optimizer {}: expected adam, adamw, adagrad, lion or sgd", r.only_optimizer);
-    } else if (a == "--isa" && i + 1 < args.size()) {
-      const auto isa = kernels::parse_isa(args[++i]);
-      ZERO_CHECK(isa.has_value(), "--isa {}: expected auto, scalar, avx2 or avx512", args[i]);
+    } else if (a == "--isa" && arg.has_value()) {
+      const std::string text = arg.value("an ISA");
+      const auto isa = kernels::parse_isa(text);
+      ZERO_CHECK(isa.has_value(), "--isa {}: expected auto, scalar, avx2 or avx512", text);
       r.isa = *isa;
     } else {
-      ZERO_CHECK(false, "unexpected argument '{}'; usage: zero-bench kernels [--json] [--params N] "
-                        "[--threads T] [--isa I] [--reps R] [--optimizer O]", a);
+      ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
     }
   }
   return r;
@@ -219,7 +229,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-int run_kernels(std::span<const std::string_view> argv) {
+int run_kernels(std::span<const std::string> argv) {
   const KernelsArgs args = parse_args(argv);
   const kernels::Isa isa = kernels::resolve_isa(args.isa);
   const int threads = kernels::resolve_threads(args.threads);

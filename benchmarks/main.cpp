@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <exception>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -12,7 +13,7 @@ namespace {
 struct Subcommand {
   std::string_view name;
   std::string_view summary;
-  int (*run)(std::span<const std::string_view> args);
+  int (*run)(std::span<const std::string> args);
 };
 
 constexpr Subcommand kSubcommands[] = {
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
-  const std::vector<std::string_view> args(argv + 2, argv + argc);
+  const std::vector<std::string> args(argv + 2, argv + argc);
   for (const auto& s : kSubcommands) {
     if (s.name != name) continue;
     try {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "benchmarks/commands.h"
+#include "cli/flags.h"
 #include "kernels/isa.h"
 #include "kernels/optimizer.h"
 #include "zero/base/error.h"
@@ -27,21 +28,22 @@ struct ReplayArgs {
   kernels::Isa isa = kernels::Isa::Auto;
 };
 
-ReplayArgs parse_args(std::span<const std::string_view> args) {
+ReplayArgs parse_args(std::span<const std::string> args) {
   ReplayArgs r;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    const bool has_value = i + 1 < args.size();
-    if (a == "--out" && has_value) {
-      r.out = args[++i];
-    } else if (a == "--isa" && has_value) {
-      const auto isa = kernels::parse_isa(args[++i]);
-      ZERO_CHECK(isa.has_value(), "--isa {}: expected auto, scalar, avx2 or avx512", args[i]);
+    cli::FlagArg arg(args, i);
+    const std::string& a = arg.name();
+    if (a == "--out" && arg.has_value()) {
+      r.out = arg.value("an output path");
+    } else if (a == "--isa" && arg.has_value()) {
+      const std::string text = arg.value("an ISA");
+      const auto isa = kernels::parse_isa(text);
+      ZERO_CHECK(isa.has_value(), "--isa {}: expected auto, scalar, avx2 or avx512", text);
       r.isa = *isa;
     } else if (!a.starts_with("--") && r.golden.empty()) {
       r.golden = a;
     } else {
-      ZERO_CHECK(false, "unexpected argument '{}'", a);
+      ZERO_CHECK(false, "unexpected argument '{}'", args[i]);
     }
   }
   ZERO_CHECK(!r.golden.empty() && !r.out.empty(),
@@ -117,7 +119,7 @@ std::vector<std::string> state_names(const OptimizerHyper& h) {
 
 }  // namespace
 
-int run_replay(std::span<const std::string_view> argv) {
+int run_replay(std::span<const std::string> argv) {
   const ReplayArgs args = parse_args(argv);
   const auto golden = io::SafetensorsReader::open(args.golden);
   const auto& meta = golden.metadata();

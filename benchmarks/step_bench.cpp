@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "benchmarks/commands.h"
+#include "cli/flags.h"
 #include "config/ds_config.h"
 #include "kernels/cast.h"
 #include "kernels/cpu_parallel.h"
@@ -120,35 +121,38 @@ std::size_t parse_count(std::string_view text, std::string_view flag) {
   return static_cast<std::size_t>(v);
 }
 
-StepArgs parse_args(std::span<const std::string_view> args) {
+StepArgs parse_args(std::span<const std::string> args) {
   StepArgs r;
-  auto value = [&](std::size_t& i, std::string_view flag) {
-    ZERO_CHECK(i + 1 < args.size(), "{} needs a value; {}", flag, kUsage);
-    return args[++i];
+  auto value = [&](cli::FlagArg& arg) {
+    ZERO_CHECK(arg.has_value(), "{} needs a value; {}", arg.name(), kUsage);
+    return arg.value(kUsage);
   };
-  auto integer = [&](std::size_t& i, std::string_view flag, long long min, long long max) {
-    const std::string text(value(i, flag));
+  auto integer = [&](cli::FlagArg& arg, long long min, long long max) {
+    const std::string text = value(arg);
     char* end = nullptr;
     const long long v = std::strtoll(text.c_str(), &end, 10);
     ZERO_CHECK(end != text.c_str() && *end == '\0' && v >= min && v <= max,
-               "{} {}: expected an integer in [{}, {}]", flag, text, min, max);
+               "{} {}: expected an integer in [{}, {}]", arg.name(), text, min, max);
     return static_cast<int>(v);
   };
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string_view a = args[i];
+    cli::FlagArg arg(args, i);
+    const std::string& a = arg.name();
     if (a == "--json") {
+      arg.no_value();
       r.json = true;
     } else if (a == "--model") {
-      r.model = models::MlpShape::parse(std::string(value(i, a)));
+      r.model = models::MlpShape::parse(value(arg));
     } else if (a == "--params") {
-      r.params = parse_count(value(i, a), a);
+      r.params = parse_count(value(arg), a);
       ZERO_CHECK(*r.params >= kSyntheticLayers, "--params {}: at least {} (one per layer)",
                  *r.params, kSyntheticLayers);
     } else if (a == "--world-size") {
-      r.world_size = integer(i, a, 1, 256);
+      r.world_size = integer(arg, 1, 256);
     } else if (a == "--stages") {
       r.stages.clear();
-      std::string_view list = value(i, a);
+      const std::string text = value(arg);
+      std::string_view list = text;
       while (!list.empty()) {
         const std::size_t comma = list.find(',');
         const std::string_view item = list.substr(0, comma);
@@ -159,21 +163,22 @@ StepArgs parse_args(std::span<const std::string_view> args) {
       }
       ZERO_CHECK(!r.stages.empty(), "--stages needs at least one stage; {}", kUsage);
     } else if (a == "--precision") {
-      r.precision = std::string(value(i, a));
+      r.precision = value(arg);
       ZERO_CHECK(r.precision == "fp32" || r.precision == "bf16" || r.precision == "fp16",
                  "--precision {}: expected fp32, bf16 or fp16", r.precision);
     } else if (a == "--steps") {
-      r.steps = integer(i, a, 2, 1 << 20);
+      r.steps = integer(arg, 2, 1 << 20);
     } else if (a == "--threads") {
-      r.threads = integer(i, a, 1, 4096);
+      r.threads = integer(arg, 1, 4096);
     } else if (a == "--prefetch") {
-      const std::string_view v = value(i, a);
-      ZERO_CHECK(v == "on" || v == "off" || v == "both", "--prefetch {}: expected on, off or both", v);
+      const std::string v = value(arg);
+      ZERO_CHECK(v == "on" || v == "off" || v == "both", "--prefetch {}: expected on, off or both",
+                 v);
       r.prefetch = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
     } else if (a == "--bucket") {
-      r.bucket_elems = static_cast<std::int64_t>(parse_count(value(i, a), a));
+      r.bucket_elems = static_cast<std::int64_t>(parse_count(value(arg), a));
     } else {
-      ZERO_CHECK(false, "unexpected argument '{}'; {}", a, kUsage);
+      ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
     }
   }
   ZERO_CHECK(!(r.model && r.params), "--model and --params are alternatives: give one; {}", kUsage);
@@ -762,7 +767,7 @@ void print_footer(const StepArgs& args, const std::vector<Figure>& figures) {
 
 }  // namespace
 
-int run_step(std::span<const std::string_view> argv) {
+int run_step(std::span<const std::string> argv) {
   const StepArgs args = parse_args(argv);
   const int threads =
       args.threads.value_or(std::max(1, kernels::resolve_threads(0) / args.world_size));

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/flags.h"
 #include "config/ds_config.h"
 #include "tools/zero_config/commands.h"
 #include "zero/base/error.h"
@@ -54,23 +55,13 @@ Exit status: 0 printed, 1 invalid config (problems on stderr), 2 bad usage.
 
 }  // namespace
 
-bool flag_value(const Args& args, std::size_t& i, const std::string& flag, std::string& out) {
-  const std::string& a = args[i];
-  if (a == flag) {
-    if (i + 1 >= args.size()) return false;
-    out = args[++i];
-    return true;
-  }
-  out = a.substr(flag.size() + 1);
-  return true;
-}
-
 std::string parse_config_options(const Args& args, bool allow_strict, ConfigOptions& o) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--world-size" || a.rfind("--world-size=", 0) == 0) {
-      std::string v;
-      if (!flag_value(args, i, "--world-size", v)) return "--world-size needs a value";
+    cli::FlagArg arg(args, i);
+    if (arg.name() == "--world-size") {
+      if (!arg.has_value()) return "--world-size needs a value";
+      const std::string v = arg.value("a positive integer");
       std::size_t used = 0;
       long long n = 0;
       try {
@@ -80,9 +71,9 @@ std::string parse_config_options(const Args& args, bool allow_strict, ConfigOpti
       }
       if (used != v.size() || v.empty() || n <= 0) return fmt::format("--world-size: expected a positive integer, got '{}'", v);
       o.supplied.world_size = n;
-    } else if (a == "--set" || a.rfind("--set=", 0) == 0) {
-      std::string v;
-      if (!flag_value(args, i, "--set", v)) return "--set needs key=value";
+    } else if (arg.name() == "--set") {
+      if (!arg.has_value()) return "--set needs key=value";
+      const std::string v = arg.value("key=value");
       const auto eq = v.find('=');
       if (eq == std::string::npos || eq == 0) return fmt::format("--set: expected key=value, got '{}'", v);
       const std::string text = v.substr(eq + 1);

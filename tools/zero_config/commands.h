@@ -25,10 +25,6 @@ struct ConfigOptions {
   std::vector<std::string> files;
 };
 
-// The value of args[i] when it is "FLAG=value", or of args[i + 1] (advancing i) when it is
-// "FLAG". False when a separate value is missing. REQUIRES: args[i] is FLAG or starts "FLAG=".
-bool flag_value(const Args& args, std::size_t& i, const std::string& flag, std::string& out);
-
 // Returns an error message for bad usage, empty when the arguments parse.
 std::string parse_config_options(const Args& args, bool allow_strict, ConfigOptions& o);
 

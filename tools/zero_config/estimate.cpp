@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "cli/flags.h"
 #include "tools/zero_config/commands.h"
 #include "zero/base/error.h"
 
@@ -128,20 +129,21 @@ int config_estimate(const Args& args) {
   std::vector<std::string> problems;
 
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (flag == "--help" || flag == "-h") {
+    if (args[i] == "--help" || args[i] == "-h") {
       std::fputs(kEstimateUsage, stdout);
       return 0;
     }
-    if (flag == "--json") {
+    if (args[i] == "--json") {
       json = true;
       continue;
     }
-    if (i + 1 >= args.size()) {
+    cli::FlagArg arg(args, i);
+    const std::string flag = arg.name();
+    if (!arg.has_value()) {
       problems.push_back(fmt::format("{} needs a value", flag));
       break;
     }
-    const std::string& value = args[++i];
+    const std::string value = arg.value("a value");
     auto count = [&](std::uint64_t& into, const char* what) {
       if (auto c = parse_count(value)) {
         into = *c;

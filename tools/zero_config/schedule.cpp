@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/flags.h"
 #include "tools/zero_config/commands.h"
 #include "zero/base/error.h"
 #include "zero/schedule/from_config.h"
@@ -64,11 +65,12 @@ std::string parse_schedule_options(const Args& args, ScheduleOptions& o) {
   Args rest;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    cli::FlagArg arg(args, i);
     if (a == "--json") {
       o.json = true;
-    } else if (a == "--steps" || a.rfind("--steps=", 0) == 0) {
-      std::string v;
-      if (!flag_value(args, i, "--steps", v)) return "--steps needs a value";
+    } else if (arg.name() == "--steps") {
+      if (!arg.has_value()) return "--steps needs a value";
+      const std::string v = arg.value("a non-negative integer");
       std::size_t used = 0;
       long long n = -1;
       try {
@@ -80,8 +82,9 @@ std::string parse_schedule_options(const Args& args, ScheduleOptions& o) {
         return fmt::format("--steps: expected a non-negative integer, got '{}'", v);
       }
       o.steps = n;
-    } else if (a == "--overflows" || a.rfind("--overflows=", 0) == 0) {
-      if (!flag_value(args, i, "--overflows", o.overflows)) return "--overflows needs a value";
+    } else if (arg.name() == "--overflows") {
+      if (!arg.has_value()) return "--overflows needs a value";
+      o.overflows = arg.value("a string of 0 and 1");
       if (o.overflows.find_first_not_of("01") != std::string::npos) {
         return fmt::format("--overflows: expected a string of 0 and 1, got '{}'", o.overflows);
       }

@@ -103,7 +103,7 @@ Options parse_options(std::span<const std::string> args) {
       only_positional = true;
       continue;
     }
-    tools::FlagArg arg(args, i);
+    cli::FlagArg arg(args, i);
     flag = arg.name();
 
     if (flag == "--help" || flag == "-h") {

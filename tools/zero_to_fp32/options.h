@@ -11,13 +11,13 @@
 #include <string>
 #include <string_view>
 
-#include "tools/common/flags.h"
+#include "cli/flags.h"
 #include "zero/base/dtype.h"
 
 namespace zero::to_fp32 {
 
-// A bad flag or value (tools/common/flags.h): printed as one line, exit status 2.
-using UsageError = tools::UsageError;
+// A bad flag or value (cli/flags.h): printed as one line, exit status 2.
+using UsageError = cli::UsageError;
 
 // Hugging Face's default shard size (transformers' save_pretrained, DeepSpeed's script).
 inline constexpr std::uint64_t kDefaultMaxShardBytes = 5'000'000'000;

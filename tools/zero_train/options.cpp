@@ -60,7 +60,7 @@ TrainOptions parse_options(std::span<const std::string> args) {
   TrainOptions o;
   bool have_config = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    tools::FlagArg arg(args, i);
+    cli::FlagArg arg(args, i);
     const std::string& flag = arg.name();
     auto positive = [&](std::string_view expected) -> std::int64_t {
       const std::string v = arg.value(expected);

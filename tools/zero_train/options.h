@@ -7,13 +7,13 @@
 #include <stdexcept>
 #include <string>
 
-#include "tools/common/flags.h"
+#include "cli/flags.h"
 #include "models/mlp.h"
 
 namespace zero::train {
 
-// A bad flag or value (tools/common/flags.h): printed as one line, exit status 2.
-using UsageError = tools::UsageError;
+// A bad flag or value (cli/flags.h): printed as one line, exit status 2.
+using UsageError = cli::UsageError;
 
 struct TrainOptions {
   std::string config_path;

@@ -1,4 +1,6 @@
-// Command-line flag parsing shared by the tools: "--flag value", "--flag=value" and switches.
+// Command-line flag parsing shared by the tools (zero-train, zero_to_fp32, zero-config) and the
+// zero-bench subcommands: "--flag value", "--flag=value" and switches. Each command keeps its own
+// table of flags and its own messages for malformed values; this only splits and consumes.
 #pragma once
 
 #include <fmt/format.h>
@@ -10,16 +12,17 @@
 #include <string>
 #include <string_view>
 
-namespace zero::tools {
+namespace zero::cli {
 
-// A bad flag or value. The message names the flag, the value and what is expected; a tool
-// prints it as one line and exits 2.
+// A bad flag or value. The message names the flag, the value and what is expected; the tools
+// print it as one line and exit 2 (zero-bench prints it like any other error and exits 1).
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 // The flag at args[i]: its name, and its value inline ("--flag=value") or in the next argument.
+// Only an argument starting with "--" is split at its first '='; anything else is its own name.
 class FlagArg {
  public:
   FlagArg(std::span<const std::string> args, std::size_t& i) : args_(args), i_(i), name_(args[i]) {
@@ -31,6 +34,9 @@ class FlagArg {
 
   const std::string& name() const { return name_; }
 
+  // Whether value() has a value to return: an inline one, or a next argument.
+  bool has_value() const { return inline_value_.has_value() || i_ + 1 < args_.size(); }
+
   // A switch takes no value: "--flag=value" is an error.
   void no_value() const {
     if (inline_value_) {
@@ -39,10 +45,12 @@ class FlagArg {
   }
 
   // The value, from "--flag=value" or the next argument (which it consumes); `expected` says
-  // what it should be when it is missing.
+  // what it should be when it is missing: "<flag> needs a value: <expected>".
   std::string value(std::string_view expected) {
     if (inline_value_) return *inline_value_;
-    if (i_ + 1 >= args_.size()) throw UsageError(fmt::format("{} needs a value: {}", name_, expected));
+    if (i_ + 1 >= args_.size()) {
+      throw UsageError(fmt::format("{} needs a value: {}", name_, expected));
+    }
     return args_[++i_];
   }
 
@@ -53,4 +61,4 @@ class FlagArg {
   std::optional<std::string> inline_value_;
 };
 
-}  // namespace zero::tools
+}  // namespace zero::cli

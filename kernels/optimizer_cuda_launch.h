@@ -1,5 +1,6 @@
-// Internal: the boundary between the host driver (optimizer_cuda.cpp, plain C++ with the argument
-// checks and the launch plan) and the CUDA kernel (optimizer_cuda.cu, no fmt, no exceptions).
+// Internal: the boundary between the host driver (optimizer_cuda_host.cpp, plain C++ with the
+// argument checks and the launch plan) and the CUDA kernels (optimizer_cuda_kernels.cu, no fmt, no
+// exceptions).
 #pragma once
 
 #include <cstdint>

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cuda_device.h"
+#include "kernels/cuda_device_count.h"
 #include "kernels/optimizer.h"
 #include "kernels/optimizer_cuda.h"
 #include "tests/kernels/test_util.h"

@@ -1,3 +1,5 @@
+// optimizer_step_cuda (optimizer_cuda.h) on the host: checks the arguments, plans the
+// multi-tensor launches and turns a failed launch into zero::CudaError. Plain C++, no CUDA code.
 #include <cstdint>
 #include <vector>
 

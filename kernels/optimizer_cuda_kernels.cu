@@ -1,3 +1,5 @@
+// The CUDA kernels of optimizer_step_cuda: one fused multi-tensor step per launch over the
+// element functions of optimizer_math.h, and launch_multi_tensor_step (optimizer_cuda_launch.h).
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1,6 +1,7 @@
+// cuda_device_count (cuda_device_count.h): a probe of the CUDA runtime, nothing more.
 #include <cuda_runtime.h>
 
-#include "kernels/cuda_device.h"
+#include "kernels/cuda_device_count.h"
 
 namespace zero::kernels {
 

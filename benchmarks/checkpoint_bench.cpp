@@ -41,6 +41,7 @@
 #include "zero/device/device.h"
 #include "zero/engine.h"
 #include "zero/base/error.h"
+#include "zero/base/timer.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::bench {
@@ -110,8 +111,6 @@ Args parse(std::span<const std::string> argv) {
   if (a.dir.empty()) a.dir = (fs::temp_directory_path() / ("zero-bench-checkpoint-" + std::to_string(::getpid()))).string();
   return a;
 }
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Writes `bytes` to `path` sequentially (write + fsync) and returns the seconds.
 double plain_write(const std::string& path, std::size_t bytes) {

@@ -6,6 +6,7 @@
 
 #include "zero/comm/reduce_math.h"
 #include "zero/base/error.h"
+#include "zero/base/timer.h"
 
 namespace zero::bench {
 
@@ -94,8 +95,7 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
   comm.barrier().wait();
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iterations; ++i) issue().wait();
-  double seconds[1] = {
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+  double seconds[1] = {seconds_since(start)};
   comm.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
 
   CollectiveTiming t;

@@ -36,6 +36,7 @@
 #include "zero/device/device.h"
 #include "zero/base/dtype.h"
 #include "zero/base/error.h"
+#include "zero/base/timer.h"
 
 namespace zero::bench {
 
@@ -160,8 +161,7 @@ double memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes, int
     comm.barrier().wait();
     const auto start = std::chrono::steady_clock::now();
     std::memcpy(dst.data(), src.data(), bytes);
-    double seconds[1] = {
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+    double seconds[1] = {seconds_since(start)};
     comm.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
     best = std::min(best, seconds[0]);
   }

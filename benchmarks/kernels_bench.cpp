@@ -25,6 +25,7 @@
 #include "kernels/traffic_probe.h"
 #include "zero/base/error.h"
 #include "zero/base/half.h"
+#include "zero/base/timer.h"
 
 namespace zero::bench {
 
@@ -221,10 +222,6 @@ void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& 
     ZERO_CHECK(ok, "kernels bench: {} differs from the scalar path near element {}",
                kernels::optimizer_name(c.hyper.kind), first);
   }
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace

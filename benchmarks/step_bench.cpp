@@ -64,6 +64,8 @@
 #include "zero/base/dtype.h"
 #include "zero/engine.h"
 #include "zero/base/error.h"
+#include "zero/base/shape.h"
+#include "zero/base/timer.h"
 #include "zero/estimate/estimate.h"
 
 namespace zero::bench {
@@ -277,7 +279,7 @@ class Trainer {
     if (w_.mlp) {
       data_.emplace(*w_.mlp, kSeed);
       for (const ParamSpec& s : w_.specs) {
-        const std::size_t n = numel(s);
+        const std::size_t n = numel_of(s.shape);
         weights_.emplace_back(n);
         grads_f32_.emplace_back(n);
       }
@@ -333,12 +335,6 @@ class Trainer {
   static constexpr int kForwardPasses = 4;
   std::uint64_t sink_ = 0;
 
-  static std::size_t numel(const ParamSpec& s) {
-    std::size_t n = 1;
-    for (std::int64_t d : s.shape) n *= static_cast<std::size_t>(d);
-    return n;
-  }
-
   // Gradients in [-0.01, 0.01) that differ per rank and parameter, times the loss scale the
   // engine asks for, stored in the model dtype so a step only copies them.
   void make_synthetic_grads() {
@@ -346,7 +342,7 @@ class Trainer {
     grads_.resize(w_.specs.size());
     std::vector<float> values;
     for (std::size_t i = 0; i < w_.specs.size(); ++i) {
-      const std::size_t n = numel(w_.specs[i]);
+      const std::size_t n = numel_of(w_.specs[i].shape);
       values.resize(n);
       const std::uint64_t stream = (static_cast<std::uint64_t>(rank_) << 32) + i + 1000;
       for (std::size_t j = 0; j < n; ++j) {
@@ -439,7 +435,7 @@ double best_seconds(Communicator& comm, const std::function<void()>& fn) {
     comm.barrier().wait();
     const Clock::time_point start = Clock::now();
     fn();
-    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    double seconds = seconds_since(start);
     comm.all_reduce(&seconds, &seconds, 1, DType::F64, ReduceOp::Max).wait();
     best = std::min(best, seconds);
   }
@@ -538,7 +534,7 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
     for (int k = 1; k < args.steps; ++k) {
       const Clock::time_point start = Clock::now();
       r = trainer.step();
-      out.step_s.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      out.step_s.push_back(seconds_since(start));
       out.skipped_steps += r.skipped;
     }
     out.timings = engine->timings();

@@ -15,6 +15,7 @@
 #include "config/parse.h"
 #include "config/schema.h"
 #include "zero/base/error.h"
+#include "zero/base/strings.h"
 
 namespace zero::config {
 
@@ -69,13 +70,6 @@ std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
-}
-
-std::string trim(std::string_view s) {
-  const auto first = s.find_first_not_of(" \t\n\r");
-  if (first == std::string_view::npos) return {};
-  const auto last = s.find_last_not_of(" \t\n\r");
-  return std::string(s.substr(first, last - first + 1));
 }
 
 bool is_auto(const json& v) { return v.is_string() && v.get_ref<const std::string&>() == "auto"; }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "zero/base/error.h"
+#include "zero/base/shape.h"
 
 namespace zero::models {
 
@@ -119,11 +120,7 @@ std::string MlpShape::to_string() const {
   return fmt::format("mlp:{}", fmt::join(widths, ","));
 }
 
-std::size_t MlpParam::numel() const {
-  std::size_t n = 1;
-  for (std::size_t d : shape) n *= d;
-  return n;
-}
+std::size_t MlpParam::numel() const { return numel_of(shape); }
 
 std::vector<MlpParam> mlp_params(const MlpShape& shape) {
   std::vector<MlpParam> params;

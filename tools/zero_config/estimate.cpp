@@ -12,6 +12,7 @@
 #include "cli/flags.h"
 #include "tools/zero_config/commands.h"
 #include "zero/base/error.h"
+#include "zero/base/format.h"
 
 namespace zero::tools {
 
@@ -104,15 +105,6 @@ std::string human_count(double n) {
   if (n >= 1e9) return fmt::format("{:.3g}B", n / 1e9);
   if (n >= 1e6) return fmt::format("{:.3g}M", n / 1e6);
   return fmt::format("{:.0f}", n);
-}
-
-std::string human_bytes(double bytes) {
-  if (bytes == 0) return "0";
-  if (bytes >= 1e12) return fmt::format("{:.2f} TB", bytes / 1e12);
-  if (bytes >= 1e9) return fmt::format("{:.2f} GB", bytes / 1e9);
-  if (bytes >= 1e6) return fmt::format("{:.2f} MB", bytes / 1e6);
-  if (bytes >= 1e3) return fmt::format("{:.2f} kB", bytes / 1e3);
-  return fmt::format("{:.0f} B", bytes);
 }
 
 nlohmann::json tier_json(const TierBytes& t) {
@@ -249,8 +241,8 @@ int config_estimate(const Args& args) {
       in.stage < 3 && in.offload_param != OffloadTier::None ? " (ignored below stage 3)" : "");
   std::printf("%-26s %14s %14s %14s\n", "category", "device", "host", "nvme");
   auto row = [](const char* name, const TierBytes& t) {
-    std::printf("%-26s %14s %14s %14s\n", name, human_bytes(t.device).c_str(),
-                human_bytes(t.host).c_str(), human_bytes(t.nvme).c_str());
+    std::printf("%-26s %14s %14s %14s\n", name, format_bytes_decimal(t.device).c_str(),
+                format_bytes_decimal(t.host).c_str(), format_bytes_decimal(t.nvme).c_str());
   };
   row("low-precision parameters", r.lp_params);
   row("gradients", r.gradients);
@@ -260,7 +252,7 @@ int config_estimate(const Args& args) {
   row("total per rank", total);
   if (in.gpus_per_node > 1) {
     std::printf("%-26s %14s %14s\n", "host per node", "",
-                human_bytes(total.host * static_cast<double>(in.gpus_per_node)).c_str());
+                format_bytes_decimal(total.host * static_cast<double>(in.gpus_per_node)).c_str());
   }
   std::printf(
       "\nGB = 1e9 bytes. Activations, communication buckets and allocator slack are extra.\n");

@@ -27,6 +27,8 @@
 #include "tools/zero_to_fp32/shards.h"
 #include "zero/base/dtype.h"
 #include "zero/base/error.h"
+#include "zero/base/format.h"
+#include "zero/base/timer.h"
 #include "zero/checkpoint/source.h"
 #include "zero/io/safetensors.h"
 
@@ -36,28 +38,14 @@ namespace fs = std::filesystem;
 namespace ckpt = zero::ckpt;
 using zero::DType;
 using zero::IoError;
+using zero::format_bytes;
+using zero::seconds_since;
 using zero::to_fp32::Options;
 using zero::to_fp32::UsageError;
 using Clock = std::chrono::steady_clock;
 
 // Elements read from the rank files per call: 16 MiB of fp32, plus 8 MiB for a 16-bit output.
 constexpr std::uint64_t kChunkElems = std::uint64_t{4} << 20;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// "812 B", "1.5 KiB", "3.2 GiB".
-std::string format_bytes(std::uint64_t bytes) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024 && unit + 1 < std::size(kUnits)) {
-    value /= 1024;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, kUnits[unit]);
-}
 
 std::string clock_text(double seconds) {
   const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);

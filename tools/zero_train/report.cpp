@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "zero/base/format.h"
+
 namespace zero::train {
 
 namespace {

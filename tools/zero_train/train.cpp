@@ -13,6 +13,7 @@
 #include "zero/device/device.h"
 #include "zero/engine.h"
 #include "zero/base/error.h"
+#include "zero/base/timer.h"
 #include "zero/estimate/from_config.h"
 #include "zero/io/safetensors.h"
 
@@ -26,10 +27,6 @@ using models::TeacherStudentData;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // A MemorySnapshot as doubles (exact below 2^53 bytes), so ranks in other processes can send it.
 constexpr std::size_t kPackedSnapshot = kNumMemoryKinds * kNumMemoryTags * 4 + kNumMemoryKinds * 4;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "zero/base/error.h"
+#include "zero/base/format.h"
 
 namespace zero {
 
@@ -50,15 +51,6 @@ std::string_view memory_tag_name(MemoryTag tag) {
     case MemoryTag::Other: return "other";
   }
   return "?";
-}
-
-std::string format_bytes(std::size_t bytes) {
-  constexpr double kKiB = 1024.0;
-  const double b = static_cast<double>(bytes);
-  if (b >= kKiB * kKiB * kKiB) return fmt::format("{:.1f} GiB", b / (kKiB * kKiB * kKiB));
-  if (b >= kKiB * kKiB) return fmt::format("{:.1f} MiB", b / (kKiB * kKiB));
-  if (b >= kKiB) return fmt::format("{:.1f} KiB", b / kKiB);
-  return fmt::format("{} B", bytes);
 }
 
 const MemoryUsage& MemorySnapshot::at(MemoryKind kind, MemoryTag tag) const {

@@ -101,7 +101,4 @@ class MemoryLedger {
   std::array<std::optional<std::size_t>, kNumMemoryKinds> budget_{};
 };
 
-// "1.5 GiB", "12.0 MiB", "512 B".
-std::string format_bytes(std::size_t bytes);
-
 }  // namespace zero

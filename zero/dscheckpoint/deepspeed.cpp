@@ -7,9 +7,13 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <sstream>
 
 #include "zero/base/error.h"
+#include "zero/base/shape.h"
+#include "zero/base/strings.h"
 #include "zero/dscheckpoint/deepspeed_impl.h"
 #include "zero/io/safetensors.h"
 
@@ -21,13 +25,6 @@ namespace {
 
 // Archives kept open between reads; a parameter read visits every rank's file in turn.
 constexpr std::size_t kMaxOpenArchives = 64;
-
-std::string trim(std::string s) {
-  const auto not_space = [](unsigned char c) { return !std::isspace(c); };
-  s.erase(s.begin(), std::find_if(s.begin(), s.end(), not_space));
-  s.erase(std::find_if(s.rbegin(), s.rend(), not_space).base(), s.end());
-  return s;
-}
 
 bool has_optim_files(const fs::path& dir) {
   std::error_code ec;
@@ -49,13 +46,11 @@ std::string read_latest(const fs::path& file) {
 }  // namespace
 
 std::int64_t shape_numel(const std::vector<std::int64_t>& shape, const std::string& what) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, d, &n)) {
-      throw IoError(fmt::format("{}: shape [{}] is not valid", what, fmt::join(shape, ", ")));
-    }
+  const std::optional<std::uint64_t> n = checked_numel(shape);
+  if (!n || *n > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    throw IoError(fmt::format("{}: shape [{}] is not valid", what, fmt::join(shape, ", ")));
   }
-  return n;
+  return static_cast<std::int64_t>(*n);
 }
 
 std::int64_t DsParam::numel() const {

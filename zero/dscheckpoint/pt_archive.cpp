@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "zero/base/error.h"
+#include "zero/base/strings.h"
 
 namespace zero::dscheckpoint {
 
@@ -28,13 +29,6 @@ std::string zip_error_text(int code) {
   std::string text = zip_error_strerror(&e);
   zip_error_fini(&e);
   return text;
-}
-
-std::string trim(std::string s) {
-  const auto not_space = [](unsigned char c) { return !std::isspace(c); };
-  s.erase(s.begin(), std::find_if(s.begin(), s.end(), not_space));
-  s.erase(std::find_if(s.rbegin(), s.rend(), not_space).base(), s.end());
-  return s;
 }
 
 }  // namespace

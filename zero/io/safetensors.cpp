@@ -16,6 +16,7 @@
 
 #include "zero/base/error.h"
 #include "zero/base/half.h"
+#include "zero/base/shape.h"
 
 namespace zero::io {
 
@@ -40,11 +41,7 @@ std::uint64_t read_le64(const std::byte* p) {
 
 }  // namespace
 
-std::uint64_t TensorInfo::numel() const {
-  std::uint64_t n = 1;
-  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
-  return n;
-}
+std::uint64_t TensorInfo::numel() const { return numel_of(shape); }
 
 SafetensorsReader SafetensorsReader::open(const std::string& path) {
   SafetensorsReader r;
@@ -247,11 +244,10 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<st
   for (const auto& e : entries_) {
     ZERO_CHECK_AS(IoError, e.name != name, "safetensors writer: tensor {} added twice", name);
   }
-  std::uint64_t numel = 1;
   for (auto d : shape) {
     ZERO_CHECK_AS(IoError, d >= 0, "safetensors writer: tensor {} has negative dimension {}", name, d);
-    numel *= static_cast<std::uint64_t>(d);
   }
+  const std::uint64_t numel = numel_of(shape);
   ZERO_CHECK_AS(IoError, numel * dtype_size(dtype) == bytes,
                 "safetensors writer: tensor {} has {} bytes, its shape needs {}", name, bytes,
                 numel * dtype_size(dtype));
@@ -267,11 +263,7 @@ void SafetensorsWriter::add_f32(const std::string& name, std::vector<std::int64_
   add(name, DType::F32, std::move(shape), values.data(), values.size() * sizeof(float));
 }
 
-std::uint64_t TensorDecl::size_bytes() const {
-  std::uint64_t n = dtype_size(dtype);
-  for (std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
-  return n;
-}
+std::uint64_t TensorDecl::size_bytes() const { return dtype_size(dtype) * numel_of(shape); }
 
 std::vector<std::byte> safetensors_header(const std::vector<TensorDecl>& tensors,
                                           const std::map<std::string, std::string>& metadata) {

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "tests/zero/dscheckpoint/test_util.h"
 #include "zero/dscheckpoint/pt_file.h"
 #include "zero/base/error.h"
+#include "zero/base/shape.h"
 #include "zero/io/safetensors.h"
 
 namespace ds = zero::dscheckpoint;
@@ -236,9 +236,7 @@ struct SynthParam {
   std::vector<std::int64_t> shape;
   bool trainable = true;
   int group = 0;  // stage 1/2 param group; stage 3 sub-group
-  std::int64_t numel() const {
-    return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
-  }
+  std::int64_t numel() const { return static_cast<std::int64_t>(zero::numel_of(shape)); }
 };
 
 // Values DeepSpeed would hold: parameter p's element i, its moments, and padding that must never

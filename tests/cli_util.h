@@ -6,7 +6,6 @@
 
 #include <array>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
 namespace zero::test {
@@ -39,27 +38,5 @@ inline CommandRun run_tool(const std::string& binary, const std::string& args,
   if (stream == "stderr") redirect = " 2>&1 >/dev/null";
   return run_shell("'" + binary + "' " + args + redirect);
 }
-
-// A directory under the temp directory named `prefix` + `name`, empty at the start and removed
-// when the test ends.
-class TempDir {
- public:
-  TempDir(const std::string& prefix, const std::string& name)
-      : path_(std::filesystem::temp_directory_path() / (prefix + name)) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 }  // namespace zero::test

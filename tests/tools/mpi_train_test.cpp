@@ -6,12 +6,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
 
+#include "tests/temp_dir.h"
 #include "zero/io/safetensors.h"
 
 namespace {
@@ -40,8 +40,7 @@ double max_diff(const std::string& a, const std::string& b, std::size_t* tensors
 }  // namespace
 
 TEST_CASE("zero-train under mpirun matches in-process ranks") {
-  const std::string dir = std::filesystem::temp_directory_path() / ("zero_mpi_train_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const zero::test::TempDir dir("zero_mpi_train");
   const std::string train = ZERO_TRAIN_BIN;
   const std::string common = " --steps 4 --seed 3 --model mlp:16,32,4 --threads 1 --quiet";
   for (const char* config : {"fp32_stage2.json", "bf16_stage2_ga2.json"}) {
@@ -49,7 +48,7 @@ TEST_CASE("zero-train under mpirun matches in-process ranks") {
       for (int np : {2, 4}) {
         INFO(config << ", stage " << stage << ", " << np << " ranks");
         // The bundled config with the stage replaced.
-        const std::string cfg = dir + "/c.json";
+        const std::string cfg = dir / "c.json";
         {
           std::ifstream src(std::string(ZERO_TEST_DATA_DIR) + "/train/" + config);
           std::stringstream text;
@@ -59,7 +58,7 @@ TEST_CASE("zero-train under mpirun matches in-process ranks") {
           REQUIRE(replaced.find("\"stage\": " + std::to_string(stage)) != std::string::npos);
           std::ofstream(cfg) << replaced;
         }
-        const std::string in = dir + "/in.st", mpi = dir + "/mpi.st";
+        const std::string in = dir / "in.st", mpi = dir / "mpi.st";
         REQUIRE(sh("'" + train + "' --config '" + cfg + "' --world-size " + std::to_string(np) + common +
                    " --dump-params '" + in + "'") == 0);
         REQUIRE(sh(std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '") + ZERO_MPIEXEC +
@@ -71,5 +70,4 @@ TEST_CASE("zero-train under mpirun matches in-process ranks") {
       }
     }
   }
-  std::filesystem::remove_all(dir);
 }

@@ -7,13 +7,13 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "tests/cli_util.h"
+#include "tests/temp_dir.h"
 
 namespace {
 
@@ -31,24 +31,12 @@ struct Run {
 // A config file in a directory of its own, removed with it.
 class TempConfig {
  public:
-  explicit TempConfig(const json& doc) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("zero_schedule_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    std::filesystem::create_directories(dir_);
-    std::ofstream(path()) << doc.dump();
-  }
-  ~TempConfig() {
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-  TempConfig(const TempConfig&) = delete;
-  TempConfig& operator=(const TempConfig&) = delete;
-  std::string path() const { return (dir_ / "ds_config.json").string(); }
-  std::string err_path() const { return (dir_ / "stderr.txt").string(); }
+  explicit TempConfig(const json& doc) { std::ofstream(path()) << doc.dump(); }
+  std::string path() const { return dir_ / "ds_config.json"; }
+  std::string err_path() const { return dir_ / "stderr.txt"; }
 
  private:
-  static inline int counter_ = 0;
-  std::filesystem::path dir_;
+  zero::test::TempDir dir_{"zero_schedule_cli"};
 };
 
 Run run_schedule(const TempConfig& cfg, const std::string& args) {

@@ -19,6 +19,7 @@
 #include "models/mlp.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "tests/cli_util.h"
+#include "tests/temp_dir.h"
 #include "zero/io/safetensors.h"
 
 namespace {
@@ -46,10 +47,10 @@ Run to_fp32(const std::string& args) {
   return run(ZERO_TO_FP32_BIN, args);
 }
 
-// A directory under the temp directory, empty at the start and removed when the test ends.
+// A scratch directory named after the test case, removed when it ends.
 class TempDir : public zero::test::TempDir {
  public:
-  explicit TempDir(const std::string& name) : zero::test::TempDir("zero_to_fp32_test_", name) {}
+  explicit TempDir(const std::string& name) : zero::test::TempDir("zero_to_fp32_test_" + name) {}
 };
 
 // zero-train with --save and --dump-params in the same run; REQUIREs success.
@@ -417,7 +418,7 @@ TEST_CASE(
   const std::vector<std::pair<std::string, std::string>> not_a_checkpoint = {
       {dir / "nowhere", "nowhere: no such directory"},
       {dir / "dump.safetensors", "is not a checkpoint: it is a file"},
-      {dir.path(), "is not a checkpoint: it holds neither `latest` nor manifest.json"},
+      {dir.str(), "is not a checkpoint: it holds neither `latest` nor manifest.json"},
       {dir / "ckpt --tag global_step9", "tag global_step9 is not a checkpoint"},
   };
   for (const auto& [args, expected] : not_a_checkpoint) {

@@ -13,8 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "tests/cli_util.h"
 #include "models/mlp.h"
+#include "tests/cli_util.h"
+#include "tests/temp_dir.h"
 #include "zero/io/safetensors.h"
 
 namespace {
@@ -48,10 +49,10 @@ std::vector<json> json_lines(const std::string& text) {
   return objects;
 }
 
-// A directory under the temp directory, empty at the start and removed when the test ends.
+// A scratch directory named after the test case, removed when it ends.
 class TempDir : public zero::test::TempDir {
  public:
-  explicit TempDir(const std::string& name) : zero::test::TempDir("zero_train_cli_test_", name) {}
+  explicit TempDir(const std::string& name) : zero::test::TempDir("zero_train_cli_test_" + name) {}
 };
 
 // Every tensor of a --dump-params file.
@@ -78,23 +79,6 @@ double moved_from_init(const std::map<std::string, std::vector<float>>& dump, st
   }
   return moved;
 }
-
-// A path under the temp directory, removed when the test ends.
-class TempFile {
- public:
-  explicit TempFile(const std::string& name)
-      : path_(fs::temp_directory_path() / ("zero_train_cli_test_" + name)) {
-    fs::remove(path_);
-  }
-  ~TempFile() {
-    std::error_code ec;
-    fs::remove(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
 
 }  // namespace
 
@@ -198,10 +182,11 @@ TEST_CASE(
   const std::vector<zero::models::MlpParam> expected = zero::models::mlp_params(shape);
   std::vector<std::vector<float>> dumped[2];
   for (int stage : {0, 2}) {
-    const TempFile dump("stage" + std::to_string(stage) + ".safetensors");
+    const TempDir dir("stage" + std::to_string(stage));
+    const std::string dump = dir / "dump.safetensors";
     const std::string args = "--config " + kTrain + "fp32_stage" + std::to_string(stage) +
                              ".json --world-size 2 --steps 30 --seed 3 --model " + kModel +
-                             " --json --dump-params " + dump.path();
+                             " --json --dump-params " + dump;
     const Run r = run(args, "stdout");
     INFO("zero-train " << args << "\n" << r.out);
     REQUIRE(r.status == 0);
@@ -214,9 +199,9 @@ TEST_CASE(
       last += lines[static_cast<std::size_t>(25 + t)].at("loss").get<double>() / 5;
     }
     CHECK(last < kRequiredLossRatio * first);
-    CHECK(lines.back().at("dump_params") == dump.path());
+    CHECK(lines.back().at("dump_params") == dump);
 
-    const auto reader = zero::io::SafetensorsReader::open(dump.path());
+    const auto reader = zero::io::SafetensorsReader::open(dump);
     REQUIRE(reader.tensors().size() == expected.size());
     for (const zero::models::MlpParam& p : expected) {
       const zero::io::TensorInfo* t = reader.find(p.name);
@@ -232,19 +217,20 @@ TEST_CASE(
 }
 
 TEST_CASE("runs at world sizes 1 and 2 see the same global batches") {
-  const TempFile two("world2.safetensors"), one("world1.safetensors");
+  const TempDir dir("worlds");
+  const std::string two = dir / "world2.safetensors", one = dir / "world1.safetensors";
   const std::string common = " --steps 6 --seed 5 --model " + kModel + " --quiet";
   const Run r2 = run("--config " + kTrain + "fp32_stage0.json --world-size 2 --dump-params " +
-                     two.path() + common);
+                     two + common);
   INFO(r2.out);
   REQUIRE(r2.status == 0);
   const Run r1 = run("--config " + kTrain +
-                     "fp32_stage0_micro8.json --world-size 1 --dump-params " + one.path() + common);
+                     "fp32_stage0_micro8.json --world-size 1 --dump-params " + one + common);
   INFO(r1.out);
   REQUIRE(r1.status == 0);
 
-  const auto a = zero::io::SafetensorsReader::open(two.path());
-  const auto b = zero::io::SafetensorsReader::open(one.path());
+  const auto a = zero::io::SafetensorsReader::open(two);
+  const auto b = zero::io::SafetensorsReader::open(one);
   const zero::models::MlpShape shape = zero::models::MlpShape::parse(kModel);
   double worst = 0, moved = 0;
   for (std::size_t i = 0; i < zero::models::mlp_params(shape).size(); ++i) {

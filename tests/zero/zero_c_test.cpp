@@ -4,17 +4,15 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "kernels/cast.h"
+#include "tests/temp_dir.h"
 
 namespace {
-
-namespace fs = std::filesystem;
 
 // The trained problem: minimise 0.5 * mean((w - target)^2) over every element of two tensors.
 constexpr std::int64_t kShape0[] = {4, 8};
@@ -39,21 +37,17 @@ int init_fails(void*, std::size_t, float*, std::size_t) {
   return 3;
 }
 
-// A config file under the temp directory, removed when the test ends.
+// A config file in a directory of its own, removed when the test ends.
 class TempConfig {
  public:
-  TempConfig(const std::string& name, const std::string& text)
-      : path_(fs::temp_directory_path() / ("zero_c_test_" + name + ".json")) {
+  TempConfig(const std::string& name, const std::string& text) : path_(dir_ / (name + ".json")) {
     std::ofstream(path_) << text;
   }
-  ~TempConfig() {
-    std::error_code ec;
-    fs::remove(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
+  std::string path() const { return path_; }
 
  private:
-  fs::path path_;
+  zero::test::TempDir dir_{"zero_c_test"};
+  std::string path_;
 };
 
 std::string config_text(int stage, const std::string& precision) {

@@ -38,7 +38,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Copies a fixture so a test can damage it.
 fs::path copy_fixture(const TempDir& tmp, const std::string& name) {
-  const fs::path dst = tmp.path / name;
+  const fs::path dst = tmp.path() / name;
   fs::copy(kFixtures + "/" + name, dst, fs::copy_options::recursive);
   for (const auto& e : fs::recursive_directory_iterator(dst)) {
     fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
@@ -96,7 +96,7 @@ TEST_CASE("zero_to_fp32 output of every fixture equals expected_fp32.safetensors
     const std::string dir = kFixtures + "/" + name;
     INFO(dir);
     const auto expected = zero::io::SafetensorsReader::open(dir + "/expected_fp32.safetensors");
-    const fs::path out = tmp.path / (std::string(name) + ".safetensors");
+    const fs::path out = tmp.path() / (std::string(name) + ".safetensors");
     ds::write_fp32_safetensors(ds::DeepSpeedCheckpoint::open(dir), out.string(),
                                expected.metadata());
     CHECK(slurp(out) == slurp(dir + "/expected_fp32.safetensors"));
@@ -182,7 +182,7 @@ TEST_CASE("a missing rank file is refused, naming it") {
           std::string::npos);
     CHECK(msg.find("says 2 ranks") != std::string::npos);
   }
-  const fs::path dir3 = tmp.path / "zero3_world2_fp32";
+  const fs::path dir3 = tmp.path() / "zero3_world2_fp32";
   fs::copy_file(kFixtures + "/zero3_world2_fp32/step5/zero_pp_rank_1_mp_rank_00_optim_states.pt",
                 dir3 / "step5/zero_pp_rank_1_mp_rank_00_optim_states.pt");
   fs::remove(dir3 / "step5/zero_pp_rank_1_mp_rank_00_model_states.pt");
@@ -203,9 +203,9 @@ TEST_CASE("a truncated rank file is refused, naming it") {
 
 TEST_CASE("an unknown DeepSpeed layout is refused, saying what was expected") {
   TempDir tmp;
-  const fs::path tag = tmp.path / "global_step1";
+  const fs::path tag = tmp.path() / "global_step1";
   fs::create_directories(tag);
-  std::ofstream(tmp.path / "latest") << "global_step1";
+  std::ofstream(tmp.path() / "latest") << "global_step1";
   // A BF16_Optimizer-style file: master partitions but no zero_stage.
   t::write_pt((tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").string(),
               "bf16_zero_pp_rank_0_mp_rank_00_optim_states",
@@ -214,7 +214,7 @@ TEST_CASE("an unknown DeepSpeed layout is refused, saying what was expected") {
                             t::dict({{t::str("single_partition_of_fp32_groups"), t::list({})},
                                      {t::str("partition_count"), t::list({t::integer(1)})}})}})),
               {});
-  const std::string msg = error_of([&] { (void)ds::DeepSpeedCheckpoint::open(tmp.path.string()); });
+  const std::string msg = error_of([&] { (void)ds::DeepSpeedCheckpoint::open(tmp.str()); });
   INFO(msg);
   CHECK(msg.find("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt: optimizer_state_dict:") !=
         std::string::npos);
@@ -223,7 +223,7 @@ TEST_CASE("an unknown DeepSpeed layout is refused, saying what was expected") {
 
   // Model parallelism is refused by file name.
   std::ofstream(tag / "mp_rank_01_model_states.pt") << "x";
-  CHECK_THROWS_WITH(ds::DeepSpeedCheckpoint::open(tmp.path.string()),
+  CHECK_THROWS_WITH(ds::DeepSpeedCheckpoint::open(tmp.str()),
                     Catch::Contains("model-parallel checkpoint (mp_rank_01)"));
 }
 
@@ -512,9 +512,9 @@ TEST_CASE(
     for (int world : {1, 3, 4}) {
       TempDir tmp;
       const Synth s = make_synth(stage, world);
-      s.write(tmp.path);
+      s.write(tmp.path());
       INFO("stage " << stage << ", " << world << " ranks");
-      const auto ckpt = ds::DeepSpeedCheckpoint::open(tmp.path.string());
+      const auto ckpt = ds::DeepSpeedCheckpoint::open(tmp.str());
       CHECK(ckpt.stage() == stage);
       CHECK(ckpt.world_size() == world);
       CHECK(ckpt.step() == 7);
@@ -572,9 +572,9 @@ TEST_CASE("elastic stage 1/2 checkpoints (lean moments per group) reconstruct ex
     TempDir tmp;
     Synth s = make_synth(stage, 3);
     s.elastic = true;
-    s.write(tmp.path);
+    s.write(tmp.path());
     INFO("stage " << stage);
-    const auto ckpt = ds::DeepSpeedCheckpoint::open(tmp.path.string());
+    const auto ckpt = ds::DeepSpeedCheckpoint::open(tmp.str());
     CHECK(ckpt.step() == 7);
     for (std::size_t i = 0; i < s.params.size(); ++i) {
       if (!s.params[i].trainable) continue;
@@ -589,7 +589,7 @@ TEST_CASE("elastic stage 1/2 checkpoints (lean moments per group) reconstruct ex
 TEST_CASE("a stage 3 sub-group offloaded to NVMe is refused by name") {
   TempDir tmp;
   Synth s = make_synth(3, 2);
-  s.write(tmp.path);
+  s.write(tmp.path());
   // Rank 1's second sub-group saved as the empty placeholder DeepSpeed writes for NVMe.
   Storages st;
   const t::Py osd = t::dict({
@@ -598,10 +598,10 @@ TEST_CASE("a stage 3 sub-group offloaded to NVMe is refused by name") {
       {t::str("optimizer_state_dict"), t::dict({{t::str("state"), t::dict({})}})},
       {t::str("fp32_flat_groups"), t::list({st.add(std::vector<float>(20, 1.0f)), st.add({})})},
   });
-  st.write(tmp.path / "global_step7/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+  st.write(tmp.path() / "global_step7/zero_pp_rank_1_mp_rank_00_optim_states.pt",
            t::dict({{t::str("optimizer_state_dict"), osd}}));
   CHECK_THROWS_WITH(
-      ds::DeepSpeedCheckpoint::open(tmp.path.string()),
+      ds::DeepSpeedCheckpoint::open(tmp.str()),
       Catch::Contains("zero_pp_rank_1_mp_rank_00_optim_states.pt: "
                       "optimizer_state_dict.fp32_flat_groups[1]: an empty sub-group") &&
           Catch::Contains("NVMe"));
@@ -610,14 +610,14 @@ TEST_CASE("a stage 3 sub-group offloaded to NVMe is refused by name") {
 TEST_CASE("param_shapes that disagree with the saved partitions are refused") {
   TempDir tmp;
   Synth s = make_synth(3, 2);
-  s.write(tmp.path);
+  s.write(tmp.path());
   // Rewrite rank 0's model states with one more parameter than the partitions hold.
   Synth bigger = s;
   bigger.params.push_back({"extra.weight", {6}, true, 1});
   Storages st;
-  st.write(tmp.path / "global_step7/zero_pp_rank_0_mp_rank_00_model_states.pt",
+  st.write(tmp.path() / "global_step7/zero_pp_rank_0_mp_rank_00_model_states.pt",
            bigger.common_model_keys(st, 0, true));
-  const std::string msg = error_of([&] { (void)ds::DeepSpeedCheckpoint::open(tmp.path.string()); });
+  const std::string msg = error_of([&] { (void)ds::DeepSpeedCheckpoint::open(tmp.str()); });
   INFO(msg);
   CHECK(msg.find("zero_pp_rank_0_mp_rank_00_model_states.pt: param_shapes[1]['extra.weight']") !=
         std::string::npos);

@@ -66,7 +66,7 @@ TEST_CASE("a truncated zip is refused, naming the file") {
   const std::vector<std::byte> bytes = slurp(kOptim0);
   for (std::size_t keep :
        {std::size_t{0}, std::size_t{4}, std::size_t{100}, bytes.size() / 2, bytes.size() - 10}) {
-    const fs::path cut = tmp.path / ("cut_" + std::to_string(keep) + ".pt");
+    const fs::path cut = tmp.path() / ("cut_" + std::to_string(keep) + ".pt");
     std::ofstream(cut, std::ios::binary)
         .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(keep));
     const std::string msg = error_of([&] { (void)ds::PtFile::open(cut.string()); });
@@ -79,13 +79,13 @@ TEST_CASE("a truncated zip is refused, naming the file") {
           (void)ds::PtFile::from_bytes({bytes.begin(), bytes.begin() + 5000}, "half.pt");
         }).find("half.pt") != std::string::npos);
   CHECK(error_of([&] {
-          (void)ds::PtArchive::open((tmp.path / "absent.pt").string());
+          (void)ds::PtArchive::open((tmp.path() / "absent.pt").string());
         }).find("absent.pt") != std::string::npos);
 }
 
 TEST_CASE("a tensor whose storage is shorter than its shape needs is refused with file and key") {
   TempDir tmp;
-  const fs::path path = tmp.path / "short.pt";
+  const fs::path path = tmp.path() / "short.pt";
   // Storage '0' declared as 10 floats; the tensor wants 12 of them.
   t::write_pt(path.string(), "short",
               t::Pickler::dumps(t::dict(
@@ -99,7 +99,7 @@ TEST_CASE("a tensor whose storage is shorter than its shape needs is refused wit
   CHECK(msg.find("needs 12 elements of storage '0', which holds 10") != std::string::npos);
 
   // The pickle declares 10 floats, the entry holds 8 bytes.
-  const fs::path path2 = tmp.path / "short2.pt";
+  const fs::path path2 = tmp.path() / "short2.pt";
   t::write_pt(path2.string(), "short2",
               t::Pickler::dumps(t::dict({{t::str("w"), t::tensor("0", 10, 0, {10})}})),
               {{"0", std::vector<float>(2, 1.0f)}});
@@ -110,7 +110,7 @@ TEST_CASE("a tensor whose storage is shorter than its shape needs is refused wit
                   "'short2/data/0' holds 8 bytes") != std::string::npos);
 
   // A storage the archive lacks.
-  const fs::path path3 = tmp.path / "missing.pt";
+  const fs::path path3 = tmp.path() / "missing.pt";
   t::write_pt(path3.string(), "missing",
               t::Pickler::dumps(t::dict({{t::str("w"), t::tensor("7", 4, 0, {4})}})), {});
   const ds::PtFile h = ds::PtFile::open(path3.string());
@@ -121,7 +121,7 @@ TEST_CASE("a tensor whose storage is shorter than its shape needs is refused wit
 
 TEST_CASE("tensor reads convert half, bfloat16 and strided views") {
   TempDir tmp;
-  const fs::path path = tmp.path / "dtypes.pt";
+  const fs::path path = tmp.path() / "dtypes.pt";
   // float16 1.5, -2, 65504; bfloat16 1.5, -2; a transposed float32 view.
   const std::string half("\x00\x3e\x00\xc0\xff\x7b", 6);
   const std::string bf16("\xc0\x3f\x00\xc0", 4);

@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/base/error.h"
@@ -25,17 +26,6 @@ using nlohmann::json;
 
 // Resharded runs sum gradients over other rank groupings: equal within this.
 constexpr double kReshardTol = 1e-5;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("zero_ckpt_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string str() const { return path.string(); }
-};
 
 TrainResult run(const json& cfg, int world, int steps, const std::string& save_dir = {},
                 int save_after = -1, const std::string& load_dir = {}) {
@@ -123,7 +113,10 @@ TEST_CASE("a corrupted, incomplete or foreign checkpoint is refused by name and 
   const json c = config_for(2, "fp32", 2);
   TempDir good;
   run(c, 2, 3, good.str(), 3);  // the checkpoint the cases below damage copies of
-  auto copy = [&](const TempDir& to) { fs::copy(good.path, to.path, fs::copy_options::recursive | fs::copy_options::overwrite_existing); };
+  auto copy = [&](const TempDir& to) {
+    fs::copy(good.path(), to.path(),
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  };
   auto load_error = [&](const std::string& dir) -> std::string {
     try {
       run(c, 2, 4, {}, -1, dir);

@@ -5,9 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <filesystem>
 #include <mutex>
 
+#include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/dscheckpoint/deepspeed.h"
@@ -17,7 +17,6 @@
 namespace zero::test {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 const std::string kFixtures = ZERO_TEST_DATA_DIR "/deepspeed_checkpoints/";
@@ -50,7 +49,7 @@ TEST_CASE("DeepSpeed checkpoints import at any world size and stage and training
             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}},
             {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 0}}}};
         const config::DsConfig cfg = config::load_config_json(cfg_json, {.world_size = world, .values = {}});
-        const fs::path out = fs::temp_directory_path() / ("zero_ds_import_" + std::to_string(::getpid()));
+        const TempDir out("zero_ds_import");
         std::mutex mu;
         Seen seen;
         run_ranks(world, [&](Communicator& comm) {
@@ -63,7 +62,7 @@ TEST_CASE("DeepSpeed checkpoints import at any world size and stage and training
             std::vector<std::vector<float>> master;
             for (std::size_t i = 0; i < specs.size(); ++i) master.push_back(engine->gather_master(i));
             // Our own checkpoint of the imported state holds the moments for comparison.
-            engine->save_checkpoint(out.string(), "imported");
+            engine->save_checkpoint(out.str(), "imported");
             // Three more steps.
             bool finite = true;
             for (int t = 0; t < 3; ++t) {
@@ -103,7 +102,7 @@ TEST_CASE("DeepSpeed checkpoints import at any world size and stage and training
         CHECK(seen.global_steps == ds.global_steps() + 3);
         CHECK(seen.trained_finite);
         // The moments went through unchanged.
-        const auto ours = ckpt::CheckpointReader::open(out.string(), "imported");
+        const auto ours = ckpt::CheckpointReader::open(out.str(), "imported");
         for (std::size_t i = 0; i < specs.size(); ++i) {
           if (!specs[i].trainable) continue;
           for (const std::string state : {"exp_avg", "exp_avg_sq"}) {
@@ -120,7 +119,6 @@ TEST_CASE("DeepSpeed checkpoints import at any world size and stage and training
           }
         }
         CHECK(ours.manifest().engine_state.at("applied_steps").get<std::int64_t>() == ds.step());
-        fs::remove_all(out);
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/temp_dir.h"
 #include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
@@ -43,7 +44,8 @@ TEST_CASE("a written file reads back with the same tensors, dtypes, shapes and m
   w.add("b", DType::BF16, {3}, b.data(), 6);
   w.add("c", DType::F64, {2, 1}, c.data(), 16);
   w.add("empty", DType::F16, {0}, nullptr, 0);
-  const auto path = (std::filesystem::temp_directory_path() / "zero_safetensors_test.st").string();
+  const zero::test::TempDir dir("zero_safetensors_test");
+  const std::string path = dir / "a.st";
   w.write(path);
   const auto r = SafetensorsReader::open(path);
   REQUIRE(r.metadata().at("optimizer") == "adamw");
@@ -66,7 +68,6 @@ TEST_CASE("a written file reads back with the same tensors, dtypes, shapes and m
   REQUIRE(header_bytes % 8 == 0);
   REQUIRE(bytes.size() == 8 + header_bytes + 24 + 6 + 16);
   REQUIRE(SafetensorsReader::from_bytes(bytes).read_f32("a") == a);
-  std::filesystem::remove(path);
 }
 
 TEST_CASE("the optimizer golden files parse with their metadata and shapes") {
@@ -104,9 +105,8 @@ TEST_CASE("malformed headers are rejected with an IoError naming the problem") {
 }
 
 TEST_CASE("the stream writer writes tensor by tensor, keeps checksums, and leaves no file when unfinished") {
-  const std::string dir = std::filesystem::temp_directory_path() / ("zero_st_stream_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/a.safetensors";
+  const zero::test::TempDir dir("zero_st_stream");
+  const std::string path = dir / "a.safetensors";
   std::vector<float> a(1000), b(7);
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i);
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = -1.0f - static_cast<float>(i);
@@ -138,5 +138,4 @@ TEST_CASE("the stream writer writes tensor by tensor, keeps checksums, and leave
   }
   CHECK(zero::io::SafetensorsReader::open(path).read_f32("b") == b);
   CHECK(!std::filesystem::exists(path + ".tmp"));
-  std::filesystem::remove_all(dir);
 }

@@ -8,6 +8,7 @@
 
 #include "kernels/combine.h"
 #include "zero/base/error.h"
+#include "zero/base/shape.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/dscheckpoint/deepspeed.h"
 
@@ -15,12 +16,6 @@ namespace zero::ckpt {
 namespace {
 
 using nlohmann::json;
-
-std::uint64_t shape_numel(const std::vector<std::int64_t>& shape) {
-  std::uint64_t n = 1;
-  for (const std::int64_t d : shape) n *= static_cast<std::uint64_t>(d);
-  return n;
-}
 
 // zero's own format: every range is read from exactly the rank files' byte ranges holding it.
 class ZeroSource final : public CheckpointSource {
@@ -115,7 +110,7 @@ class DeepSpeedSource final : public CheckpointSource {
     for (const dscheckpoint::DsParam& p : d_.params()) {
       params_.push_back({.name = p.name,
                          .shape = p.shape,
-                         .numel = shape_numel(p.shape),
+                         .numel = numel_of(p.shape),
                          .trainable = p.trainable,
                          .buffer = p.buffer,
                          .frozen_dtype = DType::F32,

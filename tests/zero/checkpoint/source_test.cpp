@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cast.h"
+#include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/base/error.h"
 #include "zero/dscheckpoint/deepspeed.h"
@@ -26,22 +27,6 @@ using ckpt::Format;
 
 const std::string kFixtures = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints/";
 const char* const kFixtureNames[] = {"zero1_world2_fp32", "zero2_world2_fp32", "zero3_world2_fp32"};
-
-// A fresh directory under the temp directory, removed with the object.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int n = 0;
-    path = fs::temp_directory_path() /
-           ("zero_source_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-};
 
 // What f() throws as zero::IoError; empty when it does not throw.
 template <typename F>
@@ -247,7 +232,7 @@ TEST_CASE(
 TEST_CASE("the format is detected from the folder", "[checkpoint]") {
   TempDir dir;
   train_and_save(base_config(0, "fp32", 1), 1, 1, dir.str() + "/zero");
-  fs::create_directories(dir.path / "empty");
+  fs::create_directories(dir.path() / "empty");
   CHECK(ckpt::detect_format(kFixtures + "zero2_world2_fp32") == Format::DeepSpeed);
   CHECK(ckpt::detect_format(kFixtures + "zero3_world2_fp32/step5") == Format::DeepSpeed);
   CHECK(ckpt::detect_format(dir.str() + "/zero") == Format::Zero);
@@ -264,7 +249,7 @@ TEST_CASE(
   TempDir dir;
   const std::string zero_dir = dir.str() + "/zero";
   train_and_save(base_config(3, "fp32", 1), 2, 1, zero_dir);
-  fs::create_directories(dir.path / "empty");
+  fs::create_directories(dir.path() / "empty");
 
   const std::string empty = dir.str() + "/empty";
   CHECK_THAT(io_error_of([&] { (void)CheckpointSource::open(empty); }),
@@ -278,7 +263,7 @@ TEST_CASE(
   CHECK_THAT(
       io_error_of([&] { (void)CheckpointSource::open(kFixtures + "zero2_world2_fp32", "step6"); }),
       Catch::Contains("zero2_world2_fp32") && Catch::Contains("no tag folder 'step6'"));
-  const fs::path ds_copy = dir.path / "ds";
+  const fs::path ds_copy = dir.path() / "ds";
   fs::copy(kFixtures + "zero1_world2_fp32", ds_copy, fs::copy_options::recursive);
   for (const auto& e : fs::recursive_directory_iterator(ds_copy)) {
     fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);

@@ -20,15 +20,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <limits>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,11 +37,11 @@
 #include "cli/flags.h"
 #include "config/ds_config.h"
 #include "kernels/cast.h"
+#include "zero/base/error.h"
+#include "zero/base/timer.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
-#include "zero/base/error.h"
-#include "zero/base/timer.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::bench {
@@ -108,7 +108,9 @@ Args parse(std::span<const std::string> argv) {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", argv[i], kUsage);
     }
   }
-  if (a.dir.empty()) a.dir = (fs::temp_directory_path() / ("zero-bench-checkpoint-" + std::to_string(::getpid()))).string();
+  if (a.dir.empty())
+    a.dir = (fs::temp_directory_path() / ("zero-bench-checkpoint-" + std::to_string(::getpid())))
+                .string();
   return a;
 }
 
@@ -170,17 +172,20 @@ void print(const Args& a, const Figure& f) {
   const double gbps = static_cast<double>(f.bytes) / f.seconds / 1e9;
   const double limit_gbps = static_cast<double>(f.bytes) / f.limit_seconds / 1e9;
   if (a.json) {
-    nlohmann::ordered_json j{{"bench", "checkpoint"}, {"op", f.op}, {"params", a.params},
-                             {"world_size", a.world}, {"stage", a.stage}, {"bytes", f.bytes},
-                             {"seconds", f.seconds}, {"gb_per_s", gbps}, {"limit", f.limit},
-                             {"limit_gb_per_s", limit_gbps}, {"ratio", gbps / limit_gbps}};
+    nlohmann::ordered_json j{{"bench", "checkpoint"},     {"op", f.op},
+                             {"params", a.params},        {"world_size", a.world},
+                             {"stage", a.stage},          {"bytes", f.bytes},
+                             {"seconds", f.seconds},      {"gb_per_s", gbps},
+                             {"limit", f.limit},          {"limit_gb_per_s", limit_gbps},
+                             {"ratio", gbps / limit_gbps}};
     if (f.peak_rss_bytes) j["peak_rss_bytes"] = *f.peak_rss_bytes;
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("%-13s %10.1f MB %9.3f s %8.2f GB/s   %-17s %8.2f GB/s   ratio %.2f", f.op.c_str(),
                 static_cast<double>(f.bytes) / 1e6, f.seconds, gbps, f.limit.c_str(), limit_gbps,
                 gbps / limit_gbps);
-    if (f.peak_rss_bytes) std::printf("   peak RSS %.1f MB", static_cast<double>(*f.peak_rss_bytes) / 1e6);
+    if (f.peak_rss_bytes)
+      std::printf("   peak RSS %.1f MB", static_cast<double>(*f.peak_rss_bytes) / 1e6);
     std::printf("\n");
   }
 }
@@ -199,14 +204,15 @@ std::pair<double, long> time_tool(const std::string& tool, const std::string& ch
       const int null = ::open("/dev/null", O_WRONLY);
       ::dup2(null, 1);
       ::dup2(null, 2);
-      ::execl(tool.c_str(), tool.c_str(), checkpoint.c_str(), out.c_str(), static_cast<char*>(nullptr));
+      ::execl(tool.c_str(), tool.c_str(), checkpoint.c_str(), out.c_str(),
+              static_cast<char*>(nullptr));
       ::_exit(127);
     }
     int status = 0;
     rusage usage{};
     ::wait4(pid, &status, 0, &usage);
-    ZERO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "{} {} {} failed (status {})", tool, checkpoint,
-               out, status);
+    ZERO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "{} {} {} failed (status {})", tool,
+               checkpoint, out, status);
     best = std::min(best, seconds_since(start));
     peak_rss = std::max(peak_rss, usage.ru_maxrss * 1024L);
   }
@@ -214,8 +220,8 @@ std::pair<double, long> time_tool(const std::string& tool, const std::string& ch
 }
 
 // The plain equivalent of a conversion: read `inputs` sequentially, write `out_bytes`.
-double plain_copy_seconds(const std::vector<std::string>& inputs, std::size_t out_bytes, const std::string& scratch,
-                          int reps) {
+double plain_copy_seconds(const std::vector<std::string>& inputs, std::size_t out_bytes,
+                          const std::string& scratch, int reps) {
   double best = std::numeric_limits<double>::infinity();
   for (int rep = 0; rep < reps; ++rep) {
     const auto start = Clock::now();
@@ -230,7 +236,8 @@ double plain_copy_seconds(const std::vector<std::string>& inputs, std::size_t ou
 std::string zero_to_fp32_path() {
   const fs::path self = fs::read_symlink("/proc/self/exe");
   const fs::path tool = self.parent_path().parent_path() / "tools" / "zero_to_fp32";
-  ZERO_CHECK(fs::exists(tool), "zero_to_fp32 not found at {} (build the zero_to_fp32 target)", tool.string());
+  ZERO_CHECK(fs::exists(tool), "zero_to_fp32 not found at {} (build the zero_to_fp32 target)",
+             tool.string());
   return tool.string();
 }
 
@@ -245,14 +252,22 @@ int run_checkpoint(std::span<const std::string> argv) {
       {"gradient_accumulation_steps", 1},
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
       {"zero_optimization", {{"stage", a.stage}, {"stage3_param_persistence_threshold", 0}}}};
-  const config::DsConfig cfg = config::load_config_json(cfg_json, {.world_size = a.world, .values = {}});
+  const config::DsConfig cfg =
+      config::load_config_json(cfg_json, {.world_size = a.world, .values = {}});
   std::vector<ParamSpec> specs;
   for (int k = 0; k < kLayers; ++k) {
-    specs.push_back({fmt::format("layers.{}.weight", k), {static_cast<std::int64_t>(a.params / kLayers)}, DType::F32, 0, k, true});
+    specs.push_back({fmt::format("layers.{}.weight", k),
+                     {static_cast<std::int64_t>(a.params / kLayers)},
+                     DType::F32,
+                     0,
+                     k,
+                     true});
   }
   if (!a.json) {
-    std::printf("zero-bench checkpoint: %zu fp32 parameters (AdamW), %d in-process ranks, ZeRO stage %d, in %s\n",
-                a.params, a.world, a.stage, a.dir.c_str());
+    std::printf(
+        "zero-bench checkpoint: %zu fp32 parameters (AdamW), %d in-process ranks, ZeRO stage %d, "
+        "in %s\n",
+        a.params, a.world, a.stage, a.dir.c_str());
   }
   double best_save = std::numeric_limits<double>::infinity();
   double best_load = best_save;
@@ -290,15 +305,20 @@ int run_checkpoint(std::span<const std::string> argv) {
   const fs::path tag_dir = fs::path(ckpt_dir) / "bench";
   const std::size_t ckpt_bytes = dir_bytes(tag_dir);
   std::vector<std::string> rank_files;
-  for (int r = 0; r < a.world; ++r) rank_files.push_back((tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string());
+  for (int r = 0; r < a.world; ++r)
+    rank_files.push_back(
+        (tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string());
 
   // The same bytes, plainly.
   double plain_w = std::numeric_limits<double>::infinity(), plain_r = plain_w;
   for (int rep = 0; rep < a.reps; ++rep) {
     plain_w = std::min(plain_w, concurrently(a.world, [&](int r) {
-      plain_write((fs::path(a.dir) / fmt::format("plain_{}", r)).string(), fs::file_size(rank_files[static_cast<std::size_t>(r)]));
-    }));
-    plain_r = std::min(plain_r, concurrently(a.world, [&](int r) { plain_read((fs::path(a.dir) / fmt::format("plain_{}", r)).string()); }));
+                         plain_write((fs::path(a.dir) / fmt::format("plain_{}", r)).string(),
+                                     fs::file_size(rank_files[static_cast<std::size_t>(r)]));
+                       }));
+    plain_r = std::min(plain_r, concurrently(a.world, [&](int r) {
+                         plain_read((fs::path(a.dir) / fmt::format("plain_{}", r)).string());
+                       }));
   }
   print(a, {"save", ckpt_bytes, best_save, "sequential-write", plain_w, {}});
   print(a, {"load", ckpt_bytes, best_load, "sequential-read", plain_r, {}});
@@ -310,8 +330,10 @@ int run_checkpoint(std::span<const std::string> argv) {
   const std::size_t out_bytes = fs::file_size(out);
   // Validated: the consolidated file holds every layer in full.
   const auto reader = io::SafetensorsReader::open(out);
-  ZERO_CHECK(reader.tensors().size() == specs.size(), "zero_to_fp32 wrote {} tensors, expected {}", reader.tensors().size(), specs.size());
-  const double plain_copy = plain_copy_seconds(rank_files, out_bytes, (fs::path(a.dir) / "plain_copy").string(), a.reps);
+  ZERO_CHECK(reader.tensors().size() == specs.size(), "zero_to_fp32 wrote {} tensors, expected {}",
+             reader.tensors().size(), specs.size());
+  const double plain_copy =
+      plain_copy_seconds(rank_files, out_bytes, (fs::path(a.dir) / "plain_copy").string(), a.reps);
   print(a, {"zero_to_fp32", out_bytes, tool_s, "sequential-copy", plain_copy, peak_rss});
 
   if (!a.deepspeed.empty()) {
@@ -328,8 +350,10 @@ int run_checkpoint(std::span<const std::string> argv) {
     const std::string ds_out = (fs::path(a.dir) / "deepspeed.safetensors").string();
     const auto [ds_s, ds_rss] = time_tool(tool, a.deepspeed, ds_out, a.reps);
     const std::size_t ds_out_bytes = fs::file_size(ds_out);
-    ZERO_CHECK(!io::SafetensorsReader::open(ds_out).tensors().empty(), "zero_to_fp32 wrote no tensors from {}", a.deepspeed);
-    const double ds_plain = plain_copy_seconds(pt_files, ds_out_bytes, (fs::path(a.dir) / "plain_copy").string(), a.reps);
+    ZERO_CHECK(!io::SafetensorsReader::open(ds_out).tensors().empty(),
+               "zero_to_fp32 wrote no tensors from {}", a.deepspeed);
+    const double ds_plain = plain_copy_seconds(pt_files, ds_out_bytes,
+                                               (fs::path(a.dir) / "plain_copy").string(), a.reps);
     print(a, {"deepspeed_to_fp32", pt_bytes, ds_s, "sequential-copy", ds_plain, ds_rss});
   }
   fs::remove_all(a.dir);

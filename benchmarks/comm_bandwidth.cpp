@@ -4,9 +4,9 @@
 #include <chrono>
 #include <vector>
 
-#include "zero/comm/reduce_math.h"
 #include "zero/base/error.h"
 #include "zero/base/timer.h"
+#include "zero/comm/reduce_math.h"
 
 namespace zero::bench {
 
@@ -31,8 +31,8 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
              "time_collective: {} is not timed", collective_name(kind));
   ZERO_CHECK(dtype != DType::F64, "time_collective: fp64 is not timed");
   ZERO_CHECK(bytes_per_rank % (esize * world) == 0 && bytes_per_rank > 0,
-             "time_collective: {} bytes is not a positive multiple of {} x {} ranks", bytes_per_rank,
-             esize, world);
+             "time_collective: {} bytes is not a positive multiple of {} x {} ranks",
+             bytes_per_rank, esize, world);
   ZERO_CHECK(iterations >= 1, "time_collective: iterations must be at least 1");
   const std::size_t elems = bytes_per_rank / esize;
   const std::size_t chunk = elems / world;
@@ -81,7 +81,8 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
     }
     case Collective::AllGather: {
       const std::vector<float> got = values(big);
-      for (std::size_t i = 0; i < elems && ok; ++i) ok = got[i] == static_cast<float>(i / chunk + 1);
+      for (std::size_t i = 0; i < elems && ok; ++i)
+        ok = got[i] == static_cast<float>(i / chunk + 1);
       break;
     }
     default: {

@@ -31,12 +31,12 @@
 #include "benchmarks/comm_bandwidth.h"
 #include "benchmarks/commands.h"
 #include "cli/flags.h"
-#include "zero/comm/communicator.h"
-#include "zero/comm/inproc_comm.h"
-#include "zero/device/device.h"
 #include "zero/base/dtype.h"
 #include "zero/base/error.h"
 #include "zero/base/timer.h"
+#include "zero/comm/communicator.h"
+#include "zero/comm/inproc_comm.h"
+#include "zero/device/device.h"
 
 namespace zero::bench {
 

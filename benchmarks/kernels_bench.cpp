@@ -31,10 +31,10 @@ namespace zero::bench {
 
 namespace {
 
-using zero::DType;
 using kernels::OptimizerHyper;
 using kernels::OptimizerKind;
 using kernels::OptimizerTensors;
+using zero::DType;
 
 struct KernelsArgs {
   bool json = false;
@@ -129,19 +129,21 @@ Arrays make_arrays(std::size_t n, int threads) {
   auto* m16 = static_cast<std::uint16_t*>(a.state0_bf16.get());
   auto* v16 = static_cast<std::uint16_t*>(a.state1_bf16.get());
   auto* out = static_cast<std::uint16_t*>(a.out_bf16.get());
-  kernels::detail::for_each_tile(n, kernels::detail::kTileElems, threads, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) {
-      master[i] = hashed(i, 1, -1.0f, 1.0f);
-      // Positive gradients keep the probe's v += g from making Adam's second moment negative.
-      g32[i] = hashed(i, 2, 1e-3f, 1e-2f);
-      g16[i] = half::float_to_bf16(g32[i]);
-      m32[i] = hashed(i, 3, -1e-3f, 1e-3f);
-      v32[i] = hashed(i, 4, 1e-6f, 1e-4f);
-      m16[i] = half::float_to_bf16(m32[i]);
-      v16[i] = half::float_to_bf16(v32[i]);
-      out[i] = 0;
-    }
-  });
+  kernels::detail::for_each_tile(n, kernels::detail::kTileElems, threads,
+                                 [&](std::size_t b, std::size_t e) {
+                                   for (std::size_t i = b; i < e; ++i) {
+                                     master[i] = hashed(i, 1, -1.0f, 1.0f);
+                                     // Positive gradients keep the probe's v += g from making
+                                     // Adam's second moment negative.
+                                     g32[i] = hashed(i, 2, 1e-3f, 1e-2f);
+                                     g16[i] = half::float_to_bf16(g32[i]);
+                                     m32[i] = hashed(i, 3, -1e-3f, 1e-3f);
+                                     v32[i] = hashed(i, 4, 1e-6f, 1e-4f);
+                                     m16[i] = half::float_to_bf16(m32[i]);
+                                     v16[i] = half::float_to_bf16(v32[i]);
+                                     out[i] = 0;
+                                   }
+                                 });
   return a;
 }
 
@@ -168,7 +170,8 @@ OptimizerTensors tensors_for(const Case& c, const Arrays& a, std::size_t n) {
   return t;
 }
 
-// Copies `count` elements from `first` of every array the case uses into a private OptimizerTensors.
+// Copies `count` elements from `first` of every array the case uses into a private
+// OptimizerTensors.
 struct Sample {
   std::vector<float> master;
   std::vector<std::byte> grad, state0, state1, out;
@@ -178,7 +181,8 @@ struct Sample {
     auto copy = [&](const void* base, std::size_t elem_bytes, std::vector<std::byte>& into) {
       into.resize(count * elem_bytes);
       if (base != nullptr) {
-        std::memcpy(into.data(), static_cast<const std::byte*>(base) + first * elem_bytes, into.size());
+        std::memcpy(into.data(), static_cast<const std::byte*>(base) + first * elem_bytes,
+                    into.size());
       }
     };
     master.assign(t.master + first, t.master + first + count);
@@ -196,11 +200,14 @@ struct Sample {
   }
 };
 
-bool same_bytes(const void* a, const void* b, std::size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
+bool same_bytes(const void* a, const void* b, std::size_t bytes) {
+  return std::memcmp(a, b, bytes) == 0;
+}
 
 // One step on the full arrays with the benchmarked ISA and threads must equal, bit for bit, the
 // scalar single-thread path run on copies of three windows (start, middle, end).
-void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& exec, std::int64_t step) {
+void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& exec,
+              std::int64_t step) {
   const std::size_t window = std::min<std::size_t>(t.numel, 4099);
   const std::size_t starts[] = {0, (t.numel - window) / 2, t.numel - window};
   std::vector<Sample> samples;
@@ -214,10 +221,15 @@ void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& 
     const std::size_t first = starts[k];
     const std::size_t sb = dtype_size(t.state_dtype);
     bool ok = same_bytes(s.master.data(), t.master + first, window * 4);
-    if (states > 0) ok = ok && same_bytes(s.state0.data(), static_cast<std::byte*>(t.state0) + first * sb, window * sb);
-    if (states > 1) ok = ok && same_bytes(s.state1.data(), static_cast<std::byte*>(t.state1) + first * sb, window * sb);
+    if (states > 0)
+      ok = ok &&
+           same_bytes(s.state0.data(), static_cast<std::byte*>(t.state0) + first * sb, window * sb);
+    if (states > 1)
+      ok = ok &&
+           same_bytes(s.state1.data(), static_cast<std::byte*>(t.state1) + first * sb, window * sb);
     if (t.param_out != nullptr) {
-      ok = ok && same_bytes(s.out.data(), static_cast<std::byte*>(t.param_out) + first * 2, window * 2);
+      ok = ok &&
+           same_bytes(s.out.data(), static_cast<std::byte*>(t.param_out) + first * 2, window * 2);
     }
     ZERO_CHECK(ok, "kernels bench: {} differs from the scalar path near element {}",
                kernels::optimizer_name(c.hyper.kind), first);
@@ -237,7 +249,8 @@ int run_kernels(std::span<const std::string> argv) {
   std::vector<OptimizerHyper> optimizers;
   for (auto kind : {OptimizerKind::AdamW, OptimizerKind::Adam, OptimizerKind::Adagrad,
                     OptimizerKind::Lion, OptimizerKind::Sgd}) {
-    if (!args.only_optimizer.empty() && kernels::optimizer_name(kind) != args.only_optimizer) continue;
+    if (!args.only_optimizer.empty() && kernels::optimizer_name(kind) != args.only_optimizer)
+      continue;
     OptimizerHyper h;
     h.kind = kind;
     h.weight_decay = 0.01;
@@ -271,19 +284,22 @@ int run_kernels(std::span<const std::string> argv) {
           const std::size_t bytes = kernels::optimizer_bytes_per_elem(t, state_count);
           const double params_per_s = static_cast<double>(n) / best_kernel;
           const double gb_per_s = params_per_s * static_cast<double>(bytes) / 1e9;
-          const double limit_gb_per_s = static_cast<double>(n) * static_cast<double>(bytes) / best_probe / 1e9;
+          const double limit_gb_per_s =
+              static_cast<double>(n) * static_cast<double>(bytes) / best_probe / 1e9;
           const double ratio = gb_per_s / limit_gb_per_s;
           const std::string name(kernels::optimizer_name(hyper.kind));
           const std::string grad_name(dtype_name(grad)), state_name(dtype_name(state));
           const char* out_name = param_out ? "bf16" : "none";
           if (args.json) {
-            std::printf("{\"bench\":\"kernels\",\"optimizer\":\"%s\",\"grad_dtype\":\"%s\",\"state_dtype\":\"%s\","
-                        "\"param_out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"params\":%zu,"
-                        "\"params_per_s\":%.6g,\"bytes_per_param\":%zu,\"gb_per_s\":%.4g,"
-                        "\"limit\":\"traffic-probe\",\"limit_gb_per_s\":%.4g,\"ratio\":%.3f}\n",
-                        name.c_str(), grad_name.c_str(), state_name.c_str(), out_name,
-                        std::string(kernels::isa_name(isa)).c_str(), threads, n, params_per_s, bytes,
-                        gb_per_s, limit_gb_per_s, ratio);
+            std::printf(
+                "{\"bench\":\"kernels\",\"optimizer\":\"%s\",\"grad_dtype\":\"%s\",\"state_dtype\":"
+                "\"%s\","
+                "\"param_out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"params\":%zu,"
+                "\"params_per_s\":%.6g,\"bytes_per_param\":%zu,\"gb_per_s\":%.4g,"
+                "\"limit\":\"traffic-probe\",\"limit_gb_per_s\":%.4g,\"ratio\":%.3f}\n",
+                name.c_str(), grad_name.c_str(), state_name.c_str(), out_name,
+                std::string(kernels::isa_name(isa)).c_str(), threads, n, params_per_s, bytes,
+                gb_per_s, limit_gb_per_s, ratio);
           } else {
             std::printf("%-8s %-5s %-5s %-5s %6zu %12.0f %9.1f %12.1f %6.3f\n", name.c_str(),
                         grad_name.c_str(), state_name.c_str(), out_name, bytes, params_per_s / 1e6,

@@ -17,15 +17,25 @@ struct Subcommand {
 };
 
 constexpr Subcommand kSubcommands[] = {
-    {"comm", "collective bus bandwidth vs memcpy  [--json] [--world-size N] [--sizes LIST] [--backend inproc|mpi|all] [--reps R]",
+    {"comm",
+     "collective bus bandwidth vs memcpy  [--json] [--world-size N] [--sizes LIST] [--backend "
+     "inproc|mpi|all] [--reps R]",
      zero::bench::run_comm},
-    {"kernels", "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] [--isa I] [--reps R] [--optimizer O]",
+    {"kernels",
+     "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] "
+     "[--isa I] [--reps R] [--optimizer O]",
      zero::bench::run_kernels},
-    {"checkpoint", "save, load and zero_to_fp32 vs plain sequential I/O  [--json] [--params N] [--world-size W] [--stage S] [--reps R] [--dir D]",
+    {"checkpoint",
+     "save, load and zero_to_fp32 vs plain sequential I/O  [--json] [--params N] [--world-size W] "
+     "[--stage S] [--reps R] [--dir D]",
      zero::bench::run_checkpoint},
-    {"replay", "replay an optimizer golden file  GOLDEN.safetensors --out OUT.safetensors [--isa I]",
+    {"replay",
+     "replay an optimizer golden file  GOLDEN.safetensors --out OUT.safetensors [--isa I]",
      zero::bench::run_replay},
-    {"step", "engine step time and breakdown per ZeRO stage vs memcpy  [--json] [--model mlp:IN,...,OUT | --params N] [--world-size W] [--stages LIST] [--precision P] [--steps K] [--threads T] [--bucket N]",
+    {"step",
+     "engine step time and breakdown per ZeRO stage vs memcpy  [--json] [--model mlp:IN,...,OUT | "
+     "--params N] [--world-size W] [--stages LIST] [--precision P] [--steps K] [--threads T] "
+     "[--bucket N]",
      zero::bench::run_step},
 };
 

@@ -1,9 +1,8 @@
 // zero-bench replay: runs our optimizer kernels over the gradients of a golden trajectory file
 // (tests/golden/*.safetensors: p0 [n], grads [steps, n], metadata optimizer + hyper) and writes
 // params [steps, n] and the final state.* tensors in the same layout, for st_compare.py.
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -53,7 +52,8 @@ ReplayArgs parse_args(std::span<const std::string> args) {
 
 // torch.optim's argument names and defaults; anything we do not implement is an error rather
 // than silently ignored.
-OptimizerHyper parse_hyper(const std::string& optimizer, const std::string& hyper_json, double& lr) {
+OptimizerHyper parse_hyper(const std::string& optimizer, const std::string& hyper_json,
+                           double& lr) {
   const auto kind = kernels::parse_optimizer_kind(optimizer);
   ZERO_CHECK(kind.has_value(), "metadata optimizer '{}' is not adam, adamw, adagrad, lion or sgd",
              optimizer);
@@ -75,8 +75,8 @@ OptimizerHyper parse_hyper(const std::string& optimizer, const std::string& hype
     if (key == "lr") {
       lr = value.get<double>();
     } else if (key == "betas") {
-      ZERO_CHECK(value.is_array() && value.size() == 2, "hyper betas must be [beta1, beta2], got {}",
-                 value.dump());
+      ZERO_CHECK(value.is_array() && value.size() == 2,
+                 "hyper betas must be [beta1, beta2], got {}", value.dump());
       h.beta1 = value[0].get<double>();
       h.beta2 = value[1].get<double>();
     } else if (key == "eps") {
@@ -168,7 +168,8 @@ int run_replay(std::span<const std::string> argv) {
   out.write(args.out);
   std::printf("replayed %s: %s, %zu steps of %zu params on %s -> %s\n", args.golden.c_str(),
               meta.at("optimizer").c_str(), steps, n,
-              std::string(kernels::isa_name(kernels::resolve_isa(args.isa))).c_str(), args.out.c_str());
+              std::string(kernels::isa_name(kernels::resolve_isa(args.isa))).c_str(),
+              args.out.c_str());
   return 0;
 }
 

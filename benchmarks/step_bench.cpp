@@ -58,14 +58,14 @@
 #include "kernels/optimizer.h"
 #include "kernels/traffic_probe.h"
 #include "models/mlp.h"
-#include "zero/comm/communicator.h"
-#include "zero/comm/inproc_comm.h"
-#include "zero/device/device.h"
 #include "zero/base/dtype.h"
-#include "zero/engine.h"
 #include "zero/base/error.h"
 #include "zero/base/shape.h"
 #include "zero/base/timer.h"
+#include "zero/comm/communicator.h"
+#include "zero/comm/inproc_comm.h"
+#include "zero/device/device.h"
+#include "zero/engine.h"
 #include "zero/estimate/estimate.h"
 
 namespace zero::bench {
@@ -360,11 +360,11 @@ class Trainer {
                         exec_);
     }
     const models::Batch batch = data_->batch(static_cast<std::uint64_t>(engine_.global_steps()),
-                                            static_cast<std::uint64_t>(rank_), 1);
+                                             static_cast<std::uint64_t>(rank_), 1);
     const std::vector<std::span<const float>> weight_views(weights_.begin(), weights_.end());
     const std::vector<std::span<float>> grad_views(grads_f32_.begin(), grads_f32_.end());
     (void)models::forward_backward(*w_.mlp, weight_views, batch,
-                                  static_cast<float>(engine_.backward_scale()), grad_views);
+                                   static_cast<float>(engine_.backward_scale()), grad_views);
   }
 
   const Workload& w_;

@@ -56,7 +56,8 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return d[n][m];
 }
 
-std::optional<std::string> nearest(std::string_view word, std::span<const std::string_view> candidates) {
+std::optional<std::string> nearest(std::string_view word,
+                                   std::span<const std::string_view> candidates) {
   // Long keys from the fuzzer would make the quadratic distance slow for no benefit.
   if (word.empty() || word.size() > 128) return std::nullopt;
   const std::string word_lower = lower(word);
@@ -70,7 +71,9 @@ std::optional<std::string> nearest(std::string_view word, std::span<const std::s
     if (same_words_reordered(word, c) || "stage3_" + word_lower == c_lower) dist = 0;
     // Equal distances go to the longer common prefix: "bfp16" means bf16 rather than fp16.
     std::size_t prefix = 0;
-    while (prefix < word_lower.size() && prefix < c_lower.size() && word_lower[prefix] == c_lower[prefix]) ++prefix;
+    while (prefix < word_lower.size() && prefix < c_lower.size() &&
+           word_lower[prefix] == c_lower[prefix])
+      ++prefix;
     if (dist < best_distance || (best && dist == best_distance && prefix > best_prefix)) {
       best_distance = dist;
       best_prefix = prefix;

@@ -45,7 +45,8 @@ std::string_view source_name(Source s) {
 std::vector<Finding> DsConfig::blockers() const {
   std::vector<Finding> out;
   for (const Finding& f : findings) {
-    if (f.severity == Severity::Unsupported || f.severity == Severity::EngineError) out.push_back(f);
+    if (f.severity == Severity::Unsupported || f.severity == Severity::EngineError)
+      out.push_back(f);
   }
   out.insert(out.end(), unresolved.begin(), unresolved.end());
   return out;
@@ -72,7 +73,9 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-bool is_auto(const json& v) { return v.is_string() && v.get_ref<const std::string&>() == "auto"; }
+bool is_auto(const json& v) {
+  return v.is_string() && v.get_ref<const std::string&>() == "auto";
+}
 
 // Numeric strings are accepted as pydantic's lax mode does ("5e8", " 16 ").
 std::optional<double> number_from_string(const std::string& s) {
@@ -88,7 +91,8 @@ std::optional<double> number_from_string(const std::string& s) {
 constexpr double kInt64Bound = 9223372036854775808.0;  // 2^63
 
 std::optional<std::int64_t> integral(double d) {
-  if (!std::isfinite(d) || d != std::trunc(d) || d < -kInt64Bound || d >= kInt64Bound) return std::nullopt;
+  if (!std::isfinite(d) || d != std::trunc(d) || d < -kInt64Bound || d >= kInt64Bound)
+    return std::nullopt;
   return static_cast<std::int64_t>(d);
 }
 
@@ -185,8 +189,10 @@ bool coerce(const KeyRule& r, const json& v, json& out, std::string& why) {
     case ValueType::Float: ok = coerce_float(v, out, why); break;
     case ValueType::String:
       ok = v.is_string();
-      if (ok) out = v;
-      else why = fmt::format("expected a string, got {}", show(v));
+      if (ok)
+        out = v;
+      else
+        why = fmt::format("expected a string, got {}", show(v));
       break;
     case ValueType::Enum: {
       if (v.is_string()) {
@@ -199,9 +205,10 @@ bool coerce(const KeyRule& r, const json& v, json& out, std::string& why) {
         }
       }
       std::string list;
-      for (std::string_view c : r.choices) list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", c);
-      why = fmt::format("expected one of {}{}, got {}", list, r.case_insensitive ? "" : " (case-sensitive)",
-                        show(v));
+      for (std::string_view c : r.choices)
+        list += fmt::format("{}\"{}\"", list.empty() ? "" : ", ", c);
+      why = fmt::format("expected one of {}{}, got {}", list,
+                        r.case_insensitive ? "" : " (case-sensitive)", show(v));
       if (v.is_string()) why += did_you_mean(v.get_ref<const std::string&>(), r.choices);
       return false;
     }
@@ -212,8 +219,8 @@ bool coerce(const KeyRule& r, const json& v, json& out, std::string& why) {
           return true;
         }
       }
-      static const std::vector<std::string_view> kSpellings = {"fp32", "fp16", "bf16", "float32", "float16",
-                                                               "bfloat16", "half", "float"};
+      static const std::vector<std::string_view> kSpellings = {
+          "fp32", "fp16", "bf16", "float32", "float16", "bfloat16", "half", "float"};
       why = fmt::format("expected a dtype (fp32, fp16, bf16 or a torch spelling), got {}", show(v));
       if (v.is_string()) why += did_you_mean(v.get_ref<const std::string&>(), kSpellings);
       return false;
@@ -221,7 +228,8 @@ bool coerce(const KeyRule& r, const json& v, json& out, std::string& why) {
     case ValueType::Betas: {
       json a, b;
       std::string ignored;
-      if (v.is_array() && v.size() == 2 && coerce_float(v[0], a, ignored) && coerce_float(v[1], b, ignored)) {
+      if (v.is_array() && v.size() == 2 && coerce_float(v[0], a, ignored) &&
+          coerce_float(v[1], b, ignored)) {
         out = json::array({a, b});
         return true;
       }
@@ -234,7 +242,8 @@ bool coerce(const KeyRule& r, const json& v, json& out, std::string& why) {
       for (const json& e : v) {
         json x;
         if (!coerce_float(e, x, why)) {
-          why = fmt::format("expected a number or a list of numbers (one per param group), got {}", show(v));
+          why = fmt::format("expected a number or a list of numbers (one per param group), got {}",
+                            show(v));
           return false;
         }
         list.push_back(x);
@@ -248,12 +257,12 @@ bool coerce(const KeyRule& r, const json& v, json& out, std::string& why) {
     }
     case ValueType::Object:
       ok = v.is_object();
-      if (ok) out = v;
-      else why = fmt::format("expected an object, got {}", show(v));
+      if (ok)
+        out = v;
+      else
+        why = fmt::format("expected an object, got {}", show(v));
       break;
-    case ValueType::Any:
-      out = v;
-      return true;
+    case ValueType::Any: out = v; return true;
   }
   if (!ok) return false;
   if (out.is_number() && (r.min || r.max)) {
@@ -312,12 +321,18 @@ OffloadDevice device_of(const std::string& s) {
 
 OptimizerKind optimizer_kind(const std::string& type) {
   static const std::vector<std::pair<std::string_view, OptimizerKind>> kKinds = {
-      {"adam", OptimizerKind::Adam},         {"adamw", OptimizerKind::AdamW},
-      {"adagrad", OptimizerKind::Adagrad},   {"lion", OptimizerKind::Lion},
-      {"SGD", OptimizerKind::Sgd},           {"lamb", OptimizerKind::Lamb},
-      {"onebitadam", OptimizerKind::OneBitAdam}, {"zerooneadam", OptimizerKind::ZeroOneAdam},
-      {"onebitlamb", OptimizerKind::OneBitLamb}, {"muadam", OptimizerKind::MuAdam},
-      {"muadamw", OptimizerKind::MuAdamW},   {"musgd", OptimizerKind::MuSgd},
+      {"adam", OptimizerKind::Adam},
+      {"adamw", OptimizerKind::AdamW},
+      {"adagrad", OptimizerKind::Adagrad},
+      {"lion", OptimizerKind::Lion},
+      {"SGD", OptimizerKind::Sgd},
+      {"lamb", OptimizerKind::Lamb},
+      {"onebitadam", OptimizerKind::OneBitAdam},
+      {"zerooneadam", OptimizerKind::ZeroOneAdam},
+      {"onebitlamb", OptimizerKind::OneBitLamb},
+      {"muadam", OptimizerKind::MuAdam},
+      {"muadamw", OptimizerKind::MuAdamW},
+      {"musgd", OptimizerKind::MuSgd},
       {"muon", OptimizerKind::Muon}};
   for (const auto& [name, kind] : kKinds) {
     if (type == name) return kind;
@@ -347,7 +362,9 @@ struct Loader {
   // Provenance for a key that is present in a block only because it was mapped there.
   std::map<std::string, Provenance> mapped;
 
-  void error(std::string path, std::string message) { errors.push_back({std::move(path), std::move(message)}); }
+  void error(std::string path, std::string message) {
+    errors.push_back({std::move(path), std::move(message)});
+  }
   void add(Severity s, std::string path, std::string message) {
     findings.push_back({s, std::move(path), std::move(message)});
   }
@@ -362,10 +379,11 @@ struct Loader {
   }
 
   void apply_supplied(json& doc);
-  json resolve_block(std::string_view rules_block, const std::string& path, std::string_view variant,
-                     const json& given);
+  json resolve_block(std::string_view rules_block, const std::string& path,
+                     std::string_view variant, const json& given);
   void report_unknown(BlockPolicy policy, std::string_view rules_block, const std::string& path,
-                      std::string_view variant, const std::string& key, const std::vector<std::string_view>& known);
+                      std::string_view variant, const std::string& key,
+                      const std::vector<std::string_view>& known);
   void resolve_optimizer(const json& doc, json& out);
   void resolve_scheduler(const json& doc, json& out);
   DsConfig build(const json& out) const;
@@ -381,7 +399,8 @@ void Loader::apply_supplied(json& doc) {
     std::size_t start = 0;
     while (true) {
       const std::size_t dot = path.find('.', start);
-      parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      parts.push_back(
+          path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
       if (dot == std::string::npos) break;
       start = dot + 1;
     }
@@ -409,14 +428,15 @@ void Loader::apply_supplied(json& doc) {
       (*node)[parts.back()] = value;
       supplied_paths.insert(path);
     } else if (*it != value) {
-      error(path, fmt::format("the embedding supplies {} but the config sets {}", show(value), show(*it)));
+      error(path, fmt::format("the embedding supplies {} but the config sets {}", show(value),
+                              show(*it)));
     }
   }
 }
 
-void Loader::report_unknown(BlockPolicy policy, std::string_view rules_block, const std::string& path,
-                            std::string_view variant, const std::string& key,
-                            const std::vector<std::string_view>& known) {
+void Loader::report_unknown(BlockPolicy policy, std::string_view rules_block,
+                            const std::string& path, std::string_view variant,
+                            const std::string& key, const std::vector<std::string_view>& known) {
   const std::string key_path = join(path, key);
   std::string hint;
   if (auto n = nearest(key, known)) {
@@ -427,17 +447,20 @@ void Loader::report_unknown(BlockPolicy policy, std::string_view rules_block, co
   }
   switch (policy) {
     case BlockPolicy::Pydantic: error(key_path, "unknown key" + hint); break;
-    case BlockPolicy::Dict: add(Severity::Warning, key_path, "unknown key, ignored (as DeepSpeed does)" + hint); break;
+    case BlockPolicy::Dict:
+      add(Severity::Warning, key_path, "unknown key, ignored (as DeepSpeed does)" + hint);
+      break;
     case BlockPolicy::Kwargs:
       add(Severity::EngineError, key_path,
-          fmt::format("not a parameter of {}: DeepSpeed passes it to the constructor, which raises TypeError{}",
+          fmt::format("not a parameter of {}: DeepSpeed passes it to the constructor, which raises "
+                      "TypeError{}",
                       variant, hint));
       break;
   }
 }
 
-json Loader::resolve_block(std::string_view rules_block, const std::string& path, std::string_view variant,
-                           const json& given) {
+json Loader::resolve_block(std::string_view rules_block, const std::string& path,
+                           std::string_view variant, const json& given) {
   const BlockRule* block = find_block(rules_block);
   const BlockPolicy policy = block ? block->policy : BlockPolicy::Dict;
   const std::vector<const KeyRule*> rules = rules_of(rules_block, variant);
@@ -474,10 +497,12 @@ json Loader::resolve_block(std::string_view rules_block, const std::string& path
     in.erase(std::string(d.name));
     add(Severity::Warning, dep_path, std::string(d.message));
     if (d.kind == DeprecationKind::Ignored) continue;
-    const auto repl = std::find_if(rules.begin(), rules.end(), [&](const KeyRule* r) { return r->name == d.replacement; });
+    const auto repl = std::find_if(rules.begin(), rules.end(),
+                                   [&](const KeyRule* r) { return r->name == d.replacement; });
     ZERO_ASSERT(repl != rules.end());
     const KeyRule& r = **repl;
-    if (in.contains(r.name) || (!r.alias.empty() && in.contains(r.alias)) || auto_dropped.count(std::string(r.name))) {
+    if (in.contains(r.name) || (!r.alias.empty() && in.contains(r.alias)) ||
+        auto_dropped.count(std::string(r.name))) {
       error(dep_path, fmt::format("cannot be given together with its replacement {}", r.name));
       continue;
     }
@@ -504,7 +529,8 @@ json Loader::resolve_block(std::string_view rules_block, const std::string& path
     if (r->alias.empty() || !in.contains(r->alias)) continue;
     if (in.contains(r->name)) {
       error(join(path, r->alias),
-            fmt::format("give only one of {} and {} (two spellings of the same setting)", r->name, r->alias));
+            fmt::format("give only one of {} and {} (two spellings of the same setting)", r->name,
+                        r->alias));
     } else {
       in[std::string(r->name)] = in[std::string(r->alias)];
       mapped[join(path, r->name)] = {Source::AliasOf, std::string(r->alias)};
@@ -522,7 +548,8 @@ json Loader::resolve_block(std::string_view rules_block, const std::string& path
   }
   if (!rules_block.empty()) {
     for (auto it = in.begin(); it != in.end(); ++it) {
-      const bool is_rule = std::any_of(rules.begin(), rules.end(), [&](const KeyRule* r) { return r->name == it.key(); });
+      const bool is_rule = std::any_of(rules.begin(), rules.end(),
+                                       [&](const KeyRule* r) { return r->name == it.key(); });
       if (!is_rule) report_unknown(policy, rules_block, path, variant, it.key(), known);
     }
   }
@@ -538,7 +565,8 @@ json Loader::resolve_block(std::string_view rules_block, const std::string& path
         out[name] = resolve_block(child_block, key_path, "", in[name]);
       } else {
         out[name] = r->default_value;
-        provenance[key_path] = {auto_dropped.count(name) ? Source::DeepSpeedAutoDefault : Source::Default, ""};
+        provenance[key_path] = {
+            auto_dropped.count(name) ? Source::DeepSpeedAutoDefault : Source::Default, ""};
       }
       continue;
     }
@@ -562,7 +590,9 @@ json Loader::resolve_block(std::string_view rules_block, const std::string& path
     } else if (r->required) {
       if (policy == BlockPolicy::Kwargs) {
         out[name] = "auto";
-        to_supply(key_path, fmt::format("required by {} and not given: to be supplied by the embedding", variant));
+        to_supply(
+            key_path,
+            fmt::format("required by {} and not given: to be supplied by the embedding", variant));
         provenance[key_path] = {Source::Default, "no default: to be supplied"};
       } else {
         error(key_path, "required key is missing");
@@ -572,11 +602,13 @@ json Loader::resolve_block(std::string_view rules_block, const std::string& path
       if (auto_dropped.count(name)) {
         provenance[key_path] = {Source::DeepSpeedAutoDefault, ""};
         add(Severity::Note, key_path,
-            fmt::format("\"auto\" means DeepSpeed's default here ({}): DeepSpeed drops \"auto\" in this block",
+            fmt::format("\"auto\" means DeepSpeed's default here ({}): DeepSpeed drops \"auto\" in "
+                        "this block",
                         show(r->default_value)));
       } else {
-        provenance[key_path] = {Source::Default, std::string(r->older.empty() ? "" : "older DeepSpeed: ") +
-                                                     std::string(r->older)};
+        provenance[key_path] = {
+            Source::Default,
+            std::string(r->older.empty() ? "" : "older DeepSpeed: ") + std::string(r->older)};
       }
     }
   }
@@ -587,7 +619,8 @@ void Loader::resolve_optimizer(const json& doc, json& out) {
   const auto it = doc.find("optimizer");
   if (it == doc.end() || it->is_null()) {
     out["optimizer"] = nullptr;
-    to_supply("optimizer", "no optimizer block: the embedding must supply the optimizer (type and params)");
+    to_supply("optimizer",
+              "no optimizer block: the embedding must supply the optimizer (type and params)");
     return;
   }
   json opt = resolve_block("optimizer", "optimizer", "", *it);
@@ -602,7 +635,9 @@ void Loader::resolve_optimizer(const json& doc, json& out) {
   opt["type"] = type;
   if (type != "SGD" && lowered == "sgd") {
     add(Severity::EngineError, "optimizer.type",
-        fmt::format("DeepSpeed looks up torch.optim.{} (case-sensitive), which does not exist; did you mean SGD?", type));
+        fmt::format("DeepSpeed looks up torch.optim.{} (case-sensitive), which does not exist; did "
+                    "you mean SGD?",
+                    type));
   }
 
   json params = json::object();
@@ -631,7 +666,8 @@ void Loader::resolve_optimizer(const json& doc, json& out) {
     json& mode = opt["params"]["adam_w_mode"];
     if (type == "adamw" && mode.is_boolean() && !mode.get<bool>()) {
       mode = true;
-      provenance["optimizer.params.adam_w_mode"] = {Source::Derived, "type AdamW always decays decoupled"};
+      provenance["optimizer.params.adam_w_mode"] = {Source::Derived,
+                                                    "type AdamW always decays decoupled"};
     }
   }
   out["optimizer"] = opt;
@@ -660,9 +696,11 @@ void Loader::resolve_scheduler(const json& doc, json& out) {
     if (p.contains("warmup_type") && p["warmup_type"].is_string() && p["warmup_type"] != "log" &&
         p["warmup_type"] != "linear") {
       add(Severity::Warning, "scheduler.params.warmup_type",
-          fmt::format("{} is neither \"log\" nor \"linear\": DeepSpeed uses log warmup", show(p["warmup_type"])));
+          fmt::format("{} is neither \"log\" nor \"linear\": DeepSpeed uses log warmup",
+                      show(p["warmup_type"])));
       p["warmup_type"] = "log";
-      provenance["scheduler.params.warmup_type"] = {Source::Derived, "unknown warmup_type falls back to log"};
+      provenance["scheduler.params.warmup_type"] = {Source::Derived,
+                                                    "unknown warmup_type falls back to log"};
     }
     if (type == "WarmupLR" && p["warmup_max_lr"].is_null()) {
       const json* lr = lookup(out, "optimizer.params.lr");
@@ -671,12 +709,14 @@ void Loader::resolve_scheduler(const json& doc, json& out) {
         provenance["scheduler.params.warmup_max_lr"] = {Source::Derived, "optimizer.params.lr"};
       } else {
         p["warmup_max_lr"] = "auto";
-        to_supply("scheduler.params.warmup_max_lr", "defaults to the optimizer's lr, which is to be supplied");
+        to_supply("scheduler.params.warmup_max_lr",
+                  "defaults to the optimizer's lr, which is to be supplied");
       }
     }
     if (type == "OneCycle") {
-      for (const auto& [second, first] : {std::pair{"cycle_second_step_size", "cycle_first_step_size"},
-                                          std::pair{"cycle_second_stair_count", "cycle_first_stair_count"}}) {
+      for (const auto& [second, first] :
+           {std::pair{"cycle_second_step_size", "cycle_first_step_size"},
+            std::pair{"cycle_second_stair_count", "cycle_first_stair_count"}}) {
         if (p[second].is_null()) {
           p[second] = p[first];
           provenance[std::string("scheduler.params.") + second] = {Source::Derived, first};
@@ -733,7 +773,8 @@ DsConfig Loader::build(const json& out) const {
   b.bf16_optimizer_states = bool_at(out, "bf16.bf16_optimizer_states", false);
   c.model_dtype = h.enabled ? DType::F16 : b.enabled ? DType::BF16 : DType::F32;
   const std::string comm = string_at(out, "communication_data_type");
-  c.communication_data_type = comm.empty() ? c.model_dtype : parse_dtype(comm).value_or(c.model_dtype);
+  c.communication_data_type =
+      comm.empty() ? c.model_dtype : parse_dtype(comm).value_or(c.model_dtype);
 
   ZeroOptimization& z = c.zero_optimization;
   const std::string zp = "zero_optimization.";
@@ -751,8 +792,10 @@ DsConfig Loader::build(const json& out) const {
   z.elastic_checkpoint = zb("elastic_checkpoint", false);
   z.sub_group_elems = zi("sub_group_size", z.sub_group_elems);
   z.prefetch_bucket_elems = zi("stage3_prefetch_bucket_size", z.prefetch_bucket_elems);
-  z.param_persistence_threshold_elems = zi("stage3_param_persistence_threshold", z.param_persistence_threshold_elems);
-  z.model_persistence_threshold_elems = zi("stage3_model_persistence_threshold", z.model_persistence_threshold_elems);
+  z.param_persistence_threshold_elems =
+      zi("stage3_param_persistence_threshold", z.param_persistence_threshold_elems);
+  z.model_persistence_threshold_elems =
+      zi("stage3_model_persistence_threshold", z.model_persistence_threshold_elems);
   z.max_live_parameters_elems = zi("stage3_max_live_parameters", z.max_live_parameters_elems);
   z.max_reuse_distance_elems = zi("stage3_max_reuse_distance", z.max_reuse_distance_elems);
   z.gather_16bit_weights_on_model_save = zb("stage3_gather_16bit_weights_on_model_save", false);
@@ -799,7 +842,8 @@ DsConfig Loader::build(const json& out) const {
     opt.params = p;
     opt.lr = number_at(p, "lr", opt.lr);
     if (const json* betas = lookup(p, "betas"); betas && betas->is_array() && betas->size() == 2 &&
-                                                (*betas)[0].is_number() && (*betas)[1].is_number()) {
+                                                (*betas)[0].is_number() &&
+                                                (*betas)[1].is_number()) {
       opt.betas = {(*betas)[0].get<double>(), (*betas)[1].get<double>()};
     }
     opt.eps = number_at(p, "eps", opt.eps);
@@ -841,47 +885,57 @@ DsConfig Loader::build(const json& out) const {
 void Loader::check_cross_fields(const DsConfig& c, json& out) {
   const ZeroOptimization& z = c.zero_optimization;
   const int stage = z.stage;
-  if (c.fp16.enabled && c.bf16.enabled) error("bf16.enabled", "fp16 and bf16 cannot both be enabled");
+  if (c.fp16.enabled && c.bf16.enabled)
+    error("bf16.enabled", "fp16 and bf16 cannot both be enabled");
   if (c.fp16.fp16_master_weights_and_grads && stage == 0) {
-    error("fp16.fp16_master_weights_and_grads", "needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is 0)");
+    error("fp16.fp16_master_weights_and_grads",
+          "needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is 0)");
   }
   if (c.bf16.bf16_master_weights_and_grads && stage == 0) {
-    error("bf16.bf16_master_weights_and_grads", "needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is 0)");
+    error("bf16.bf16_master_weights_and_grads",
+          "needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is 0)");
   }
   if (c.fp16.fp16_master_weights_and_grads && c.bf16.bf16_master_weights_and_grads) {
-    error("bf16.bf16_master_weights_and_grads", "cannot be combined with fp16.fp16_master_weights_and_grads");
+    error("bf16.bf16_master_weights_and_grads",
+          "cannot be combined with fp16.fp16_master_weights_and_grads");
   }
   if (c.bf16.bf16_optimizer_states && !c.bf16.bf16_master_weights_and_grads) {
     error("bf16.bf16_optimizer_states", "needs bf16.bf16_master_weights_and_grads: true");
   }
   if (c.gradient_allreduce_sum && stage == 3) {
-    error("gradient_allreduce_op", "\"sum\" is not allowed with ZeRO stage 3 (DeepSpeed raises ValueError)");
+    error("gradient_allreduce_op",
+          "\"sum\" is not allowed with ZeRO stage 3 (DeepSpeed raises ValueError)");
   }
   if ((stage == 2 || stage == 3) && z.reduce_scatter) {
     if (c.prescale_gradients) {
       error("prescale_gradients",
-            fmt::format("must be false with ZeRO stage {} and zero_optimization.reduce_scatter (DeepSpeed asserts)", stage));
+            fmt::format("must be false with ZeRO stage {} and zero_optimization.reduce_scatter "
+                        "(DeepSpeed asserts)",
+                        stage));
     }
     if (c.gradient_predivide_factor != 1.0) {
       error("gradient_predivide_factor",
-            fmt::format("must be 1.0 with ZeRO stage {} and zero_optimization.reduce_scatter (DeepSpeed asserts), got {}",
+            fmt::format("must be 1.0 with ZeRO stage {} and zero_optimization.reduce_scatter "
+                        "(DeepSpeed asserts), got {}",
                         stage, c.gradient_predivide_factor));
     }
   }
   if ((stage == 1 || stage == 2) && z.allgather_bucket_elems % 2 != 0) {
     error("zero_optimization.allgather_bucket_size",
-          fmt::format("must be a multiple of 2 (DeepSpeed asserts), got {}", z.allgather_bucket_elems));
+          fmt::format("must be a multiple of 2 (DeepSpeed asserts), got {}",
+                      z.allgather_bucket_elems));
   }
   if (z.offload_optimizer && z.offload_optimizer->ratio < 1.0 && stage != 3) {
     error("zero_optimization.offload_optimizer.ratio",
           fmt::format("a ratio below 1 needs ZeRO stage 3 (stage is {})", stage));
   }
   const std::pair<const char*, bool> nvme_blocks[] = {
-      {"zero_optimization.offload_param",
-       z.offload_param && z.offload_param->device == OffloadDevice::Nvme && z.offload_param->nvme_path.empty()},
-      {"zero_optimization.offload_optimizer", z.offload_optimizer &&
-                                                  z.offload_optimizer->device == OffloadDevice::Nvme &&
-                                                  z.offload_optimizer->nvme_path.empty()}};
+      {"zero_optimization.offload_param", z.offload_param &&
+                                              z.offload_param->device == OffloadDevice::Nvme &&
+                                              z.offload_param->nvme_path.empty()},
+      {"zero_optimization.offload_optimizer",
+       z.offload_optimizer && z.offload_optimizer->device == OffloadDevice::Nvme &&
+           z.offload_optimizer->nvme_path.empty()}};
   for (const auto& [block, missing] : nvme_blocks) {
     if (missing) error(std::string(block) + ".nvme_path", "required when device is \"nvme\"");
   }
@@ -889,7 +943,8 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
   if (c.fp16.dynamic_loss_scale()) {
     if (c.fp16.loss_scale_window <= 0) {
       error("fp16.loss_scale_window",
-            fmt::format("must be > 0 with dynamic loss scaling (fp16.loss_scale 0), got {}", c.fp16.loss_scale_window));
+            fmt::format("must be > 0 with dynamic loss scaling (fp16.loss_scale 0), got {}",
+                        c.fp16.loss_scale_window));
     }
     // DeepSpeed 0.19.6 refuses a non-positive or fractional floor; configs written for older
     // releases use 0.0 and 1e-7, so zero keeps the value and says so.
@@ -897,22 +952,26 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
       const double m = c.fp16.min_loss_scale;
       if (m <= 0) {
         add(Severity::Warning, "fp16.min_loss_scale",
-            fmt::format("{} gives dynamic loss scaling no floor; DeepSpeed >= 0.17.1 refuses it (older releases "
-                        "accepted it)", m));
+            fmt::format("{} gives dynamic loss scaling no floor; DeepSpeed >= 0.17.1 refuses it "
+                        "(older releases "
+                        "accepted it)",
+                        m));
       } else if (m != std::trunc(m)) {
         add(Severity::Warning, "fp16.min_loss_scale",
-            fmt::format("{} is not an integer; DeepSpeed >= 0.17.1 refuses it, zero uses it as given", m));
+            fmt::format(
+                "{} is not an integer; DeepSpeed >= 0.17.1 refuses it, zero uses it as given", m));
       }
     }
   }
   if (c.fp16.auto_cast) {
-    add(Severity::Note, "fp16.auto_cast", "casting forward inputs is the trainer's job; the runtime does not run forward");
+    add(Severity::Note, "fp16.auto_cast",
+        "casting forward inputs is the trainer's job; the runtime does not run forward");
   }
 
   if (const json* dt = lookup(out, "data_types.param_dtype"); dt && dt->is_string()) {
     if (dt->get<std::string>() != dtype_name(c.model_dtype)) {
-      error("data_types.param_dtype", fmt::format("{} differs from the enabled precision {}", show(*dt),
-                                                  dtype_name(c.model_dtype)));
+      error("data_types.param_dtype", fmt::format("{} differs from the enabled precision {}",
+                                                  show(*dt), dtype_name(c.model_dtype)));
     }
   }
 
@@ -921,43 +980,57 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
         fmt::format("ignored below ZeRO stage 3 (stage is {}), as DeepSpeed does", stage));
   }
   if (z.offload_optimizer && z.offload_optimizer->device != OffloadDevice::None && stage == 0) {
-    add(Severity::Warning, "zero_optimization.offload_optimizer", "ignored at ZeRO stage 0, as DeepSpeed does");
+    add(Severity::Warning, "zero_optimization.offload_optimizer",
+        "ignored at ZeRO stage 0, as DeepSpeed does");
   }
-  if (z.offload_optimizer && z.offload_optimizer->device == OffloadDevice::Nvme && (stage == 1 || stage == 2)) {
+  if (z.offload_optimizer && z.offload_optimizer->device == OffloadDevice::Nvme &&
+      (stage == 1 || stage == 2)) {
     add(Severity::Note, "zero_optimization.offload_optimizer.device",
-        "stages 1 and 2 keep optimizer states in CPU memory for \"nvme\", exactly like \"cpu\" (as DeepSpeed does)");
+        "stages 1 and 2 keep optimizer states in CPU memory for \"nvme\", exactly like \"cpu\" (as "
+        "DeepSpeed does)");
   }
   if (stage == 3 && z.elastic_checkpoint) {
     add(Severity::Warning, "zero_optimization.elastic_checkpoint",
-        "DeepSpeed does not support elastic checkpoints with stage 3; zero checkpoints reshard at any stage");
+        "DeepSpeed does not support elastic checkpoints with stage 3; zero checkpoints reshard at "
+        "any stage");
   }
   if (const json* v = lookup(out, "zero_optimization.leaf_module"); v && !v->is_null()) {
     add(Severity::Note, "zero_optimization.leaf_module",
         "stage-3 fetch units are the units the embedding registers; leaf_module has no effect");
   }
-  if (const json* v = lookup(out, "vocabulary_size"); v && v->is_number_integer() && v->get<std::int64_t>() % 8 != 0) {
+  if (const json* v = lookup(out, "vocabulary_size");
+      v && v->is_number_integer() && v->get<std::int64_t>() % 8 != 0) {
     add(Severity::Warning, "vocabulary_size",
-        fmt::format("{} is not a multiple of 8, which slows fp16/bf16 kernels", v->get<std::int64_t>()));
+        fmt::format("{} is not a multiple of 8, which slows fp16/bf16 kernels",
+                    v->get<std::int64_t>()));
   }
 
   // What DeepSpeed refuses only when it builds the engine (deepspeed.initialize).
   if (c.optimizer && stage > 0) {
     const OptimizerKind k = c.optimizer->kind;
-    if (k == OptimizerKind::OneBitAdam || k == OptimizerKind::ZeroOneAdam || k == OptimizerKind::OneBitLamb) {
+    if (k == OptimizerKind::OneBitAdam || k == OptimizerKind::ZeroOneAdam ||
+        k == OptimizerKind::OneBitLamb) {
       add(Severity::EngineError, "optimizer.type",
-          fmt::format("DeepSpeed refuses {} with ZeRO (stage {}): 1-bit optimizers are not compatible with ZeRO",
+          fmt::format("DeepSpeed refuses {} with ZeRO (stage {}): 1-bit optimizers are not "
+                      "compatible with ZeRO",
                       c.optimizer->type, stage));
-    } else if (k != OptimizerKind::Adam && k != OptimizerKind::AdamW && k != OptimizerKind::Adagrad &&
-               k != OptimizerKind::Lion && k != OptimizerKind::Muon && !c.zero_allow_untested_optimizer) {
+    } else if (k != OptimizerKind::Adam && k != OptimizerKind::AdamW &&
+               k != OptimizerKind::Adagrad && k != OptimizerKind::Lion &&
+               k != OptimizerKind::Muon && !c.zero_allow_untested_optimizer) {
       add(Severity::EngineError, "optimizer.type",
-          fmt::format("DeepSpeed refuses ZeRO with the untested optimizer {} unless zero_allow_untested_optimizer "
-                      "is true", c.optimizer->type));
+          fmt::format("DeepSpeed refuses ZeRO with the untested optimizer {} unless "
+                      "zero_allow_untested_optimizer "
+                      "is true",
+                      c.optimizer->type));
     }
   }
-  if (c.optimizer && (c.optimizer->kind == OptimizerKind::Lamb || c.optimizer->kind == OptimizerKind::OneBitLamb) &&
+  if (c.optimizer &&
+      (c.optimizer->kind == OptimizerKind::Lamb ||
+       c.optimizer->kind == OptimizerKind::OneBitLamb) &&
       c.fp16.enabled && !c.fp16.dynamic_loss_scale()) {
     add(Severity::EngineError, "fp16.loss_scale",
-        fmt::format("DeepSpeed's {} needs dynamic loss scaling (fp16.loss_scale 0)", c.optimizer->type));
+        fmt::format("DeepSpeed's {} needs dynamic loss scaling (fp16.loss_scale 0)",
+                    c.optimizer->type));
   }
   if (bool_at(out, "zero_optimization.legacy_stage1", false)) {
     add(Severity::EngineError, "zero_optimization.legacy_stage1",
@@ -969,7 +1042,8 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
 
   if (const json* v = lookup(out, "zero_optimization.overlap_comm"); v && v->is_null()) {
     out["zero_optimization"]["overlap_comm"] = stage == 3;
-    provenance["zero_optimization.overlap_comm"] = {Source::Derived, "null: true for stage 3, false otherwise"};
+    provenance["zero_optimization.overlap_comm"] = {Source::Derived,
+                                                    "null: true for stage 3, false otherwise"};
   }
   if (const json* v = lookup(out, "communication_data_type"); v && v->is_null()) {
     out["communication_data_type"] = std::string(dtype_name(c.communication_data_type));
@@ -981,7 +1055,8 @@ void Loader::check_unsupported(const json& out) {
   for (const UnsupportedRule& u : unsupported_rules()) {
     const json* v = lookup(out, u.path);
     if (v == nullptr || is_auto(*v) || !u.applies(*v) || (u.when && !u.when(out))) continue;
-    add(Severity::Unsupported, std::string(u.path), fmt::format("{}; the config sets {}", u.what, show(*v)));
+    add(Severity::Unsupported, std::string(u.path),
+        fmt::format("{}; the config sets {}", u.what, show(*v)));
   }
 }
 
@@ -997,7 +1072,9 @@ void Loader::resolve_batch(DsConfig& c, json& out) {
   auto mb = c.train_micro_batch_size_per_gpu;
   auto ga = c.gradient_accumulation_steps;
   if (!tb && !mb) {
-    to_supply(kTb, "train_batch_size or train_micro_batch_size_per_gpu to be supplied (DeepSpeed needs one)");
+    to_supply(
+        kTb,
+        "train_batch_size or train_micro_batch_size_per_gpu to be supplied (DeepSpeed needs one)");
     return;
   }
   auto derive = [&](const char* key, std::int64_t value, std::string how) {
@@ -1009,25 +1086,32 @@ void Loader::resolve_batch(DsConfig& c, json& out) {
     if (tb && mb && ga) {
       const std::int64_t per_rank = *mb * *ga;
       if (*tb % per_rank != 0) {
-        error(kTb, fmt::format("no integer world size W satisfies train_batch_size {} = "
-                               "train_micro_batch_size_per_gpu {} * gradient_accumulation_steps {} * W",
-                               *tb, *mb, *ga));
+        error(kTb,
+              fmt::format("no integer world size W satisfies train_batch_size {} = "
+                          "train_micro_batch_size_per_gpu {} * gradient_accumulation_steps {} * W",
+                          *tb, *mb, *ga));
         return;
       }
       c.world_size = *tb / per_rank;
       add(Severity::Note, kTb,
-          fmt::format("train_batch_size {} = {} * {} * W holds only for world size W = {}", *tb, *mb, *ga, *c.world_size));
+          fmt::format("train_batch_size {} = {} * {} * W holds only for world size W = {}", *tb,
+                      *mb, *ga, *c.world_size));
       return;
     }
     if (tb && mb && *tb % *mb != 0) {
-      error(kTb, fmt::format("train_batch_size {} is not a multiple of train_micro_batch_size_per_gpu {}, so "
-                             "{} * ((train_batch_size // {}) // W) * W != {} for every world size W",
-                             *tb, *mb, *mb, *mb, *tb));
+      error(kTb,
+            fmt::format(
+                "train_batch_size {} is not a multiple of train_micro_batch_size_per_gpu {}, so "
+                "{} * ((train_batch_size // {}) // W) * W != {} for every world size W",
+                *tb, *mb, *mb, *mb, *tb));
       return;
     }
     if (tb && ga && !mb && *tb % *ga != 0) {
-      error(kTb, fmt::format("train_batch_size {} is not a multiple of gradient_accumulation_steps {}, so no "
-                             "world size W gives an integer micro batch", *tb, *ga));
+      error(kTb,
+            fmt::format(
+                "train_batch_size {} is not a multiple of gradient_accumulation_steps {}, so no "
+                "world size W gives an integer micro batch",
+                *tb, *ga));
       return;
     }
     to_supply("world_size", "the data-parallel world size, to resolve the batch sizes");
@@ -1043,10 +1127,12 @@ void Loader::resolve_batch(DsConfig& c, json& out) {
   if (tb && mb && ga) {
   } else if (tb && mb) {
     ga = (*tb / *mb) / w;
-    derive(kGa, *ga, fmt::format("(train_batch_size // train_micro_batch_size_per_gpu) // world size {}", w));
+    derive(kGa, *ga,
+           fmt::format("(train_batch_size // train_micro_batch_size_per_gpu) // world size {}", w));
   } else if (tb && ga) {
     mb = (*tb / w) / *ga;
-    derive(kMb, *mb, fmt::format("(train_batch_size // world size {}) // gradient_accumulation_steps", w));
+    derive(kMb, *mb,
+           fmt::format("(train_batch_size // world size {}) // gradient_accumulation_steps", w));
   } else if (mb && ga) {
     tb = *mb * *ga * w;
     derive(kTb, *tb, fmt::format("micro batch * accumulation * world size {}", w));
@@ -1065,25 +1151,32 @@ void Loader::resolve_batch(DsConfig& c, json& out) {
   c.train_micro_batch_size_per_gpu = mb;
   c.gradient_accumulation_steps = ga;
   if (*tb <= 0 || *mb <= 0 || *ga <= 0) {
-    error(kTb, fmt::format("batch sizes must be positive: train_batch_size {}, train_micro_batch_size_per_gpu {}, "
-                           "gradient_accumulation_steps {} with world size {}", *tb, *mb, *ga, w));
+    error(
+        kTb,
+        fmt::format(
+            "batch sizes must be positive: train_batch_size {}, train_micro_batch_size_per_gpu {}, "
+            "gradient_accumulation_steps {} with world size {}",
+            *tb, *mb, *ga, w));
     return;
   }
   if (*tb != *mb * *ga * w) {
-    error(kTb, fmt::format("train_batch_size {} != train_micro_batch_size_per_gpu {} * gradient_accumulation_steps "
-                           "{} * world size {} = {}", *tb, *mb, *ga, w, *mb * *ga * w));
+    error(kTb, fmt::format("train_batch_size {} != train_micro_batch_size_per_gpu {} * "
+                           "gradient_accumulation_steps "
+                           "{} * world size {} = {}",
+                           *tb, *mb, *ga, w, *mb * *ga * w));
   }
 }
 
 DsConfig Loader::run(json doc) {
   if (!doc.is_object()) {
-    throw ConfigError("", fmt::format("a ds_config must be a JSON object, got {}", doc.type_name()));
+    throw ConfigError("",
+                      fmt::format("a ds_config must be a JSON object, got {}", doc.type_name()));
   }
   apply_supplied(doc);
 
   static const std::set<std::string, std::less<>> kBlocks = {
-      "zero_optimization", "fp16", "bf16", "bfloat16", "optimizer", "scheduler",
-      "aio", "checkpoint", "data_types", "torch_autocast"};
+      "zero_optimization", "fp16", "bf16",       "bfloat16",   "optimizer",
+      "scheduler",         "aio",  "checkpoint", "data_types", "torch_autocast"};
   std::vector<std::string_view> known;
   for (const KeyRule* r : rules_of("")) known.push_back(r->name);
   for (const auto& b : kBlocks) known.push_back(b);
@@ -1093,21 +1186,26 @@ DsConfig Loader::run(json doc) {
   json top = json::object();
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& k = it.key();
-    const bool top_rule = std::any_of(known.begin(), known.end(), [&](std::string_view n) { return n == k; }) &&
-                          kBlocks.count(k) == 0;
-    const auto deprecated = std::find_if(deprecated_rules().begin(), deprecated_rules().end(),
-                                         [&](const DeprecatedRule& d) { return d.block.empty() && d.name == k; });
+    const bool top_rule =
+        std::any_of(known.begin(), known.end(), [&](std::string_view n) { return n == k; }) &&
+        kBlocks.count(k) == 0;
+    const auto deprecated =
+        std::find_if(deprecated_rules().begin(), deprecated_rules().end(),
+                     [&](const DeprecatedRule& d) { return d.block.empty() && d.name == k; });
     const auto subsystem = std::find_if(subsystem_blocks().begin(), subsystem_blocks().end(),
                                         [&](const SubsystemBlock& s) { return s.name == k; });
     if (subsystem != subsystem_blocks().end()) {
       add(Severity::Note, k,
-          fmt::format("{} block: accepted; another DeepSpeed subsystem, not the optimizer runtime's", subsystem->what));
+          fmt::format(
+              "{} block: accepted; another DeepSpeed subsystem, not the optimizer runtime's",
+              subsystem->what));
       out[k] = it.value();
       provenance[k] = {Source::Config, "passed through"};
     } else if (top_rule || deprecated != deprecated_rules().end()) {
       top[k] = it.value();
     } else if (kBlocks.count(k) == 0) {
-      add(Severity::Warning, k, "unknown top-level key, ignored (as DeepSpeed does)" + did_you_mean(k, known));
+      add(Severity::Warning, k,
+          "unknown top-level key, ignored (as DeepSpeed does)" + did_you_mean(k, known));
     }
   }
   out.update(resolve_block("", "", "", top));
@@ -1116,29 +1214,34 @@ DsConfig Loader::run(json doc) {
   if (auto z = doc.find("zero_optimization"); z != doc.end()) {
     if (z->is_boolean()) {
       add(Severity::Warning, "zero_optimization",
-          "the boolean form is deprecated: write {\"stage\": N}; true means stage 1 with allgather_bucket_size "
+          "the boolean form is deprecated: write {\"stage\": N}; true means stage 1 with "
+          "allgather_bucket_size "
           "from the top-level allgather_size");
       zero_given = json{{"stage", z->get<bool>() ? 1 : 0}};
       mapped["zero_optimization.stage"] = {Source::Derived, "\"zero_optimization\": true/false"};
       if (z->get<bool>()) {
         zero_given["allgather_bucket_size"] = out["allgather_size"];
-        mapped["zero_optimization.allgather_bucket_size"] = {Source::Derived, "top-level allgather_size"};
+        mapped["zero_optimization.allgather_bucket_size"] = {Source::Derived,
+                                                             "top-level allgather_size"};
       }
     } else {
       zero_given = *z;
     }
   }
-  out["zero_optimization"] = resolve_block("zero_optimization", "zero_optimization", "", zero_given);
+  out["zero_optimization"] =
+      resolve_block("zero_optimization", "zero_optimization", "", zero_given);
   out["fp16"] = resolve_block("fp16", "fp16", "", doc.value("fp16", json()));
   if (doc.contains("bf16")) {
     out["bf16"] = resolve_block("bf16", "bf16", "", doc["bf16"]);
     if (doc.contains("bfloat16")) {
-      add(Severity::Warning, "bfloat16", "ignored: bf16 is given too (DeepSpeed reads bfloat16 only without bf16)");
+      add(Severity::Warning, "bfloat16",
+          "ignored: bf16 is given too (DeepSpeed reads bfloat16 only without bf16)");
     }
   } else if (doc.contains("bfloat16")) {
     add(Severity::Note, "bfloat16", "legacy name of the bf16 block, read as bf16");
     out["bf16"] = resolve_block("bf16", "bfloat16", "", doc["bfloat16"]);
-    for (auto it = provenance.lower_bound("bfloat16."); it != provenance.end() && it->first.rfind("bfloat16.", 0) == 0;) {
+    for (auto it = provenance.lower_bound("bfloat16.");
+         it != provenance.end() && it->first.rfind("bfloat16.", 0) == 0;) {
       Provenance p = it->second;
       if (p.source == Source::Config) p = {Source::AliasOf, it->first};
       provenance["bf16." + it->first.substr(9)] = p;
@@ -1180,7 +1283,8 @@ DsConfig load_config_file(const std::filesystem::path& path, const Supplied& sup
   if (!in) throw IoError(fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) throw IoError(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
+  if (in.bad())
+    throw IoError(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
   return load_config_string(text.str(), supplied);
 }
 

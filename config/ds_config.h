@@ -17,12 +17,11 @@
 // Thread safety: loading is reentrant; a DsConfig is an immutable value once returned.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <array>
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -73,7 +72,7 @@ enum class OffloadDevice { None, Cpu, Nvme };
 // zero_optimization.offload_param (stage 3): where 16-bit parameter partitions live between uses.
 struct OffloadParam {
   OffloadDevice device = OffloadDevice::None;  // none, cpu or nvme; DeepSpeed default "none"
-  std::string nvme_path;  // NVMe swap folder, needed for nvme; default null (empty here)
+  std::string nvme_path;          // NVMe swap folder, needed for nvme; default null (empty here)
   std::int64_t buffer_count = 5;  // pinned parameter swap buffers; default 5
   // buffer_size: elements per swap buffer, each NVMe partition must fit one; default 1e8
   std::int64_t buffer_size_elems = 100'000'000;
@@ -85,14 +84,14 @@ struct OffloadParam {
 // zero_optimization.offload_optimizer (stages 1-3): where the optimizer state and step live.
 struct OffloadOptimizer {
   OffloadDevice device = OffloadDevice::None;  // none, cpu or nvme (cpu for stage 1/2); "none"
-  std::string nvme_path;  // NVMe swap folder (stage 3 nvme); default null (empty here)
+  std::string nvme_path;          // NVMe swap folder (stage 3 nvme); default null (empty here)
   std::int64_t buffer_count = 4;  // pinned swap buffers for optimizer tensors; default 4
-  bool pin_memory = true;  // pinned fp32 master/gradient buffers; default true (false < 0.19.5)
-  bool pipeline_read = false;   // stage 3 nvme: read the next sub-group ahead; default false
+  bool pin_memory = true;      // pinned fp32 master/gradient buffers; default true (false < 0.19.5)
+  bool pipeline_read = false;  // stage 3 nvme: read the next sub-group ahead; default false
   bool pipeline_write = false;  // stage 3 nvme: write the last sub-group back async; default false
   bool fast_init = false;  // stage 3 nvme: swap files straight from fp16 partitions; default false
-  double ratio = 1.0;  // stage 3: share of sub-groups stepped on the CPU; default 1.0
-  bool super_offload = false;  // SuperOffload stage-3 optimizer for superchips; default false
+  double ratio = 1.0;      // stage 3: share of sub-groups stepped on the CPU; default 1.0
+  bool super_offload = false;       // SuperOffload stage-3 optimizer for superchips; default false
   double cpuadam_cores_perc = 0.8;  // with super_offload: share of CPU cores; default 0.8
 };
 
@@ -100,7 +99,7 @@ struct OffloadOptimizer {
 struct ZeroOptimization {
   int stage = 0;  // 0 off, 1 optimizer state, 2 + gradients, 3 + parameters partitioned; default 0
   bool contiguous_gradients = true;  // reduced gradients copied to one buffer; default true
-  bool reduce_scatter = true;  // reduce to owners instead of a plain all-reduce; default true
+  bool reduce_scatter = true;        // reduce to owners instead of a plain all-reduce; default true
   std::int64_t reduce_bucket_elems = 500'000'000;  // reduce_bucket_size; default 5e8
   // Stage 1/2: all-reduce a whole bucket, owners keep their slices (else one reduce per owner);
   // default true.
@@ -108,9 +107,9 @@ struct ZeroOptimization {
   bool allgather_partitions = true;  // parsed, unused by DeepSpeed's stage 1/2; default true
   std::int64_t allgather_bucket_elems = 500'000'000;  // allgather_bucket_size; default 5e8
   // Reductions overlap backward on a side stream; default null = (stage == 3).
-  bool overlap_comm = false;  // resolved: config value, else stage == 3
+  bool overlap_comm = false;           // resolved: config value, else stage == 3
   bool load_from_fp32_weights = true;  // load masters from saved fp32 partitions; default true
-  bool elastic_checkpoint = false;  // stage 1/2: state loadable at other DP sizes; default false
+  bool elastic_checkpoint = false;     // stage 1/2: state loadable at other DP sizes; default false
   std::optional<OffloadParam> offload_param;          // present when the block was given
   std::optional<OffloadOptimizer> offload_optimizer;  // (device may still be None); default null
   std::int64_t sub_group_elems = 1'000'000'000;  // sub_group_size: stage 3 step tile; default 1e9
@@ -130,38 +129,38 @@ struct ZeroOptimization {
   std::int64_t module_granularity_threshold = 0;
   // stage3_use_all_reduce_for_fetch_params: fetch by all-reduce, not all-gather; default false
   bool use_all_reduce_for_fetch_params = false;
-  bool allgather_sequential = false;  // stage3_*: gather params one by one; default false
-  bool ignore_unused_parameters = true;  // stage 1/2 offload allows unused params; default true
-  bool round_robin_gradients = false;  // stage 1/2: reorder params per group; default false
+  bool allgather_sequential = false;         // stage3_*: gather params one by one; default false
+  bool ignore_unused_parameters = true;      // stage 1/2 offload allows unused params; default true
+  bool round_robin_gradients = false;        // stage 1/2: reorder params per group; default false
   std::int64_t zero_hpz_partition_size = 1;  // ZeRO++ hpZ secondary group size; default 1 (off)
-  bool zero_quantized_weights = false;  // ZeRO++ qwZ int8 weight all-gathers; default false
+  bool zero_quantized_weights = false;       // ZeRO++ qwZ int8 weight all-gathers; default false
   // ZeRO++: frozen weights stored quantized; default false
   bool zero_quantized_nontrainable_weights = false;
   bool zero_quantized_gradients = false;  // ZeRO++ qgZ quantized gradients; default false
-  std::int64_t mics_shard_size = -1;  // > 0: MiCS shard group size; default -1 (off)
+  std::int64_t mics_shard_size = -1;      // > 0: MiCS shard group size; default -1 (off)
 };
 
 struct Fp16 {
-  bool enabled = false;  // train in fp16 with loss scaling; default false
-  bool auto_cast = false;  // cast floating forward inputs to fp16; default false
-  double loss_scale = 0;  // 0: dynamic; > 0: this static scale; default 0
+  bool enabled = false;                   // train in fp16 with loss scaling; default false
+  bool auto_cast = false;                 // cast floating forward inputs to fp16; default false
+  double loss_scale = 0;                  // 0: dynamic; > 0: this static scale; default 0
   std::int64_t initial_scale_power = 16;  // dynamic scale starts at 2^this; default 16
   std::int64_t loss_scale_window = 1000;  // good steps before the scale grows; default 1000
-  std::int64_t hysteresis = 2;  // overflows tolerated before the scale drops; default 2
-  bool consecutive_hysteresis = false;  // refill hysteresis after a good step; default false
-  double min_loss_scale = 1;  // floor of the dynamic scale; default 1
+  std::int64_t hysteresis = 2;            // overflows tolerated before the scale drops; default 2
+  bool consecutive_hysteresis = false;    // refill hysteresis after a good step; default false
+  double min_loss_scale = 1;              // floor of the dynamic scale; default 1
   bool fp16_master_weights_and_grads = false;  // fp16 masters and gradients; default false
   bool dynamic_loss_scale() const { return loss_scale == 0; }
 };
 
 // bf16 (legacy name "bfloat16", read only when "bf16" is absent).
 struct Bf16 {
-  bool enabled = false;  // train in bf16; default false
+  bool enabled = false;                // train in bf16; default false
   bool immediate_grad_update = false;  // BF16_Optimizer (no ZeRO) only; default false
   // Stage 1/2: skip the step on an inf/NaN gradient; default true (false 0.17.1-0.19.2).
   bool check_grad_overflow = true;
   bool bf16_master_weights_and_grads = false;  // bf16 masters and gradients; default false
-  bool bf16_optimizer_states = false;  // bf16 Adam moments (needs the above); default false
+  bool bf16_optimizer_states = false;          // bf16 Adam moments (needs the above); default false
 };
 
 enum class OptimizerKind {
@@ -186,22 +185,29 @@ enum class OptimizerKind {
 struct Optimizer {
   std::string type;  // as DeepSpeed resolves it: lower-cased for its own names, else verbatim
   OptimizerKind kind = OptimizerKind::Adam;
-  double lr = 1e-3;  // learning rate; default 1e-3 (adagrad 1e-2)
+  double lr = 1e-3;                         // learning rate; default 1e-3 (adagrad 1e-2)
   std::array<double, 2> betas{0.9, 0.999};  // Adam/Lion moment decay rates; default [0.9, 0.999]
-  double eps = 1e-8;  // added to the denominator; default 1e-8 (adagrad 1e-10)
-  double weight_decay = 0;  // default 0
+  double eps = 1e-8;            // added to the denominator; default 1e-8 (adagrad 1e-10)
+  double weight_decay = 0;      // default 0
   bool bias_correction = true;  // Adam bias correction; default true
   // Decoupled (AdamW) weight decay: type "adamw", or "adam" unless adam_w_mode is false
   // (SPEC §1.7, §10.1). Meaningful for Adam/AdamW only. DeepSpeed default true.
   bool adam_w_mode = true;
   bool torch_adam = false;  // true: torch.optim.Adam/AdamW instead of DeepSpeed's; default false
-  bool fp32_optimizer_states = true;  // CPU Adam keeps moments in fp32; default true
-  double momentum = 0;  // SGD momentum; default 0
-  bool nesterov = false;  // SGD Nesterov momentum; default false
+  bool fp32_optimizer_states = true;                 // CPU Adam keeps moments in fp32; default true
+  double momentum = 0;                               // SGD momentum; default 0
+  bool nesterov = false;                             // SGD Nesterov momentum; default false
   nlohmann::json params = nlohmann::json::object();  // every param, resolved, for the kernels
 };
 
-enum class SchedulerKind { WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest, TorchOther };
+enum class SchedulerKind {
+  WarmupLR,
+  WarmupDecayLR,
+  WarmupCosineLR,
+  OneCycle,
+  LRRangeTest,
+  TorchOther
+};
 
 // scheduler (SPEC §1.8): no block, no schedule.
 struct Scheduler {
@@ -213,11 +219,11 @@ struct Scheduler {
 // aio: the asynchronous I/O of NVMe offload (SPEC §1.9).
 struct Aio {
   std::int64_t block_size_bytes = 1'048'576;  // bytes per I/O request; default 1 MiB
-  std::int64_t queue_depth = 8;  // requests in flight; default 8
-  std::int64_t intra_op_parallelism = 1;  // I/O threads per op (was thread_count); default 1
+  std::int64_t queue_depth = 8;               // requests in flight; default 8
+  std::int64_t intra_op_parallelism = 1;      // I/O threads per op (was thread_count); default 1
   bool single_submit = false;  // submit requests one at a time, not batched; default false
   bool overlap_events = true;  // keep the queue full instead of lock-step batches; default true
-  bool use_gds = false;  // GPUDirect Storage; default false
+  bool use_gds = false;        // GPUDirect Storage; default false
 };
 
 enum class TagValidation { Ignore, Warn, Fail };
@@ -225,7 +231,7 @@ enum class TagValidation { Ignore, Warn, Fail };
 // checkpoint (SPEC §1.10).
 struct Checkpoint {
   TagValidation tag_validation = TagValidation::Warn;  // tags differing across ranks; "Warn"
-  bool load_universal = false;  // load a universal checkpoint; default false
+  bool load_universal = false;                         // load a universal checkpoint; default false
   bool use_node_local_storage = false;  // every node saves to its own storage; default false
 };
 
@@ -243,17 +249,17 @@ struct DsConfig {
   // Data-parallel world size: supplied, or the only one the three batch values admit.
   std::optional<std::int64_t> world_size;
 
-  double gradient_clipping = 1.0;  // global L2-norm clip, <= 0: off; default 1.0 (0 < 0.19.3)
+  double gradient_clipping = 1.0;   // global L2-norm clip, <= 0: off; default 1.0 (0 < 0.19.3)
   bool prescale_gradients = false;  // divide by the world size before reducing; default false
   double gradient_predivide_factor = 1.0;  // plain all-reduce path: divide first; default 1.0
   // gradient_allreduce_op "sum" (no averaging over ranks); default "mean".
   bool gradient_allreduce_sum = false;
   // Gradient reduction dtype; DeepSpeed default null: fp16 or bf16 when enabled, else fp32.
-  DType communication_data_type = DType::F32;  // resolved: config, else model dtype
-  DType model_dtype = DType::F32;              // fp16 / bf16 / fp32 from the enabled block
+  DType communication_data_type = DType::F32;   // resolved: config, else model dtype
+  DType model_dtype = DType::F32;               // fp16 / bf16 / fp32 from the enabled block
   std::optional<std::int64_t> steps_per_print;  // rank 0 logs every N steps; null (10 < 0.15.2)
-  bool wall_clock_breakdown = false;  // time the phases of a step; default false
-  bool memory_breakdown = false;  // log memory use; default false
+  bool wall_clock_breakdown = false;            // time the phases of a step; default false
+  bool memory_breakdown = false;                // log memory use; default false
   // Let ZeRO wrap an optimizer outside its tested list; default false.
   bool zero_allow_untested_optimizer = false;
   // With optimizer offload, refuse a client optimizer that is not DeepSpeed's CPU one; true.

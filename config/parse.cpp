@@ -34,7 +34,9 @@ std::string location(std::string_view text, std::size_t offset) {
   throw ConfigError("", fmt::format("{}: {}", location(text, offset), what));
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
 
 // Blanks comments and trailing commas with spaces, keeping newlines, so byte offsets into the
 // result are byte offsets into the input and error positions need no translation. Also bounds
@@ -155,7 +157,8 @@ class DocumentBuilder final : public nlohmann::json_sax<json> {
   bool key(string_t& k) override {
     Frame& top = frames_.back();
     if (top.node->contains(k)) {
-      duplicates.push_back({path_of(k), "duplicate key (DeepSpeed refuses configs with duplicate keys)"});
+      duplicates.push_back(
+          {path_of(k), "duplicate key (DeepSpeed refuses configs with duplicate keys)"});
     }
     top.key = k;
     return true;
@@ -228,7 +231,8 @@ class DocumentBuilder final : public nlohmann::json_sax<json> {
 // column 40: "; the position is re-derived from the token start, so keep only the explanation.
 std::string strip_library_prefix(const std::string& message) {
   std::string m = message;
-  if (const auto close = m.find("] "); m.rfind("[json.exception", 0) == 0 && close != std::string::npos) {
+  if (const auto close = m.find("] ");
+      m.rfind("[json.exception", 0) == 0 && close != std::string::npos) {
     m = m.substr(close + 2);
   }
   if (m.rfind("parse error", 0) == 0) {
@@ -291,7 +295,8 @@ nlohmann::json parse_relaxed_json(std::string_view text) {
       start = text.size();
     } else if (consumed > 0 && is_word_char(text[start])) {
       while (start > 0 && is_word_char(text[start - 1])) --start;
-    } else if (consumed > 1 && text[start] == '"' && builder.error_message.find("string literal") != std::string::npos) {
+    } else if (consumed > 1 && text[start] == '"' &&
+               builder.error_message.find("string literal") != std::string::npos) {
       std::size_t open = start;
       while (open > 0) {
         --open;

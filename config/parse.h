@@ -1,9 +1,8 @@
 // Reading a ds_config document: strict JSON plus the two hjson extensions real configs use.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <string_view>
 
 namespace zero::config {

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-
 #include <optional>
 #include <span>
 #include <string_view>
@@ -14,9 +13,9 @@
 namespace zero::config {
 
 enum class ValueType {
-  Bool,         // pydantic lax: true/false, 0/1, "yes"/"no"/"on"/"off"/"true"/"false"/...
-  Int,          // integers, integral floats (5e8), integer strings; 5.5 refused
-  Float,        // numbers and numeric strings, finite
+  Bool,   // pydantic lax: true/false, 0/1, "yes"/"no"/"on"/"off"/"true"/"false"/...
+  Int,    // integers, integral floats (5e8), integer strings; 5.5 refused
+  Float,  // numbers and numeric strings, finite
   String,
   Enum,         // one of `choices` (case-insensitively when `case_insensitive`)
   Dtype,        // DeepSpeed's dtype spellings (zero::parse_dtype), stored as fp32/fp16/bf16
@@ -50,15 +49,15 @@ struct KeyRule {
   std::optional<double> max = {};
   std::vector<std::string_view> choices = {};
   bool case_insensitive = false;
-  bool required = false;            // no default: the config or the embedding must give it
-  std::string_view older = {};      // where older DeepSpeed releases differed (SPEC §0.1)
+  bool required = false;        // no default: the config or the embedding must give it
+  std::string_view older = {};  // where older DeepSpeed releases differed (SPEC §0.1)
   std::string_view doc = {};
 };
 
 enum class DeprecationKind {
-  Rename,         // the value moves to `replacement`
-  OffloadToCpu,   // true ⇒ replacement block = {"device": "cpu"}; false ⇒ left unset
-  Ignored,        // DeepSpeed warns and ignores the value
+  Rename,        // the value moves to `replacement`
+  OffloadToCpu,  // true ⇒ replacement block = {"device": "cpu"}; false ⇒ left unset
+  Ignored,       // DeepSpeed warns and ignores the value
 };
 
 struct DeprecatedRule {

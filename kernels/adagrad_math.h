@@ -15,7 +15,7 @@ struct AdagradCoeffs {
   float eps;
   float neg_clr;  // −lr / (1 + (t − 1)·lr_decay)
   float weight_decay;
-  bool l2;        // wd ≠ 0
+  bool l2;  // wd ≠ 0
 };
 
 inline namespace ZERO_KERNELS_ABI {

@@ -21,16 +21,16 @@ namespace zero::kernels::math {
 // Per-step coefficients, computed on the host in double and rounded once (as torch does with its
 // Python-float scalars).
 struct AdamCoeffs {
-  float grad_scale;               // 1 / (loss scale × clip coefficient)
+  float grad_scale;  // 1 / (loss scale × clip coefficient)
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
   float eps;
   float inv_bias_correction2_sqrt;  // 1 / sqrt(1 − β2^t), 1 without bias correction
-  float neg_step_size;            // −lr / (1 − β1^t)
-  float l2_weight_decay;          // Adam: wd; AdamW: 0
-  float decay_factor;             // AdamW: 1 − lr·wd; Adam: 1
-  bool l2;                        // Adam with wd ≠ 0
-  bool decoupled;                 // AdamW
+  float neg_step_size;              // −lr / (1 − β1^t)
+  float l2_weight_decay;            // Adam: wd; AdamW: 0
+  float decay_factor;               // AdamW: 1 − lr·wd; Adam: 1
+  bool l2;                          // Adam with wd ≠ 0
+  bool decoupled;                   // AdamW
 };
 
 inline namespace ZERO_KERNELS_ABI {

@@ -38,9 +38,11 @@ bool unscale_and_check_cpu(void* data, DType dtype, std::size_t numel, float sca
   const int threads = resolve_threads(exec.threads);
   const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
   std::atomic<bool> nonfinite{false};
-  detail::for_each_tile(numel, detail::kTileElems, threads, [&](std::size_t begin, std::size_t end) {
-    if (kernels.unscale(data, dtype, scale, begin, end)) nonfinite.store(true, std::memory_order_relaxed);
-  });
+  detail::for_each_tile(numel, detail::kTileElems, threads,
+                        [&](std::size_t begin, std::size_t end) {
+                          if (kernels.unscale(data, dtype, scale, begin, end))
+                            nonfinite.store(true, std::memory_order_relaxed);
+                        });
   return nonfinite.load();
 }
 
@@ -50,9 +52,11 @@ double squared_l2_norm_cpu(const void* data, DType dtype, std::size_t numel, con
   const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
   const std::size_t blocks = (numel + detail::kNormBlockElems - 1) / detail::kNormBlockElems;
   std::vector<double> block_sums(blocks);
-  detail::for_each_tile(numel, detail::kNormBlockElems, threads, [&](std::size_t begin, std::size_t end) {
-    block_sums[begin / detail::kNormBlockElems] = kernels.squared_norm_block(data, dtype, begin, end);
-  });
+  detail::for_each_tile(numel, detail::kNormBlockElems, threads,
+                        [&](std::size_t begin, std::size_t end) {
+                          block_sums[begin / detail::kNormBlockElems] =
+                              kernels.squared_norm_block(data, dtype, begin, end);
+                        });
   double sum = 0.0;
   for (double s : block_sums) sum += s;
   return sum;
@@ -63,7 +67,8 @@ void cast_cpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, std:
   check_array("cast", "src", src, src_dtype, numel);
   check_array("cast", "dst", dst, dst_dtype, numel);
   ZERO_CHECK(src_dtype == DType::F32 || dst_dtype == DType::F32,
-             "cast: one side must be fp32, got {} -> {}", dtype_name(src_dtype), dtype_name(dst_dtype));
+             "cast: one side must be fp32, got {} -> {}", dtype_name(src_dtype),
+             dtype_name(dst_dtype));
   if (numel > 0) {
     const auto s = reinterpret_cast<std::uintptr_t>(src);
     const auto d = reinterpret_cast<std::uintptr_t>(dst);
@@ -72,9 +77,10 @@ void cast_cpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, std:
   }
   const int threads = resolve_threads(exec.threads);
   const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
-  detail::for_each_tile(numel, detail::kTileElems, threads, [&](std::size_t begin, std::size_t end) {
-    kernels.cast(src, src_dtype, dst, dst_dtype, begin, end);
-  });
+  detail::for_each_tile(numel, detail::kTileElems, threads,
+                        [&](std::size_t begin, std::size_t end) {
+                          kernels.cast(src, src_dtype, dst, dst_dtype, begin, end);
+                        });
 }
 
 }  // namespace zero::kernels

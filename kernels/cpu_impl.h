@@ -20,7 +20,9 @@ template <DType kDType>
 using DTypeTag = std::integral_constant<DType, kDType>;
 
 // Validated by the drivers before any range function runs.
-[[noreturn]] inline void unsupported_combination() { std::abort(); }
+[[noreturn]] inline void unsupported_combination() {
+  std::abort();
+}
 
 template <class Fn>
 void with_dtype(DType dtype, Fn&& fn) {
@@ -119,7 +121,8 @@ void optimizer_range(const StepCoeffs& c, const OptimizerTensors& t, std::size_t
     case OptimizerKind::Lion:
       return optimizer_dispatch_dtypes<Ops, OptimizerKind::Lion, 1>(c, t, begin, end);
     case OptimizerKind::Sgd:
-      if (c.sgd.use_momentum) return optimizer_dispatch_dtypes<Ops, OptimizerKind::Sgd, 1>(c, t, begin, end);
+      if (c.sgd.use_momentum)
+        return optimizer_dispatch_dtypes<Ops, OptimizerKind::Sgd, 1>(c, t, begin, end);
       return optimizer_dispatch_dtypes<Ops, OptimizerKind::Sgd, 0>(c, t, begin, end);
   }
   unsupported_combination();
@@ -227,10 +230,12 @@ double squared_norm_block_range(const void* data, DType dtype, std::size_t begin
       Ops::spill(acc, lanes);
     }
     for (; i < end; ++i) {
-      ScalarOps::accumulate_squares(load_as_float<ScalarOps, kDType>(data, i), lanes, (i - begin) % 8);
+      ScalarOps::accumulate_squares(load_as_float<ScalarOps, kDType>(data, i), lanes,
+                                    (i - begin) % 8);
     }
   });
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
 template <class Ops>

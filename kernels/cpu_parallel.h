@@ -17,7 +17,8 @@ template <class Fn>
 void for_each_tile(std::size_t numel, std::size_t tile_elems, int threads, Fn&& fn) {
   const std::size_t tiles = (numel + tile_elems - 1) / tile_elems;
   if (tiles == 0) return;
-  const int team = static_cast<int>(std::min<std::size_t>(tiles, static_cast<std::size_t>(threads)));
+  const int team =
+      static_cast<int>(std::min<std::size_t>(tiles, static_cast<std::size_t>(threads)));
   if (team <= 1) {
     for (std::size_t tile = 0; tile < tiles; ++tile) {
       fn(tile * tile_elems, std::min(numel, (tile + 1) * tile_elems));

@@ -50,11 +50,21 @@ struct Vec8 {
   explicit Vec8(float s) : v(_mm256_set1_ps(s)) {}
   explicit Vec8(__m256 x) : v(x) {}
 };
-inline Vec8 operator+(Vec8 a, Vec8 b) { return Vec8(_mm256_add_ps(a.v, b.v)); }
-inline Vec8 operator-(Vec8 a, Vec8 b) { return Vec8(_mm256_sub_ps(a.v, b.v)); }
-inline Vec8 operator*(Vec8 a, Vec8 b) { return Vec8(_mm256_mul_ps(a.v, b.v)); }
-inline Vec8 operator/(Vec8 a, Vec8 b) { return Vec8(_mm256_div_ps(a.v, b.v)); }
-inline Vec8 zero_sqrt(Vec8 a) { return Vec8(_mm256_sqrt_ps(a.v)); }
+inline Vec8 operator+(Vec8 a, Vec8 b) {
+  return Vec8(_mm256_add_ps(a.v, b.v));
+}
+inline Vec8 operator-(Vec8 a, Vec8 b) {
+  return Vec8(_mm256_sub_ps(a.v, b.v));
+}
+inline Vec8 operator*(Vec8 a, Vec8 b) {
+  return Vec8(_mm256_mul_ps(a.v, b.v));
+}
+inline Vec8 operator/(Vec8 a, Vec8 b) {
+  return Vec8(_mm256_div_ps(a.v, b.v));
+}
+inline Vec8 zero_sqrt(Vec8 a) {
+  return Vec8(_mm256_sqrt_ps(a.v));
+}
 inline Vec8 zero_sign(Vec8 a) {
   const __m256 zero = _mm256_setzero_ps();
   __m256 r = _mm256_mul_ps(a.v, zero);
@@ -68,7 +78,8 @@ struct Avx2Ops {
   static constexpr int kWidth = 8;
   static V load_f32(const float* p) { return V(_mm256_loadu_ps(p)); }
   static V load_bf16(const std::uint16_t* p) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return V(_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
   }
   static V load_f16(const std::uint16_t* p) {
@@ -78,7 +89,8 @@ struct Avx2Ops {
   static void store_bf16(std::uint16_t* p, V x) {
     const __m256i u = _mm256_castps_si256(x.v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
     const __m256 nan = _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q);
     r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), _mm256_castps_si256(nan));
     store_packed(p, r);
@@ -112,7 +124,8 @@ struct Avx2Ops {
 
  private:
   static void store_packed(std::uint16_t* p, __m256i r) {
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
   }
 };
@@ -125,11 +138,21 @@ struct Vec16 {
   explicit Vec16(float s) : v(_mm512_set1_ps(s)) {}
   explicit Vec16(__m512 x) : v(x) {}
 };
-inline Vec16 operator+(Vec16 a, Vec16 b) { return Vec16(_mm512_add_ps(a.v, b.v)); }
-inline Vec16 operator-(Vec16 a, Vec16 b) { return Vec16(_mm512_sub_ps(a.v, b.v)); }
-inline Vec16 operator*(Vec16 a, Vec16 b) { return Vec16(_mm512_mul_ps(a.v, b.v)); }
-inline Vec16 operator/(Vec16 a, Vec16 b) { return Vec16(_mm512_div_ps(a.v, b.v)); }
-inline Vec16 zero_sqrt(Vec16 a) { return Vec16(_mm512_sqrt_ps(a.v)); }
+inline Vec16 operator+(Vec16 a, Vec16 b) {
+  return Vec16(_mm512_add_ps(a.v, b.v));
+}
+inline Vec16 operator-(Vec16 a, Vec16 b) {
+  return Vec16(_mm512_sub_ps(a.v, b.v));
+}
+inline Vec16 operator*(Vec16 a, Vec16 b) {
+  return Vec16(_mm512_mul_ps(a.v, b.v));
+}
+inline Vec16 operator/(Vec16 a, Vec16 b) {
+  return Vec16(_mm512_div_ps(a.v, b.v));
+}
+inline Vec16 zero_sqrt(Vec16 a) {
+  return Vec16(_mm512_sqrt_ps(a.v));
+}
 inline Vec16 zero_sign(Vec16 a) {
   const __m512 zero = _mm512_setzero_ps();
   __m512 r = _mm512_mul_ps(a.v, zero);
@@ -143,7 +166,8 @@ struct Avx512Ops {
   static constexpr int kWidth = 16;
   static V load_f32(const float* p) { return V(_mm512_loadu_ps(p)); }
   static V load_bf16(const std::uint16_t* p) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return V(_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
   }
   static V load_f16(const std::uint16_t* p) {
@@ -154,7 +178,8 @@ struct Avx512Ops {
     const __m512i u = _mm512_castps_si512(x.v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc00000));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q),
+                              _mm512_set1_epi32(0x7fc00000));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), upper_halves(r));
   }
   static void store_bf16_truncated(std::uint16_t* p, V x) {
@@ -182,8 +207,8 @@ struct Avx512Ops {
   // Elements 0-7 then 8-15 of the vector: lane k % 8 gets them in index order.
   static void accumulate_squares(V x, SquareAcc& acc) {
     const __m512d low = _mm512_cvtps_pd(_mm512_castps512_ps256(x.v));
-    const __m512d high = _mm512_cvtps_pd(
-        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)));
+    const __m512d high =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x.v), 1)));
     acc.lanes = _mm512_add_pd(acc.lanes, _mm512_mul_pd(low, low));
     acc.lanes = _mm512_add_pd(acc.lanes, _mm512_mul_pd(high, high));
   }

@@ -18,7 +18,9 @@ ZERO_HD inline float zero_sqrt(float x) {
 }
 
 // torch.sign: +1, -1, and the input itself (times zero) for ±0 and NaN, so a NaN propagates.
-ZERO_HD inline float zero_sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x * 0.0f); }
+ZERO_HD inline float zero_sign(float x) {
+  return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x * 0.0f);
+}
 
 }  // namespace ZERO_KERNELS_ABI
 }  // namespace zero::kernels::math

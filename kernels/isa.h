@@ -22,7 +22,7 @@ Isa best_isa();
 Isa resolve_isa(Isa requested);
 
 struct CpuExec {
-  int threads = 0;        // OpenMP threads; 0 = every core the process may use
+  int threads = 0;  // OpenMP threads; 0 = every core the process may use
   Isa isa = Isa::Auto;
 };
 

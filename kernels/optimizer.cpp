@@ -20,7 +20,9 @@ void check_beta(OptimizerKind kind, const char* name, double value) {
              "{}: {} must be in [0, 1), got {}", optimizer_name(kind), name, value);
 }
 
-bool is_adam(OptimizerKind kind) { return kind == OptimizerKind::Adam || kind == OptimizerKind::AdamW; }
+bool is_adam(OptimizerKind kind) {
+  return kind == OptimizerKind::Adam || kind == OptimizerKind::AdamW;
+}
 
 void check_array(OptimizerKind kind, const char* name, const void* pointer, DType dtype) {
   ZERO_CHECK(pointer != nullptr, "{}: {} is null", optimizer_name(kind), name);
@@ -91,16 +93,17 @@ void validate_step(const StepScalars& s) {
 
 void validate_tensors(const OptimizerHyper& hyper, const OptimizerTensors& t) {
   const OptimizerKind kind = hyper.kind;
-  ZERO_CHECK(t.grad_dtype == DType::F32 || t.grad_dtype == DType::BF16 || t.grad_dtype == DType::F16,
-             "{}: grad_dtype must be fp32, bf16 or fp16, got {}", optimizer_name(kind),
-             dtype_name(t.grad_dtype));
+  ZERO_CHECK(
+      t.grad_dtype == DType::F32 || t.grad_dtype == DType::BF16 || t.grad_dtype == DType::F16,
+      "{}: grad_dtype must be fp32, bf16 or fp16, got {}", optimizer_name(kind),
+      dtype_name(t.grad_dtype));
   ZERO_CHECK(t.state_dtype == DType::F32 || t.state_dtype == DType::BF16,
              "{}: state_dtype must be fp32 or bf16, got {}", optimizer_name(kind),
              dtype_name(t.state_dtype));
-  ZERO_CHECK(t.param_out == nullptr || t.param_out_dtype == DType::BF16 ||
-                 t.param_out_dtype == DType::F16,
-             "{}: param_out_dtype must be bf16 or fp16, got {}", optimizer_name(kind),
-             dtype_name(t.param_out_dtype));
+  ZERO_CHECK(
+      t.param_out == nullptr || t.param_out_dtype == DType::BF16 || t.param_out_dtype == DType::F16,
+      "{}: param_out_dtype must be bf16 or fp16, got {}", optimizer_name(kind),
+      dtype_name(t.param_out_dtype));
   ZERO_CHECK(t.numel <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) / 8,
              "{}: numel {} is too large", optimizer_name(kind), t.numel);
   if (t.numel == 0) return;

@@ -24,9 +24,9 @@ std::optional<OptimizerKind> parse_optimizer_kind(std::string_view name);
 // apply to `kind` are ignored. The learning rate changes per step and lives in StepScalars.
 struct OptimizerHyper {
   OptimizerKind kind = OptimizerKind::AdamW;
-  double beta1 = 0.9;                      // Adam, AdamW, Lion
-  double beta2 = 0.999;                    // Adam, AdamW, Lion
-  double eps = 1e-8;                       // Adam, AdamW, Adagrad
+  double beta1 = 0.9;    // Adam, AdamW, Lion
+  double beta2 = 0.999;  // Adam, AdamW, Lion
+  double eps = 1e-8;     // Adam, AdamW, Adagrad
   double weight_decay = 0.0;
   bool bias_correction = true;             // Adam, AdamW
   double momentum = 0.0;                   // SGD; 0 = no momentum buffer
@@ -48,13 +48,13 @@ struct StepScalars {
 // dtype; they must not overlap. State arrays beyond optimizer_state_count() are ignored and may
 // be null.
 struct OptimizerTensors {
-  float* master = nullptr;           // fp32 master weights, updated in place
-  const void* grad = nullptr;        // F32, BF16 or F16
+  float* master = nullptr;     // fp32 master weights, updated in place
+  const void* grad = nullptr;  // F32, BF16 or F16
   DType grad_dtype = DType::F32;
-  void* state0 = nullptr;            // exp_avg | sum | exp_avg | momentum_buffer
-  void* state1 = nullptr;            // exp_avg_sq (Adam, AdamW)
-  DType state_dtype = DType::F32;    // F32 or BF16 (stored round-to-nearest-even)
-  void* param_out = nullptr;         // optional low-precision copy of the updated master
+  void* state0 = nullptr;               // exp_avg | sum | exp_avg | momentum_buffer
+  void* state1 = nullptr;               // exp_avg_sq (Adam, AdamW)
+  DType state_dtype = DType::F32;       // F32 or BF16 (stored round-to-nearest-even)
+  void* param_out = nullptr;            // optional low-precision copy of the updated master
   DType param_out_dtype = DType::BF16;  // BF16 or F16
   std::size_t numel = 0;
 };

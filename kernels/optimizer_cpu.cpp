@@ -26,15 +26,14 @@ void optimizer_step_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
   validate_tensors(hyper, tensors);
   const int threads = resolve_threads(exec.threads);
   const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
-  detail::for_each_tile(tensors.numel, detail::kTileElems, threads,
-                        [&](std::size_t begin, std::size_t end) {
-                          kernels.optimizer(coeffs, tensors, begin, end);
-                        });
+  detail::for_each_tile(
+      tensors.numel, detail::kTileElems, threads,
+      [&](std::size_t begin, std::size_t end) { kernels.optimizer(coeffs, tensors, begin, end); });
 }
 
 void traffic_probe_cpu(const OptimizerTensors& tensors, int state_count, const CpuExec& exec) {
-  ZERO_CHECK(state_count >= 0 && state_count <= 2, "traffic probe: state_count must be 0, 1 or 2, got {}",
-             state_count);
+  ZERO_CHECK(state_count >= 0 && state_count <= 2,
+             "traffic probe: state_count must be 0, 1 or 2, got {}", state_count);
   OptimizerHyper shape;
   shape.kind = state_count == 2 ? OptimizerKind::AdamW : OptimizerKind::Sgd;
   shape.momentum = state_count == 1 ? 0.9 : 0.0;

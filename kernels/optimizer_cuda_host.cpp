@@ -12,7 +12,9 @@ namespace zero::kernels {
 
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
 
 }  // namespace
 
@@ -54,17 +56,18 @@ void optimizer_step_cuda(const OptimizerHyper& hyper, const StepScalars& scalars
     args.vectorized = vectorized;
     for (std::size_t slot = 0; slot < plan.tensors.size(); ++slot) {
       const OptimizerTensors& t = tensors[plan.tensors[slot]];
-      args.tensors[slot] = {t.master, t.grad, t.state0, t.state1, t.param_out,
-                            static_cast<long long>(t.numel)};
+      args.tensors[slot] = {t.master, t.grad,      t.state0,
+                            t.state1, t.param_out, static_cast<long long>(t.numel)};
     }
     for (std::size_t b = 0; b < plan.blocks.size(); ++b) {
       args.block_slot[b] = plan.blocks[b].slot;
       args.block_chunk[b] = plan.blocks[b].chunk;
     }
     const int blocks = static_cast<int>(plan.blocks.size());
-    const detail::CudaLaunchStatus status = detail::launch_multi_tensor_step(args, blocks, states, exec.stream);
-    ZERO_CHECK_AS(CudaError, status.error == nullptr, "{} ({} blocks, {}): {}", status.kernel, blocks,
-                  optimizer_name(hyper.kind), status.error ? status.error : "");
+    const detail::CudaLaunchStatus status =
+        detail::launch_multi_tensor_step(args, blocks, states, exec.stream);
+    ZERO_CHECK_AS(CudaError, status.error == nullptr, "{} ({} blocks, {}): {}", status.kernel,
+                  blocks, optimizer_name(hyper.kind), status.error ? status.error : "");
   }
 }
 

@@ -112,22 +112,27 @@ CudaLaunchStatus launch_multi_tensor_step(const CudaLaunchArgs& args, int blocks
     case OptimizerKind::Adam:
     case OptimizerKind::AdamW:
       name = "multi_tensor_step_kernel<adam>";
-      multi_tensor_step_kernel<OptimizerKind::AdamW, 2><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
+      multi_tensor_step_kernel<OptimizerKind::AdamW, 2>
+          <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       break;
     case OptimizerKind::Adagrad:
       name = "multi_tensor_step_kernel<adagrad>";
-      multi_tensor_step_kernel<OptimizerKind::Adagrad, 1><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
+      multi_tensor_step_kernel<OptimizerKind::Adagrad, 1>
+          <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       break;
     case OptimizerKind::Lion:
       name = "multi_tensor_step_kernel<lion>";
-      multi_tensor_step_kernel<OptimizerKind::Lion, 1><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
+      multi_tensor_step_kernel<OptimizerKind::Lion, 1>
+          <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       break;
     case OptimizerKind::Sgd:
       name = "multi_tensor_step_kernel<sgd>";
       if (state_count == 1) {
-        multi_tensor_step_kernel<OptimizerKind::Sgd, 1><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
+        multi_tensor_step_kernel<OptimizerKind::Sgd, 1>
+            <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       } else {
-        multi_tensor_step_kernel<OptimizerKind::Sgd, 0><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
+        multi_tensor_step_kernel<OptimizerKind::Sgd, 0>
+            <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       }
       break;
   }

@@ -15,9 +15,9 @@ struct SgdCoeffs {
   float momentum;
   float one_minus_dampening;
   float neg_lr;
-  bool l2;          // wd ≠ 0
+  bool l2;            // wd ≠ 0
   bool use_momentum;  // μ ≠ 0: the momentum buffer exists
-  bool first_step;  // the buffer is initialised to d (torch clones the gradient)
+  bool first_step;    // the buffer is initialised to d (torch clones the gradient)
   bool nesterov;
 };
 

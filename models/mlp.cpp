@@ -120,7 +120,9 @@ std::string MlpShape::to_string() const {
   return fmt::format("mlp:{}", fmt::join(widths, ","));
 }
 
-std::size_t MlpParam::numel() const { return numel_of(shape); }
+std::size_t MlpParam::numel() const {
+  return numel_of(shape);
+}
 
 std::vector<MlpParam> mlp_params(const MlpShape& shape) {
   std::vector<MlpParam> params;

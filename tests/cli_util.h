@@ -1,10 +1,10 @@
 // Running a built command-line tool from a test.
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <sys/wait.h>
 
 #include <array>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <string>
 

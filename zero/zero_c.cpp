@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "config/ds_config.h"
+#include "zero/base/error.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
-#include "zero/base/error.h"
 
 struct zero_engine {
   // Declaration order is destruction order reversed: the engine goes first, then what it uses.

@@ -52,8 +52,8 @@ enum {
 typedef struct zero_engine zero_engine;
 
 typedef struct zero_param_spec {
-  const char* name;      /* unique; copied */
-  const int64_t* shape;  /* ndim extents; copied. May be null when ndim == 0 (a scalar) */
+  const char* name;     /* unique; copied */
+  const int64_t* shape; /* ndim extents; copied. May be null when ndim == 0 (a scalar) */
   size_t ndim;
   int dtype;     /* ZERO_DTYPE_* */
   int group;     /* param group (own lr / weight decay); 0 unless the config defines more */

@@ -1,7 +1,6 @@
 // The real-config corpus (a copy of ../shared/corpus in tests/data/corpus): zero must accept
 // what DeepSpeed accepts and reject what it rejects, with the same reason.
 #include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -56,11 +55,14 @@ std::string read_file(const fs::path& p) {
 
 // DeepSpeed 0.19.6 refuses these at config time; the problem zero must name for each.
 const std::map<std::string, std::pair<std::string, std::string>> kRejects = {
-    {"microsoft__DeepSpeedExamples__Megatron-LM__model_size_test_with_acumulated_grad__ds_zero-offload_150B_config.json",
+    {"microsoft__DeepSpeedExamples__Megatron-LM__model_size_test_with_acumulated_grad__ds_zero-"
+     "offload_150B_config.json",
      {"zero_optimization.comm_overlap", "unknown key; did you mean overlap_comm?"}},
-    {"microsoft__DeepSpeedExamples__megatron__Megatron-LM-v1.1.5-ZeRO3__examples__ds_zero_stage_3_config_release.json",
+    {"microsoft__DeepSpeedExamples__megatron__Megatron-LM-v1.1.5-ZeRO3__examples__ds_zero_stage_3_"
+     "config_release.json",
      {"zero_optimization.cpu_offload_params", "unknown key; did you mean cpu_offload_param?"}},
-    {"microsoft__DeepSpeedExamples__megatron__Megatron-LM-v1.1.5-ZeRO3__examples__ds_zero_stage_infinity_config.json",
+    {"microsoft__DeepSpeedExamples__megatron__Megatron-LM-v1.1.5-ZeRO3__examples__ds_zero_stage_"
+     "infinity_config.json",
      {"zero_optimization.stage3_param_persitence_threshold",
       "unknown key; did you mean stage3_param_persistence_threshold?"}},
     {"microsoft__Megatron-DeepSpeed__ds_zero2_config_bf16.json",
@@ -68,7 +70,8 @@ const std::map<std::string, std::pair<std::string, std::string>> kRejects = {
 };
 
 // Not strict JSON only because of a trailing comma, which zero accepts as hjson does.
-const std::set<std::string> kRelaxedOnly = {"microsoft__DeepSpeed__docs___tutorials__onebit-adam.md__L92.json"};
+const std::set<std::string> kRelaxedOnly = {
+    "microsoft__DeepSpeed__docs___tutorials__onebit-adam.md__L92.json"};
 
 }  // namespace
 
@@ -78,13 +81,16 @@ TEST_CASE("the corpus copy is complete: every file is listed in sources.tsv and 
   for (const CorpusEntry& s : sources) listed.insert(s.folder + "/" + s.file);
   std::set<std::string> present;
   for (const char* folder : {"ds_configs", "ds_configs_docs", "ds_configs_nonstrict"}) {
-    for (const auto& e : fs::directory_iterator(kCorpus / folder)) present.insert(std::string(folder) + "/" + e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(kCorpus / folder))
+      present.insert(std::string(folder) + "/" + e.path().filename().string());
   }
   CHECK(listed == present);
   CHECK(present.size() == 97);
 }
 
-TEST_CASE("every corpus config DeepSpeed accepts is accepted; the four it rejects are rejected with its reason") {
+TEST_CASE(
+    "every corpus config DeepSpeed accepts is accepted; the four it rejects are rejected with its "
+    "reason") {
   std::size_t accepted = 0;
   std::size_t rejected = 0;
   for (const char* folder : {"ds_configs", "ds_configs_docs"}) {
@@ -111,14 +117,17 @@ TEST_CASE("every corpus config DeepSpeed accepts is accepted; the four it reject
 TEST_CASE("the Megatron bf16 reject also carries the legacy bfloat16.loss_scale warning path") {
   // bfloat16.loss_scale is ignored with a warning (see schema.cpp), so bfp16 is the one error.
   try {
-    load_config_file(kCorpus / "ds_configs" / "microsoft__Megatron-DeepSpeed__ds_zero2_config_bf16.json");
+    load_config_file(kCorpus / "ds_configs" /
+                     "microsoft__Megatron-DeepSpeed__ds_zero2_config_bf16.json");
     FAIL("accepted");
   } catch (const zero::ConfigError& e) {
     CHECK(e.problems().size() == 1);
   }
 }
 
-TEST_CASE("every non-strict corpus file gets a parse error with line and column, unless it only has trailing commas") {
+TEST_CASE(
+    "every non-strict corpus file gets a parse error with line and column, unless it only has "
+    "trailing commas") {
   std::size_t parse_errors = 0;
   for (const auto& e : fs::directory_iterator(kCorpus / "ds_configs_nonstrict")) {
     const std::string name = e.path().filename().string();
@@ -145,7 +154,8 @@ TEST_CASE("sources.tsv strict_json and hjson_ok agree with zero's parser") {
   for (const CorpusEntry& s : read_sources()) {
     INFO(s.folder << "/" << s.file);
     const std::string text = read_file(kCorpus / s.folder / s.file);
-    const bool strict = !nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false).is_discarded();
+    const bool strict =
+        !nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false).is_discarded();
     CHECK(strict == s.strict_json);
     bool relaxed = true;
     try {
@@ -153,7 +163,8 @@ TEST_CASE("sources.tsv strict_json and hjson_ok agree with zero's parser") {
     } catch (const zero::ConfigError&) {
       relaxed = false;
     }
-    // zero accepts strict JSON plus comments and trailing commas: a subset of hjson, a superset of JSON.
+    // zero accepts strict JSON plus comments and trailing commas: a subset of hjson, a superset of
+    // JSON.
     if (s.strict_json) CHECK(relaxed);
     if (!s.hjson_ok) CHECK_FALSE(relaxed);
     if (relaxed && !s.strict_json) CHECK(kRelaxedOnly.count(s.file) == 1);

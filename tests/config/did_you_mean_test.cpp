@@ -1,9 +1,8 @@
-#include <catch2/catch.hpp>
+#include "config/did_you_mean.h"
 
+#include <catch2/catch.hpp>
 #include <string_view>
 #include <vector>
-
-#include "config/did_you_mean.h"
 
 using zero::config::did_you_mean;
 using zero::config::edit_distance;

@@ -1,8 +1,8 @@
-#include <catch2/catch.hpp>
+#include "config/ds_config.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 
-#include "config/ds_config.h"
 #include "config/schema.h"
 #include "tests/config/test_util.h"
 
@@ -14,7 +14,9 @@ using zero::config::testing::problems_of;
 
 namespace {
 
-DsConfig load(std::string_view text, Supplied s = {}) { return load_config_string(text, s); }
+DsConfig load(std::string_view text, Supplied s = {}) {
+  return load_config_string(text, s);
+}
 
 Supplied world(std::int64_t w) {
   Supplied s;
@@ -52,7 +54,8 @@ TEST_CASE("every key of the schema table appears in the resolved config") {
   for (const KeyRule& r : key_rules()) {
     if (r.block == "optimizer.params" && r.variant != "adam") continue;
     if (r.block == "scheduler.params" && r.variant != "WarmupLR") continue;
-    const std::string path = r.block.empty() ? std::string(r.name) : std::string(r.block) + "." + std::string(r.name);
+    const std::string path =
+        r.block.empty() ? std::string(r.name) : std::string(r.block) + "." + std::string(r.name);
     INFO(path);
     std::string pointer = "/" + path;
     for (char& ch : pointer) {
@@ -64,35 +67,42 @@ TEST_CASE("every key of the schema table appears in the resolved config") {
 }
 
 TEST_CASE("integers accept integral floats and numeric strings, and refuse fractions") {
-  const DsConfig c = load(R"({"zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": "2e8",
+  const DsConfig c =
+      load(R"({"zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": "2e8",
                               "stage": "2"}})");
   CHECK(c.zero_optimization.reduce_bucket_elems == 500'000'000);
   CHECK(c.zero_optimization.allgather_bucket_elems == 200'000'000);
   CHECK(c.zero_optimization.stage == 2);
   const auto p = problems_of(R"({"zero_optimization": {"reduce_bucket_size": 5.5}})");
-  CHECK(has_problem(p, "zero_optimization.reduce_bucket_size", "expected an integer, got 5.5 (not a whole number)"));
+  CHECK(has_problem(p, "zero_optimization.reduce_bucket_size",
+                    "expected an integer, got 5.5 (not a whole number)"));
 }
 
 TEST_CASE("booleans accept pydantic's lax spellings and refuse anything else") {
-  const DsConfig c = load(R"({"fp16": {"enabled": "yes", "auto_cast": 0}, "wall_clock_breakdown": "on",
+  const DsConfig c =
+      load(R"({"fp16": {"enabled": "yes", "auto_cast": 0}, "wall_clock_breakdown": "on",
                               "zero_optimization": {"overlap_comm": "off", "contiguous_gradients": 1}})");
   CHECK(c.fp16.enabled);
   CHECK_FALSE(c.fp16.auto_cast);
   CHECK(c.wall_clock_breakdown);
   CHECK_FALSE(c.zero_optimization.overlap_comm);
   CHECK(c.zero_optimization.contiguous_gradients);
-  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": "maybe"}})"), "fp16.enabled", "expected a boolean"));
-  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": 2}})"), "fp16.enabled", "expected a boolean"));
+  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": "maybe"}})"), "fp16.enabled",
+                    "expected a boolean"));
+  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": 2}})"), "fp16.enabled",
+                    "expected a boolean"));
 }
 
 TEST_CASE("offload device names are case-sensitive, as in DeepSpeed") {
-  const auto p = problems_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}})");
-  CHECK(has_problem(p, "zero_optimization.offload_param.device", "(case-sensitive), got \"CPU\"; did you mean cpu?"));
+  const auto p =
+      problems_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}})");
+  CHECK(has_problem(p, "zero_optimization.offload_param.device",
+                    "(case-sensitive), got \"CPU\"; did you mean cpu?"));
 }
 
 TEST_CASE("stage above 3 is refused") {
-  CHECK(has_problem(problems_of(R"({"zero_optimization": {"stage": 4}})"), "zero_optimization.stage",
-                    "must be between 0 and 3, got 4"));
+  CHECK(has_problem(problems_of(R"({"zero_optimization": {"stage": 4}})"),
+                    "zero_optimization.stage", "must be between 0 and 3, got 4"));
 }
 
 TEST_CASE("negative sizes are refused") {
@@ -103,16 +113,22 @@ TEST_CASE("negative sizes are refused") {
 // ---- unknown keys -----------------------------------------------------------------------------
 
 TEST_CASE("an unknown key in zero_optimization is an error naming the path and the nearest key") {
-  const auto p = problems_of(R"({"zero_optimization": {"stage": 3, "stage3_param_persitence_threshold": 1e5}})");
+  const auto p = problems_of(
+      R"({"zero_optimization": {"stage": 3, "stage3_param_persitence_threshold": 1e5}})");
   REQUIRE(p.size() == 1);
   CHECK(p[0].path == "zero_optimization.stage3_param_persitence_threshold");
   CHECK(p[0].message == "unknown key; did you mean stage3_param_persistence_threshold?");
 }
 
-TEST_CASE("unknown keys in fp16, bf16 and the offload blocks are errors; far-off names get no suggestion") {
-  CHECK(has_problem(problems_of(R"({"fp16": {"enabeld": true}})"), "fp16.enabeld", "unknown key; did you mean enabled?"));
-  CHECK(has_problem(problems_of(R"({"bf16": {"check_overflow": true}})"), "bf16.check_overflow", "unknown key"));
-  const auto p = problems_of(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "zzz": 1}}})");
+TEST_CASE(
+    "unknown keys in fp16, bf16 and the offload blocks are errors; far-off names get no "
+    "suggestion") {
+  CHECK(has_problem(problems_of(R"({"fp16": {"enabeld": true}})"), "fp16.enabeld",
+                    "unknown key; did you mean enabled?"));
+  CHECK(has_problem(problems_of(R"({"bf16": {"check_overflow": true}})"), "bf16.check_overflow",
+                    "unknown key"));
+  const auto p =
+      problems_of(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "zzz": 1}}})");
   REQUIRE(p.size() == 1);
   CHECK(p[0].path == "zero_optimization.offload_optimizer.zzz");
   CHECK(p[0].message == "unknown key");
@@ -120,15 +136,18 @@ TEST_CASE("unknown keys in fp16, bf16 and the offload blocks are errors; far-off
 
 TEST_CASE("an unknown top-level key is a warning with a suggestion, as DeepSpeed ignores it") {
   const DsConfig c = load(R"({"gradient_cliping": 1.0, "zero_force_ds_cpu_optimization": false})");
-  CHECK(has_finding(c.findings, Severity::Warning, "gradient_cliping", "did you mean gradient_clipping?"));
+  CHECK(has_finding(c.findings, Severity::Warning, "gradient_cliping",
+                    "did you mean gradient_clipping?"));
   CHECK(has_finding(c.findings, Severity::Warning, "zero_force_ds_cpu_optimization",
                     "did you mean zero_force_ds_cpu_optimizer?"));
 }
 
-TEST_CASE("unknown keys in aio, checkpoint and data_types are warnings, as DeepSpeed ignores them") {
+TEST_CASE(
+    "unknown keys in aio, checkpoint and data_types are warnings, as DeepSpeed ignores them") {
   const DsConfig c = load(R"({"aio": {"queue_dept": 4}, "checkpoint": {"tag_validaton": "Fail"}})");
   CHECK(has_finding(c.findings, Severity::Warning, "aio.queue_dept", "did you mean queue_depth?"));
-  CHECK(has_finding(c.findings, Severity::Warning, "checkpoint.tag_validaton", "did you mean tag_validation?"));
+  CHECK(has_finding(c.findings, Severity::Warning, "checkpoint.tag_validaton",
+                    "did you mean tag_validation?"));
 }
 
 TEST_CASE("blocks of other DeepSpeed subsystems are accepted with a note and passed through") {
@@ -141,7 +160,8 @@ TEST_CASE("blocks of other DeepSpeed subsystems are accepted with a note and pas
 
 // ---- aliases and deprecated keys ----------------------------------------------------------------
 
-TEST_CASE("the short and stage3_ spellings of a stage-3 key are both accepted, mapped to one name") {
+TEST_CASE(
+    "the short and stage3_ spellings of a stage-3 key are both accepted, mapped to one name") {
   const DsConfig c = load(R"({"zero_optimization": {"stage": 3, "prefetch_bucket_size": 1000}})");
   CHECK(c.zero_optimization.prefetch_bucket_elems == 1000);
   CHECK(c.to_json()["zero_optimization"]["stage3_prefetch_bucket_size"] == 1000);
@@ -152,8 +172,10 @@ TEST_CASE("the short and stage3_ spellings of a stage-3 key are both accepted, m
 }
 
 TEST_CASE("giving both spellings of one key is an error") {
-  const auto p = problems_of(R"({"zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})");
-  CHECK(has_problem(p, "zero_optimization.prefetch_bucket_size", "give only one of stage3_prefetch_bucket_size and prefetch_bucket_size"));
+  const auto p = problems_of(
+      R"({"zero_optimization": {"prefetch_bucket_size": 1, "stage3_prefetch_bucket_size": 2}})");
+  CHECK(has_problem(p, "zero_optimization.prefetch_bucket_size",
+                    "give only one of stage3_prefetch_bucket_size and prefetch_bucket_size"));
 }
 
 TEST_CASE("cpu_offload maps to offload_optimizer on the cpu with a warning") {
@@ -161,7 +183,8 @@ TEST_CASE("cpu_offload maps to offload_optimizer on the cpu with a warning") {
   REQUIRE(c.zero_optimization.offload_optimizer.has_value());
   CHECK(c.zero_optimization.offload_optimizer->device == OffloadDevice::Cpu);
   CHECK(has_finding(c.findings, Severity::Warning, "zero_optimization.cpu_offload", "deprecated"));
-  CHECK(c.provenance.at("zero_optimization.offload_optimizer.device").source == Source::DeprecatedMapped);
+  CHECK(c.provenance.at("zero_optimization.offload_optimizer.device").source ==
+        Source::DeprecatedMapped);
   CHECK(c.provenance.at("zero_optimization.offload_optimizer.device").detail == "cpu_offload");
 }
 
@@ -178,29 +201,37 @@ TEST_CASE("cpu_offload_param maps to offload_param on the cpu") {
 
 TEST_CASE("cpu_offload_use_pin_memory is warned about and its value ignored") {
   const DsConfig c = load(R"({"zero_optimization": {"cpu_offload_use_pin_memory": false}})");
-  CHECK(has_finding(c.findings, Severity::Warning, "zero_optimization.cpu_offload_use_pin_memory", "ignored"));
+  CHECK(has_finding(c.findings, Severity::Warning, "zero_optimization.cpu_offload_use_pin_memory",
+                    "ignored"));
   CHECK_FALSE(c.to_json()["zero_optimization"].contains("cpu_offload_use_pin_memory"));
 }
 
 TEST_CASE("stage3_gather_fp16_weights_on_model_save maps to the 16bit key") {
-  const DsConfig c = load(R"({"zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true}})");
+  const DsConfig c = load(
+      R"({"zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true}})");
   CHECK(c.zero_optimization.gather_16bit_weights_on_model_save);
-  CHECK(c.provenance.at("zero_optimization.stage3_gather_16bit_weights_on_model_save").source == Source::DeprecatedMapped);
+  CHECK(c.provenance.at("zero_optimization.stage3_gather_16bit_weights_on_model_save").source ==
+        Source::DeprecatedMapped);
 }
 
 TEST_CASE("a deprecated key together with its replacement is an error") {
-  CHECK(has_problem(problems_of(R"({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})"),
-                    "zero_optimization.cpu_offload", "together with its replacement offload_optimizer"));
-  CHECK(has_problem(problems_of(R"({"zero_optimization": {"stage3_gather_fp16_weights_on_model_save": true,
+  CHECK(has_problem(
+      problems_of(
+          R"({"zero_optimization": {"cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})"),
+      "zero_optimization.cpu_offload", "together with its replacement offload_optimizer"));
+  CHECK(has_problem(
+      problems_of(R"({"zero_optimization": {"stage3_gather_fp16_weights_on_model_save": true,
                                      "gather_16bit_weights_on_model_save": false}})"),
-                    "zero_optimization.stage3_gather_fp16_weights_on_model_save", "together with its replacement"));
+      "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+      "together with its replacement"));
 }
 
 TEST_CASE("the boolean zero_optimization form means stage 1 with allgather_size") {
   const DsConfig c = load(R"({"zero_optimization": true, "allgather_size": 1000})");
   CHECK(c.zero_optimization.stage == 1);
   CHECK(c.zero_optimization.allgather_bucket_elems == 1000);
-  CHECK(has_finding(c.findings, Severity::Warning, "zero_optimization", "boolean form is deprecated"));
+  CHECK(has_finding(c.findings, Severity::Warning, "zero_optimization",
+                    "boolean form is deprecated"));
   CHECK(c.provenance.at("zero_optimization.stage").source == Source::Derived);
   CHECK(load(R"({"zero_optimization": false})").zero_optimization.stage == 0);
 }
@@ -235,7 +266,8 @@ TEST_CASE("auto inside zero_optimization, fp16 and bf16 becomes DeepSpeed's defa
   CHECK(c.zero_optimization.prefetch_bucket_elems == 50'000'000);
   CHECK_FALSE(c.fp16.enabled);
   CHECK(c.provenance.at("zero_optimization.stage").source == Source::DeepSpeedAutoDefault);
-  CHECK(has_finding(c.findings, Severity::Note, "zero_optimization.stage", "DeepSpeed's default here (0)"));
+  CHECK(has_finding(c.findings, Severity::Note, "zero_optimization.stage",
+                    "DeepSpeed's default here (0)"));
 }
 
 TEST_CASE("a supplied value replaces auto even inside a pydantic block") {
@@ -261,9 +293,13 @@ TEST_CASE("auto elsewhere is listed as to be supplied, and filled by supplied va
 
   Supplied s;
   s.world_size = 4;
-  s.values = {{"train_micro_batch_size_per_gpu", 8}, {"gradient_accumulation_steps", 2},
-              {"train_batch_size", 64}, {"gradient_clipping", 0.5}, {"optimizer.params.lr", 3e-4},
-              {"optimizer.params.weight_decay", 0.01}, {"scheduler.params.total_num_steps", 1000},
+  s.values = {{"train_micro_batch_size_per_gpu", 8},
+              {"gradient_accumulation_steps", 2},
+              {"train_batch_size", 64},
+              {"gradient_clipping", 0.5},
+              {"optimizer.params.lr", 3e-4},
+              {"optimizer.params.weight_decay", 0.01},
+              {"scheduler.params.total_num_steps", 1000},
               {"scheduler.params.warmup_max_lr", 3e-4}};
   const DsConfig done = load(text, s);
   CHECK(done.unresolved.empty());
@@ -277,18 +313,22 @@ TEST_CASE("auto elsewhere is listed as to be supplied, and filled by supplied va
 TEST_CASE("a supplied value that contradicts the config is an error") {
   Supplied s;
   s.values["train_micro_batch_size_per_gpu"] = 4;
-  CHECK(has_problem(problems_of(R"({"train_micro_batch_size_per_gpu": 8})", s), "train_micro_batch_size_per_gpu",
+  CHECK(has_problem(problems_of(R"({"train_micro_batch_size_per_gpu": 8})", s),
+                    "train_micro_batch_size_per_gpu",
                     "the embedding supplies 4 but the config sets 8"));
 }
 
 TEST_CASE("a scheduler value DeepSpeed requires is to be supplied when missing") {
-  const DsConfig c = load(R"({"optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupCosineLR"}})");
-  CHECK(has_finding(c.unresolved, Severity::Note, "scheduler.params.total_num_steps", "required by WarmupCosineLR"));
+  const DsConfig c =
+      load(R"({"optimizer": {"type": "Adam"}, "scheduler": {"type": "WarmupCosineLR"}})");
+  CHECK(has_finding(c.unresolved, Severity::Note, "scheduler.params.total_num_steps",
+                    "required by WarmupCosineLR"));
 }
 
 // ---- batch triad (SPEC §1.4) --------------------------------------------------------------------
 
-TEST_CASE("the batch triad is resolved with floor divisions from any two values and the world size") {
+TEST_CASE(
+    "the batch triad is resolved with floor divisions from any two values and the world size") {
   DsConfig c = load(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", world(2));
   CHECK(c.gradient_accumulation_steps == 4);
   CHECK(c.provenance.at("gradient_accumulation_steps").source == Source::Derived);
@@ -304,19 +344,28 @@ TEST_CASE("the batch triad is resolved with floor divisions from any two values 
 }
 
 TEST_CASE("floor division that loses a remainder fails the triad equality with the four numbers") {
-  const auto p = problems_of(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3})", world(1));
+  const auto p =
+      problems_of(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3})", world(1));
   CHECK(has_problem(p, "train_batch_size",
-                    "train_batch_size 10 != train_micro_batch_size_per_gpu 3 * gradient_accumulation_steps 3 * world size 1 = 9"));
+                    "train_batch_size 10 != train_micro_batch_size_per_gpu 3 * "
+                    "gradient_accumulation_steps 3 * world size 1 = 9"));
 }
 
 TEST_CASE("all three batch values must multiply out with the given world size") {
   const auto p = problems_of(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
-                                 "gradient_accumulation_steps": 2})", world(2));
-  CHECK(has_problem(p, "train_batch_size", "32 != train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 2 * world size 2 = 16"));
-  CHECK_NOTHROW(load(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", world(4)));
+                                 "gradient_accumulation_steps": 2})",
+                             world(2));
+  CHECK(has_problem(p, "train_batch_size",
+                    "32 != train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 2 * "
+                    "world size 2 = 16"));
+  CHECK_NOTHROW(load(
+      R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})",
+      world(4)));
 }
 
-TEST_CASE("without a world size the three batch values must admit an integer world size, which is reported") {
+TEST_CASE(
+    "without a world size the three batch values must admit an integer world size, which is "
+    "reported") {
   const DsConfig c = load(R"({"train_batch_size": 20000, "train_micro_batch_size_per_gpu": 100,
                               "gradient_accumulation_steps": 10})");
   CHECK(c.world_size == 20);
@@ -335,63 +384,83 @@ TEST_CASE("missing batch sizes are to be supplied, not an error") {
 
 TEST_CASE("batch sizes must be positive") {
   CHECK(has_problem(problems_of(R"({"train_batch_size": 0})"), "train_batch_size", "must be >= 1"));
-  CHECK(has_problem(problems_of(R"({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 4})", world(1)),
-                    "train_batch_size", "batch sizes must be positive"));
+  CHECK(has_problem(
+      problems_of(R"({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 4})", world(1)),
+      "train_batch_size", "batch sizes must be positive"));
 }
 
-// ---- cross-field checks (SPEC §1.11) -------------------------------------------------------------
+// ---- cross-field checks (SPEC §1.11)
+// -------------------------------------------------------------
 
 TEST_CASE("fp16 and bf16 cannot both be enabled") {
-  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"), "bf16.enabled",
-                    "cannot both be enabled"));
+  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"),
+                    "bf16.enabled", "cannot both be enabled"));
 }
 
 TEST_CASE("master-weight options need ZeRO stage 1 to 3") {
-  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": true, "fp16_master_weights_and_grads": true}})"),
-                    "fp16.fp16_master_weights_and_grads", "needs ZeRO stage 1, 2 or 3"));
-  CHECK(has_problem(problems_of(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})"),
-                    "bf16.bf16_master_weights_and_grads", "needs ZeRO stage 1, 2 or 3"));
+  CHECK(has_problem(
+      problems_of(R"({"fp16": {"enabled": true, "fp16_master_weights_and_grads": true}})"),
+      "fp16.fp16_master_weights_and_grads", "needs ZeRO stage 1, 2 or 3"));
+  CHECK(has_problem(
+      problems_of(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})"),
+      "bf16.bf16_master_weights_and_grads", "needs ZeRO stage 1, 2 or 3"));
 }
 
 TEST_CASE("bf16_optimizer_states needs bf16_master_weights_and_grads") {
-  CHECK(has_problem(problems_of(R"({"zero_optimization": {"stage": 2}, "bf16": {"enabled": true, "bf16_optimizer_states": true}})"),
-                    "bf16.bf16_optimizer_states", "needs bf16.bf16_master_weights_and_grads"));
+  CHECK(has_problem(
+      problems_of(
+          R"({"zero_optimization": {"stage": 2}, "bf16": {"enabled": true, "bf16_optimizer_states": true}})"),
+      "bf16.bf16_optimizer_states", "needs bf16.bf16_master_weights_and_grads"));
 }
 
-TEST_CASE("gradient_allreduce_op sum is refused with stage 3 and accepted case-insensitively otherwise") {
-  CHECK(has_problem(problems_of(R"({"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3}})"),
-                    "gradient_allreduce_op", "not allowed with ZeRO stage 3"));
-  CHECK(load(R"({"gradient_allreduce_op": "SUM", "zero_optimization": {"stage": 2}})").gradient_allreduce_sum);
+TEST_CASE(
+    "gradient_allreduce_op sum is refused with stage 3 and accepted case-insensitively otherwise") {
+  CHECK(has_problem(
+      problems_of(R"({"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3}})"),
+      "gradient_allreduce_op", "not allowed with ZeRO stage 3"));
+  CHECK(load(R"({"gradient_allreduce_op": "SUM", "zero_optimization": {"stage": 2}})")
+            .gradient_allreduce_sum);
 }
 
-TEST_CASE("prescale_gradients and gradient_predivide_factor are refused with reduce_scatter in stages 2 and 3") {
-  CHECK(has_problem(problems_of(R"({"prescale_gradients": true, "zero_optimization": {"stage": 2}})"),
-                    "prescale_gradients", "must be false with ZeRO stage 2"));
-  CHECK(has_problem(problems_of(R"({"gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 3}})"),
-                    "gradient_predivide_factor", "must be 1.0 with ZeRO stage 3"));
-  CHECK_NOTHROW(load(R"({"prescale_gradients": true, "zero_optimization": {"stage": 2, "reduce_scatter": false}})"));
+TEST_CASE(
+    "prescale_gradients and gradient_predivide_factor are refused with reduce_scatter in stages 2 "
+    "and 3") {
+  CHECK(
+      has_problem(problems_of(R"({"prescale_gradients": true, "zero_optimization": {"stage": 2}})"),
+                  "prescale_gradients", "must be false with ZeRO stage 2"));
+  CHECK(has_problem(
+      problems_of(R"({"gradient_predivide_factor": 2.0, "zero_optimization": {"stage": 3}})"),
+      "gradient_predivide_factor", "must be 1.0 with ZeRO stage 3"));
+  CHECK_NOTHROW(load(
+      R"({"prescale_gradients": true, "zero_optimization": {"stage": 2, "reduce_scatter": false}})"));
   CHECK_NOTHROW(load(R"({"prescale_gradients": true, "zero_optimization": {"stage": 1}})"));
 }
 
 TEST_CASE("allgather_bucket_size must be even in stages 1 and 2") {
-  CHECK(has_problem(problems_of(R"({"zero_optimization": {"stage": 2, "allgather_bucket_size": 7}})"),
-                    "zero_optimization.allgather_bucket_size", "multiple of 2"));
+  CHECK(
+      has_problem(problems_of(R"({"zero_optimization": {"stage": 2, "allgather_bucket_size": 7}})"),
+                  "zero_optimization.allgather_bucket_size", "multiple of 2"));
 }
 
 TEST_CASE("offload_optimizer.ratio below 1 needs stage 3 and is not supported yet") {
-  CHECK(has_problem(problems_of(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})"),
-                    "zero_optimization.offload_optimizer.ratio", "needs ZeRO stage 3"));
-  const DsConfig c = load(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
-  CHECK(has_finding(c.findings, Severity::Unsupported, "zero_optimization.offload_optimizer.ratio"));
+  CHECK(has_problem(
+      problems_of(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})"),
+      "zero_optimization.offload_optimizer.ratio", "needs ZeRO stage 3"));
+  const DsConfig c = load(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
+  CHECK(
+      has_finding(c.findings, Severity::Unsupported, "zero_optimization.offload_optimizer.ratio"));
 }
 
 TEST_CASE("dynamic loss scaling needs a positive loss_scale_window") {
-  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": true, "loss_scale_window": 0}})"), "fp16.loss_scale_window",
-                    "must be > 0 with dynamic loss scaling"));
+  CHECK(has_problem(problems_of(R"({"fp16": {"enabled": true, "loss_scale_window": 0}})"),
+                    "fp16.loss_scale_window", "must be > 0 with dynamic loss scaling"));
   CHECK_NOTHROW(load(R"({"fp16": {"enabled": true, "loss_scale": 128, "loss_scale_window": 0}})"));
 }
 
-TEST_CASE("a min_loss_scale DeepSpeed 0.19.6 refuses is kept with a warning, as older releases did") {
+TEST_CASE(
+    "a min_loss_scale DeepSpeed 0.19.6 refuses is kept with a warning, as older releases did") {
   const DsConfig zero_floor = load(R"({"fp16": {"enabled": true, "min_loss_scale": 0.0}})");
   CHECK(has_finding(zero_floor.findings, Severity::Warning, "fp16.min_loss_scale", "no floor"));
   const DsConfig fraction = load(R"({"fp16": {"enabled": true, "min_loss_scale": 1e-7}})");
@@ -400,44 +469,57 @@ TEST_CASE("a min_loss_scale DeepSpeed 0.19.6 refuses is kept with a warning, as 
 }
 
 TEST_CASE("communication_data_type accepts fp32, fp16, bf16 in any case and suggests for typos") {
-  CHECK(load(R"({"communication_data_type": "BF16"})").communication_data_type == zero::DType::BF16);
-  CHECK(load(R"({"communication_data_type": null, "fp16": {"enabled": true}})").communication_data_type == zero::DType::F16);
+  CHECK(load(R"({"communication_data_type": "BF16"})").communication_data_type ==
+        zero::DType::BF16);
+  CHECK(load(R"({"communication_data_type": null, "fp16": {"enabled": true}})")
+            .communication_data_type == zero::DType::F16);
   const auto p = problems_of(R"({"communication_data_type": "bfp16"})");
   REQUIRE(p.size() == 1);
   CHECK(p[0].path == "communication_data_type");
-  CHECK(p[0].message == "expected one of \"fp32\", \"fp16\", \"bf16\", got \"bfp16\"; did you mean bf16?");
+  CHECK(p[0].message ==
+        "expected one of \"fp32\", \"fp16\", \"bf16\", got \"bfp16\"; did you mean bf16?");
 }
 
 TEST_CASE("nvme offload needs an nvme_path") {
-  CHECK(has_problem(problems_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
-                    "zero_optimization.offload_param.nvme_path", "required"));
+  CHECK(has_problem(
+      problems_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
+      "zero_optimization.offload_param.nvme_path", "required"));
 }
 
 TEST_CASE("data_types.param_dtype must match the enabled precision") {
-  CHECK(has_problem(problems_of(R"({"bf16": {"enabled": true}, "data_types": {"param_dtype": "fp16"}})"),
-                    "data_types.param_dtype", "differs from the enabled precision bf16"));
-  CHECK(load(R"({"data_types": {"grad_accum_dtype": "float32"}})").data_types.grad_accum_dtype == zero::DType::F32);
+  CHECK(has_problem(
+      problems_of(R"({"bf16": {"enabled": true}, "data_types": {"param_dtype": "fp16"}})"),
+      "data_types.param_dtype", "differs from the enabled precision bf16"));
+  CHECK(load(R"({"data_types": {"grad_accum_dtype": "float32"}})").data_types.grad_accum_dtype ==
+        zero::DType::F32);
 }
 
 TEST_CASE("overlap_comm defaults to true for stage 3 only, recorded as derived") {
   CHECK(load(R"({"zero_optimization": {"stage": 3}})").zero_optimization.overlap_comm);
   CHECK_FALSE(load(R"({"zero_optimization": {"stage": 2}})").zero_optimization.overlap_comm);
-  CHECK(load(R"({"zero_optimization": {"stage": 3}})").provenance.at("zero_optimization.overlap_comm").source ==
-        Source::Derived);
+  CHECK(load(R"({"zero_optimization": {"stage": 3}})")
+            .provenance.at("zero_optimization.overlap_comm")
+            .source == Source::Derived);
 }
 
 TEST_CASE("offload settings DeepSpeed ignores at a stage are warned about") {
-  CHECK(has_finding(load(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})").findings,
-                    Severity::Warning, "zero_optimization.offload_param", "ignored below ZeRO stage 3"));
-  CHECK(has_finding(load(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})").findings,
-                    Severity::Note, "zero_optimization.offload_optimizer.device", "like \"cpu\""));
+  CHECK(has_finding(
+      load(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})").findings,
+      Severity::Warning, "zero_optimization.offload_param", "ignored below ZeRO stage 3"));
+  CHECK(has_finding(
+      load(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})")
+          .findings,
+      Severity::Note, "zero_optimization.offload_optimizer.device", "like \"cpu\""));
 }
 
 // ---- optimizer and scheduler --------------------------------------------------------------------
 
 TEST_CASE("Adam is AdamW unless adam_w_mode is false; AdamW always is") {
-  CHECK(load(R"({"optimizer": {"type": "Adam", "params": {"weight_decay": 0.1}}})").optimizer->adam_w_mode);
-  const DsConfig plain = load(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})");
+  CHECK(load(R"({"optimizer": {"type": "Adam", "params": {"weight_decay": 0.1}}})")
+            .optimizer->adam_w_mode);
+  const DsConfig plain =
+      load(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})");
   CHECK_FALSE(plain.optimizer->adam_w_mode);
   CHECK(plain.optimizer->kind == OptimizerKind::Adam);
   const DsConfig w = load(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})");
@@ -447,9 +529,11 @@ TEST_CASE("Adam is AdamW unless adam_w_mode is false; AdamW always is") {
 
 TEST_CASE("optimizer types are lower-cased only for DeepSpeed's own names") {
   CHECK(load(R"({"optimizer": {"type": "ADAGRAD"}})").optimizer->kind == OptimizerKind::Adagrad);
-  CHECK(load(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})").optimizer->momentum == 0.9);
+  CHECK(load(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})")
+            .optimizer->momentum == 0.9);
   const DsConfig lower_sgd = load(R"({"optimizer": {"type": "sgd"}})");
-  CHECK(has_finding(lower_sgd.findings, Severity::EngineError, "optimizer.type", "did you mean SGD?"));
+  CHECK(has_finding(lower_sgd.findings, Severity::EngineError, "optimizer.type",
+                    "did you mean SGD?"));
 }
 
 TEST_CASE("optimizer params get their type's defaults") {
@@ -459,27 +543,35 @@ TEST_CASE("optimizer params get their type's defaults") {
   CHECK(load(R"({"optimizer": {"type": "Adagrad"}})").optimizer->eps == 1e-10);
 }
 
-TEST_CASE("max_grad_norm in optimizer params is refused by the engine, pointing to gradient_clipping") {
-  const DsConfig c = load(R"({"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "max_grad_norm": 1.0}}})");
-  CHECK(has_finding(c.findings, Severity::EngineError, "optimizer.params.max_grad_norm", "gradient_clipping"));
+TEST_CASE(
+    "max_grad_norm in optimizer params is refused by the engine, pointing to gradient_clipping") {
+  const DsConfig c =
+      load(R"({"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "max_grad_norm": 1.0}}})");
+  CHECK(has_finding(c.findings, Severity::EngineError, "optimizer.params.max_grad_norm",
+                    "gradient_clipping"));
   CHECK_FALSE(c.blockers().empty());
 }
 
-TEST_CASE("an unknown optimizer or scheduler parameter is refused by the engine with a suggestion") {
+TEST_CASE(
+    "an unknown optimizer or scheduler parameter is refused by the engine with a suggestion") {
   const DsConfig c = load(R"({"optimizer": {"type": "Adam", "params": {"weight_decy": 0.1}},
                               "scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 10}}})");
-  CHECK(has_finding(c.findings, Severity::EngineError, "optimizer.params.weight_decy", "did you mean weight_decay?"));
-  CHECK(has_finding(c.findings, Severity::EngineError, "scheduler.params.warmup_num_step", "did you mean warmup_num_steps?"));
+  CHECK(has_finding(c.findings, Severity::EngineError, "optimizer.params.weight_decy",
+                    "did you mean weight_decay?"));
+  CHECK(has_finding(c.findings, Severity::EngineError, "scheduler.params.warmup_num_step",
+                    "did you mean warmup_num_steps?"));
 }
 
 TEST_CASE("WarmupLR's warmup_max_lr defaults to the optimizer's lr") {
-  const DsConfig c = load(R"({"optimizer": {"type": "Adam", "params": {"lr": 2e-4}}, "scheduler": {"type": "WarmupLR"}})");
+  const DsConfig c = load(
+      R"({"optimizer": {"type": "Adam", "params": {"lr": 2e-4}}, "scheduler": {"type": "WarmupLR"}})");
   CHECK(c.scheduler->params["warmup_max_lr"] == 2e-4);
   CHECK(c.provenance.at("scheduler.params.warmup_max_lr").source == Source::Derived);
 }
 
 TEST_CASE("scheduler params have every default of SPEC §1.8 and accept per-group lists") {
-  const DsConfig c = load(R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": [1e-4, 2e-4], "cycle_max_lr": 1e-3}}})");
+  const DsConfig c = load(
+      R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": [1e-4, 2e-4], "cycle_max_lr": 1e-3}}})");
   const auto& p = c.scheduler->params;
   CHECK(p["cycle_first_step_size"] == 2000);
   CHECK(p["cycle_second_step_size"] == 2000);
@@ -488,7 +580,8 @@ TEST_CASE("scheduler params have every default of SPEC §1.8 and accept per-grou
   CHECK(p["cycle_min_lr"].size() == 2);
   const DsConfig r = load(R"({"scheduler": {"type": "LRRangeTest"}})");
   CHECK(r.scheduler->params["lr_range_test_step_size"] == 2000);
-  const DsConfig d = load(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_type": "cosine"}}})");
+  const DsConfig d = load(
+      R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_type": "cosine"}}})");
   CHECK(d.scheduler->params["warmup_max_lr"] == 0.001);
   CHECK(has_finding(d.findings, Severity::Warning, "scheduler.params.warmup_type", "log"));
 }
@@ -500,27 +593,32 @@ TEST_CASE("keys zero does not honour yet are listed as unsupported, never silent
                                   "zero_hpz_partition_size": 8, "mics_shard_size": 4},
                               "optimizer": {"type": "OneBitAdam"}, "torch_autocast": {"enabled": true},
                               "elasticity": {"enabled": true}, "aio": {"use_gds": true}})");
-  for (const char* path : {"zero_optimization.zero_quantized_weights", "zero_optimization.zero_hpz_partition_size",
-                           "zero_optimization.mics_shard_size", "optimizer.type", "torch_autocast.enabled",
-                           "elasticity.enabled", "aio.use_gds"}) {
+  for (const char* path :
+       {"zero_optimization.zero_quantized_weights", "zero_optimization.zero_hpz_partition_size",
+        "zero_optimization.mics_shard_size", "optimizer.type", "torch_autocast.enabled",
+        "elasticity.enabled", "aio.use_gds"}) {
     INFO(path);
     CHECK(has_finding(c.findings, Severity::Unsupported, path));
   }
-  CHECK(has_finding(c.findings, Severity::EngineError, "optimizer.type", "not compatible with ZeRO"));
+  CHECK(
+      has_finding(c.findings, Severity::EngineError, "optimizer.type", "not compatible with ZeRO"));
   CHECK(c.blockers().size() >= 8);
   CHECK_FALSE(has_finding(load(R"({"zero_optimization": {"zero_hpz_partition_size": 1}})").findings,
                           Severity::Unsupported, "zero_optimization.zero_hpz_partition_size"));
 }
 
 TEST_CASE("ZeRO with an untested optimizer is refused by the engine unless allowed") {
-  CHECK(has_finding(load(R"({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD"}})").findings,
-                    Severity::EngineError, "optimizer.type", "zero_allow_untested_optimizer"));
+  CHECK(has_finding(
+      load(R"({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD"}})").findings,
+      Severity::EngineError, "optimizer.type", "zero_allow_untested_optimizer"));
   CHECK_FALSE(has_finding(load(R"({"zero_optimization": {"stage": 1}, "optimizer": {"type": "SGD"},
-                                   "zero_allow_untested_optimizer": true})").findings,
+                                   "zero_allow_untested_optimizer": true})")
+                              .findings,
                           Severity::EngineError, "optimizer.type"));
 }
 
-// ---- reporting -----------------------------------------------------------------------------------
+// ---- reporting
+// -----------------------------------------------------------------------------------
 
 TEST_CASE("every problem is reported at once") {
   const auto p = problems_of(R"({
@@ -550,7 +648,8 @@ TEST_CASE("files load from a path, and an unreadable path is an IoError naming i
   CHECK(c.fp16.enabled);
   CHECK(c.optimizer->kind == OptimizerKind::AdamW);
   CHECK_THROWS_AS(load_config_file(kDir + "does_not_exist.json"), zero::IoError);
-  CHECK_THROWS_WITH(load_config_file(kDir + "does_not_exist.json"), Catch::Contains("No such file or directory"));
+  CHECK_THROWS_WITH(load_config_file(kDir + "does_not_exist.json"),
+                    Catch::Contains("No such file or directory"));
 }
 
 TEST_CASE("each invalid example file is rejected and each valid one accepted") {
@@ -558,7 +657,8 @@ TEST_CASE("each invalid example file is rejected and each valid one accepted") {
     INFO(name);
     CHECK_NOTHROW(load_config_file(kDir + name));
   }
-  for (const char* name : {"invalid/multiple_problems.json", "invalid/duplicate_nested.json", "invalid/hjson_unquoted.json"}) {
+  for (const char* name : {"invalid/multiple_problems.json", "invalid/duplicate_nested.json",
+                           "invalid/hjson_unquoted.json"}) {
     INFO(name);
     CHECK_THROWS_AS(load_config_file(kDir + name), zero::ConfigError);
   }

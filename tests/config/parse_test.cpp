@@ -1,8 +1,8 @@
-#include <catch2/catch.hpp>
+#include "config/parse.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 
-#include "config/parse.h"
 #include "tests/config/test_util.h"
 
 using zero::ConfigError;
@@ -56,14 +56,16 @@ TEST_CASE("hjson-only syntax is refused with a message naming it") {
   CHECK(parse_error("{a: 1}").rfind("line 1, column 2: unquoted text 'a'", 0) == 0);
   CHECK(parse_error("{\"a\": 'x'}").find("single-quoted string") != std::string::npos);
   CHECK(parse_error("{\"a\": 1 # note\n}").find("'#' comment") != std::string::npos);
-  CHECK(parse_error("{\"a\": 1\n \"b\": 2}") == "line 2, column 2: expected ',' or '}' before this string (missing comma?)");
+  CHECK(parse_error("{\"a\": 1\n \"b\": 2}") ==
+        "line 2, column 2: expected ',' or '}' before this string (missing comma?)");
   CHECK(parse_error("{\"a\": hello world}").find("unquoted text 'hello'") != std::string::npos);
 }
 
 TEST_CASE("truncated input, empty input and unterminated comments are parse errors") {
   CHECK(parse_error("").rfind("line 1, column 1", 0) == 0);
   CHECK(parse_error("{\"a\": 1").rfind("line 1", 0) == 0);
-  CHECK(parse_error("{\"a\": 1 /* never closed").find("unterminated /* comment") != std::string::npos);
+  CHECK(parse_error("{\"a\": 1 /* never closed").find("unterminated /* comment") !=
+        std::string::npos);
 }
 
 TEST_CASE("numbers beyond double range and invalid UTF-8 are parse errors, not crashes") {
@@ -74,13 +76,15 @@ TEST_CASE("numbers beyond double range and invalid UTF-8 are parse errors, not c
 TEST_CASE("nesting deeper than the bound is refused before any recursive walk") {
   const std::string deep(zero::config::kMaxNestingDepth + 1, '[');
   CHECK(parse_error(deep).find("nesting deeper than") != std::string::npos);
-  const std::string ok = std::string(zero::config::kMaxNestingDepth, '[') + std::string(zero::config::kMaxNestingDepth, ']');
+  const std::string ok = std::string(zero::config::kMaxNestingDepth, '[') +
+                         std::string(zero::config::kMaxNestingDepth, ']');
   CHECK_NOTHROW(parse_relaxed_json(ok));
 }
 
 TEST_CASE("duplicate keys are refused at every nesting level, each named by its path") {
   try {
-    parse_relaxed_json(R"({"a": 1, "a": 2, "z": {"stage": 1, "stage": 2}, "l": [{"x": 1, "x": 1}]})");
+    parse_relaxed_json(
+        R"({"a": 1, "a": 2, "z": {"stage": 1, "stage": 2}, "l": [{"x": 1, "x": 1}]})");
     FAIL("duplicates accepted");
   } catch (const ConfigError& e) {
     INFO(zero::config::testing::describe(e.problems()));

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,7 +12,8 @@
 namespace zero::config::testing {
 
 // The problems a config is rejected with; fails the test when it loads.
-inline std::vector<ConfigError::Problem> problems_of(std::string_view text, const Supplied& supplied = {}) {
+inline std::vector<ConfigError::Problem> problems_of(std::string_view text,
+                                                     const Supplied& supplied = {}) {
   try {
     load_config_string(text, supplied);
   } catch (const ConfigError& e) {
@@ -34,7 +34,8 @@ inline bool has_problem(const std::vector<ConfigError::Problem>& problems, std::
 inline bool has_finding(const std::vector<Finding>& findings, Severity s, std::string_view path,
                         std::string_view message_part = {}) {
   for (const auto& f : findings) {
-    if (f.severity == s && f.path == path && f.message.find(message_part) != std::string::npos) return true;
+    if (f.severity == s && f.path == path && f.message.find(message_part) != std::string::npos)
+      return true;
   }
   return false;
 }

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
-#include "zero/dscheckpoint/pickle.h"
 #include "zero/base/error.h"
+#include "zero/dscheckpoint/pickle.h"
 
 namespace ds = zero::dscheckpoint;
 

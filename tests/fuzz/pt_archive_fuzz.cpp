@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "zero/dscheckpoint/pt_file.h"
 #include "zero/base/error.h"
+#include "zero/dscheckpoint/pt_file.h"
 
 namespace ds = zero::dscheckpoint;
 

@@ -1,12 +1,12 @@
 // kernels::cast_cpu on every ISA this machine runs gives the bits of the scalar conversions in
 // zero/base/half.h (which tests/zero/base/half_test.cpp checks against an oracle): the SIMD
 // loads and stores in kernels/cpu_simd.h must follow the same rule, NaNs included.
-#include <catch2/catch.hpp>
+#include "kernels/cast.h"
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <vector>
 
-#include "kernels/cast.h"
 #include "tests/kernels/test_util.h"
 #include "tests/zero/base/half_test_util.h"
 #include "zero/base/half.h"

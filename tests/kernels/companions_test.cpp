@@ -1,6 +1,5 @@
 // Unscale with overflow detection, deterministic squared norm, and casts on every ISA.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -58,7 +57,8 @@ TEST_CASE("unscale multiplies in place and flags an inf or NaN anywhere, on ever
   std::vector<float> big = {3e38f, 1.0f};
   REQUIRE(zk::unscale_and_check_cpu(big.data(), DType::F32, 2, 4.0f));
   REQUIRE_FALSE(zk::unscale_and_check_cpu(nullptr, DType::F32, 0, 1.0f));
-  REQUIRE_THROWS_WITH(zk::unscale_and_check_cpu(big.data(), DType::F32, 2, NAN), Catch::Contains("scale"));
+  REQUIRE_THROWS_WITH(zk::unscale_and_check_cpu(big.data(), DType::F32, 2, NAN),
+                      Catch::Contains("scale"));
 }
 
 TEST_CASE("squared norm is accurate and bitwise independent of ISA and thread count") {
@@ -68,10 +68,12 @@ TEST_CASE("squared norm is accurate and bitwise independent of ISA and thread co
     const auto exact_values = decode(data, dtype);
     long double exact = 0;
     for (float x : exact_values) exact += static_cast<long double>(x) * x;
-    const double reference = zk::squared_l2_norm_cpu(data.data(), dtype, kNumel, {1, zk::Isa::Scalar});
+    const double reference =
+        zk::squared_l2_norm_cpu(data.data(), dtype, kNumel, {1, zk::Isa::Scalar});
     INFO(zero::dtype_name(dtype));
     REQUIRE(reference > 1000.0);
-    REQUIRE(std::fabs(reference - static_cast<double>(exact)) <= 1e-12 * static_cast<double>(exact));
+    REQUIRE(std::fabs(reference - static_cast<double>(exact)) <=
+            1e-12 * static_cast<double>(exact));
     for (zk::Isa isa : zk::test::runnable_isas()) {
       for (int threads : {1, 2, 3, 5}) {
         const double got = zk::squared_l2_norm_cpu(data.data(), dtype, kNumel, {threads, isa});
@@ -86,7 +88,8 @@ TEST_CASE("squared norm is accurate and bitwise independent of ISA and thread co
   REQUIRE(zk::squared_l2_norm_cpu(nullptr, DType::F32, 0) == 0.0);
 }
 
-TEST_CASE("casts between fp32 and bf16/fp16 agree bitwise on every ISA with the scalar conversions") {
+TEST_CASE(
+    "casts between fp32 and bf16/fp16 agree bitwise on every ISA with the scalar conversions") {
   auto values = zk::test::random_floats(kNumel, 3, -70000.0f, 70000.0f);
   values[5] = NAN;
   values[6] = -INFINITY;
@@ -113,7 +116,10 @@ TEST_CASE("casts between fp32 and bf16/fp16 agree bitwise on every ISA with the 
     }
   }
   std::vector<float> a(8), b(8);
-  REQUIRE_THROWS_WITH(zk::cast_cpu(a.data(), DType::BF16, b.data(), DType::F16, 8), Catch::Contains("fp32"));
-  REQUIRE_THROWS_WITH(zk::cast_cpu(a.data(), DType::F32, a.data() + 1, DType::F32, 4), Catch::Contains("overlap"));
-  REQUIRE_THROWS_WITH(zk::cast_cpu(nullptr, DType::F32, b.data(), DType::BF16, 8), Catch::Contains("src is null"));
+  REQUIRE_THROWS_WITH(zk::cast_cpu(a.data(), DType::BF16, b.data(), DType::F16, 8),
+                      Catch::Contains("fp32"));
+  REQUIRE_THROWS_WITH(zk::cast_cpu(a.data(), DType::F32, a.data() + 1, DType::F32, 4),
+                      Catch::Contains("overlap"));
+  REQUIRE_THROWS_WITH(zk::cast_cpu(nullptr, DType::F32, b.data(), DType::BF16, 8),
+                      Catch::Contains("src is null"));
 }

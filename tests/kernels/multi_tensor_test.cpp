@@ -1,11 +1,11 @@
 // The CUDA launch plan (host code) covers every chunk once and respects the launch limits.
-#include <catch2/catch.hpp>
+#include "kernels/multi_tensor.h"
 
+#include <catch2/catch.hpp>
 #include <map>
 #include <random>
 #include <vector>
 
-#include "kernels/multi_tensor.h"
 #include "zero/base/error.h"
 
 namespace zk = zero::kernels;
@@ -13,7 +13,8 @@ namespace zk = zero::kernels;
 TEST_CASE("multi-tensor plans cover every chunk exactly once within the per-launch limits") {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {
-    const zk::MultiTensorLimits limits{1 + rng() % 100, 1 + static_cast<int>(rng() % 5), 1 + static_cast<int>(rng() % 17)};
+    const zk::MultiTensorLimits limits{1 + rng() % 100, 1 + static_cast<int>(rng() % 5),
+                                       1 + static_cast<int>(rng() % 17)};
     std::vector<std::size_t> numels(rng() % 12);
     for (auto& n : numels) n = rng() % 4 == 0 ? 0 : rng() % 2000;
     INFO("trial " << trial << " chunk " << limits.chunk_elems << " tensors " << limits.max_tensors
@@ -52,6 +53,8 @@ TEST_CASE("a tensor split across launches appears in each, and bad limits are re
   REQUIRE(plan[1].tensors == std::vector<std::size_t>{1});
   REQUIRE(plan[3].tensors == std::vector<std::size_t>{1, 2});
   REQUIRE(zk::plan_multi_tensor_launches(std::vector<std::size_t>{}, {}).empty());
-  REQUIRE_THROWS_WITH(zk::plan_multi_tensor_launches(numels, {0, 1, 1}), Catch::Contains("chunk_elems"));
-  REQUIRE_THROWS_WITH(zk::plan_multi_tensor_launches(numels, {4, 0, 1}), Catch::Contains("max_tensors"));
+  REQUIRE_THROWS_WITH(zk::plan_multi_tensor_launches(numels, {0, 1, 1}),
+                      Catch::Contains("chunk_elems"));
+  REQUIRE_THROWS_WITH(zk::plan_multi_tensor_launches(numels, {4, 0, 1}),
+                      Catch::Contains("max_tensors"));
 }

@@ -1,6 +1,5 @@
 // Arguments torch/DeepSpeed would reject are errors that name the argument and its value.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -22,7 +21,8 @@ struct Fixture {
   std::vector<float> s0 = std::vector<float>(kNumel, 0.0f);
   std::vector<float> s1 = std::vector<float>(kNumel, 0.0f);
   zk::OptimizerTensors tensors() {
-    return {master.data(), grad.data(), DType::F32, s0.data(), s1.data(), DType::F32, nullptr, DType::BF16, kNumel};
+    return {master.data(), grad.data(), DType::F32,  s0.data(), s1.data(),
+            DType::F32,    nullptr,     DType::BF16, kNumel};
   }
 };
 
@@ -90,22 +90,26 @@ TEST_CASE("null, misaligned or wrongly typed arrays are rejected before anything
   REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t), Contains("state1 is null"));
   t = f.tensors();
   t.grad = reinterpret_cast<const std::byte*>(f.grad.data()) + 2;
-  REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t), Contains("grad") && Contains("not aligned"));
+  REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t),
+                      Contains("grad") && Contains("not aligned"));
   t = f.tensors();
   t.grad_dtype = DType::F64;
   REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t), Contains("grad_dtype") && Contains("fp64"));
   t = f.tensors();
   t.state_dtype = DType::F16;
-  REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t), Contains("state_dtype") && Contains("fp16"));
+  REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t),
+                      Contains("state_dtype") && Contains("fp16"));
   t = f.tensors();
   t.param_out = f.s1.data();
   t.param_out_dtype = DType::F32;
-  REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t), Contains("param_out_dtype") && Contains("fp32"));
+  REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t),
+                      Contains("param_out_dtype") && Contains("fp32"));
   REQUIRE(f.master == std::vector<float>(kNumel, 1.0f));
   // States beyond the optimizer's count may be null; an empty partition needs no arrays.
   t = f.tensors();
   t.state1 = nullptr;
   REQUIRE_NOTHROW(zk::optimizer_step_cpu(with(zk::OptimizerKind::Lion), {}, t));
   REQUIRE_NOTHROW(zk::optimizer_step_cpu(h, {}, zk::OptimizerTensors{}));
-  REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, f.tensors(), {-1, zk::Isa::Auto}), Contains("threads") && Contains("-1"));
+  REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, f.tensors(), {-1, zk::Isa::Auto}),
+                      Contains("threads") && Contains("-1"));
 }

@@ -1,16 +1,16 @@
 // The CUDA driver against the CPU driver (the oracle). Exits 77, reported as skipped, on a
 // machine without a CUDA device.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "kernels/optimizer_cuda.h"
 
 #include <cuda_runtime.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
 
 #include "kernels/cuda_device_count.h"
 #include "kernels/optimizer.h"
-#include "kernels/optimizer_cuda.h"
 #include "tests/kernels/test_util.h"
 
 namespace zk = zero::kernels;
@@ -73,8 +73,8 @@ TEST_CASE("the CUDA step equals the CPU step bitwise for every optimizer over se
       zk::optimizer_step_cuda(h, {1e-2, step, 0.5}, d_tensors);
       for (std::size_t t = 0; t < sizes.size(); ++t) {
         zk::optimizer_step_cpu(h, {1e-2, step, 0.5},
-                               {master[t].data(), grad[t].data(), DType::F32, s0[t].data(), s1[t].data(),
-                                DType::F32, out[t].data(), DType::BF16, sizes[t]});
+                               {master[t].data(), grad[t].data(), DType::F32, s0[t].data(),
+                                s1[t].data(), DType::F32, out[t].data(), DType::BF16, sizes[t]});
       }
     }
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);

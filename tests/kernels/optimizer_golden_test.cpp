@@ -1,7 +1,6 @@
 // Our kernels replay PyTorch's trajectories (tests/golden, produced by torch.optim) on every ISA.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -113,9 +112,11 @@ TEST_CASE("every ISA path follows torch.optim's golden trajectories within 1e-5 
         tensors.state0 = state_count > 0 ? states[0].data() : nullptr;
         tensors.state1 = state_count > 1 ? states[1].data() : nullptr;
         tensors.numel = g.n;
-        zk::optimizer_step_cpu(g.hyper, {g.lr, static_cast<std::int64_t>(t + 1), 1.0}, tensors, {2, isa});
+        zk::optimizer_step_cpu(g.hyper, {g.lr, static_cast<std::int64_t>(t + 1), 1.0}, tensors,
+                               {2, isa});
         std::size_t bad = 0;
-        for (std::size_t i = 0; i < g.n; ++i) bad += close(master[i], g.params[t * g.n + i]) ? 0 : 1;
+        for (std::size_t i = 0; i < g.n; ++i)
+          bad += close(master[i], g.params[t * g.n + i]) ? 0 : 1;
         INFO("step " << t + 1);
         REQUIRE(bad == 0);
       }

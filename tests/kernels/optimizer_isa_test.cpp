@@ -1,6 +1,5 @@
 // Every ISA path and every thread count give bitwise the same optimizer step.
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -38,15 +37,23 @@ struct Buffers {
         // Any 16-bit pattern works as input here; take bf16 truncation for both formats.
         std::uint32_t u;
         std::memcpy(&u, &v[i], 4);
-        const auto h = static_cast<std::uint16_t>(dtype == DType::BF16 ? u >> 16 : (u >> 16) & 0x3bff);
+        const auto h =
+            static_cast<std::uint16_t>(dtype == DType::BF16 ? u >> 16 : (u >> 16) & 0x3bff);
         std::memcpy(b.data() + 2 * i, &h, 2);
       }
     }
     return b;
   }
   zk::OptimizerTensors view(DType grad_dtype, DType state_dtype, bool with_out, DType out_dtype) {
-    return {master.data(), grad.data(), grad_dtype, state0.data(), state1.data(), state_dtype,
-            with_out ? out.data() : nullptr, out_dtype, kNumel};
+    return {master.data(),
+            grad.data(),
+            grad_dtype,
+            state0.data(),
+            state1.data(),
+            state_dtype,
+            with_out ? out.data() : nullptr,
+            out_dtype,
+            kNumel};
   }
   bool operator==(const Buffers&) const = default;
 };
@@ -82,12 +89,14 @@ TEST_CASE("every ISA and thread count produce bitwise identical optimizer steps"
         for (DType out : {DType::F64, DType::BF16, DType::F16}) {
           const bool with_out = out != DType::F64;
           const DType out_dtype = with_out ? out : DType::BF16;
-          INFO(zk::optimizer_name(hyper.kind) << " grad " << zero::dtype_name(grad) << " state "
-                                              << zero::dtype_name(state) << " out " << zero::dtype_name(out));
+          INFO(zk::optimizer_name(hyper.kind)
+               << " grad " << zero::dtype_name(grad) << " state " << zero::dtype_name(state)
+               << " out " << zero::dtype_name(out));
           Buffers expected(grad, state, out_dtype);
           const Buffers initial = expected;
           for (int step = 1; step <= 2; ++step) {
-            zk::optimizer_step_cpu(hyper, {1e-2, step, 0.5}, expected.view(grad, state, with_out, out_dtype),
+            zk::optimizer_step_cpu(hyper, {1e-2, step, 0.5},
+                                   expected.view(grad, state, with_out, out_dtype),
                                    {1, zk::Isa::Scalar});
           }
           REQUIRE(expected.master != initial.master);
@@ -96,8 +105,8 @@ TEST_CASE("every ISA and thread count produce bitwise identical optimizer steps"
               INFO("isa " << zk::isa_name(isa) << " threads " << threads);
               Buffers got = initial;
               for (int step = 1; step <= 2; ++step) {
-                zk::optimizer_step_cpu(hyper, {1e-2, step, 0.5}, got.view(grad, state, with_out, out_dtype),
-                                       {threads, isa});
+                zk::optimizer_step_cpu(hyper, {1e-2, step, 0.5},
+                                       got.view(grad, state, with_out, out_dtype), {threads, isa});
               }
               REQUIRE(got == expected);
             }

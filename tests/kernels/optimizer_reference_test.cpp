@@ -1,7 +1,6 @@
 // The kernels against a double-precision reference written here from the torch.optim formulas,
 // over dtype mixes, grad scaling, bias correction, fused param writes and Adam vs AdamW.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -30,8 +29,8 @@ struct Reference {
   std::vector<double> p, s0, s1;
 };
 
-void reference_step(const zk::OptimizerHyper& h, const zk::StepScalars& sc, const std::vector<double>& grad,
-                    bool bf16_states, Reference& r) {
+void reference_step(const zk::OptimizerHyper& h, const zk::StepScalars& sc,
+                    const std::vector<double>& grad, bool bf16_states, Reference& r) {
   const double lr = sc.lr, wd = h.weight_decay, t = static_cast<double>(sc.step);
   for (std::size_t i = 0; i < r.p.size(); ++i) {
     double g = grad[i] * sc.grad_scale;
@@ -77,7 +76,8 @@ void reference_step(const zk::OptimizerHyper& h, const zk::StepScalars& sc, cons
   }
   if (bf16_states) {
     for (auto* s : {&r.s0, &r.s1}) {
-      for (double& x : *s) x = zk::test::bf16_value(zk::test::reference_bf16(static_cast<float>(x)));
+      for (double& x : *s)
+        x = zk::test::bf16_value(zk::test::reference_bf16(static_cast<float>(x)));
     }
   }
 }
@@ -129,15 +129,20 @@ std::vector<Case> cases() {
   out.push_back({"adamw bf16 grads", adamw, 1e-2, DType::BF16});
   out.push_back({"adamw fp16 grads", adamw, 1e-2, DType::F16});
   out.push_back({"adamw bf16 states", adamw, 1e-2, DType::F32, DType::BF16});
-  out.push_back({"adamw grad scale 0.3", adamw, 1e-2, DType::F32, DType::F32, false, DType::BF16, 0.3});
-  out.push_back({"adamw fused bf16 param write", adamw, 1e-2, DType::F32, DType::F32, true, DType::BF16});
-  out.push_back({"adamw fused fp16 param write", adamw, 1e-2, DType::BF16, DType::BF16, true, DType::F16});
+  out.push_back(
+      {"adamw grad scale 0.3", adamw, 1e-2, DType::F32, DType::F32, false, DType::BF16, 0.3});
+  out.push_back(
+      {"adamw fused bf16 param write", adamw, 1e-2, DType::F32, DType::F32, true, DType::BF16});
+  out.push_back(
+      {"adamw fused fp16 param write", adamw, 1e-2, DType::BF16, DType::BF16, true, DType::F16});
   out.push_back({"adagrad", adagrad, 1e-2});
   out.push_back({"adagrad bf16 grads and states", adagrad, 1e-2, DType::BF16, DType::BF16});
   out.push_back({"lion", lion, 1e-3});
-  out.push_back({"lion fp16 grads, bf16 states, bf16 param write", lion, 1e-3, DType::F16, DType::BF16, true});
+  out.push_back({"lion fp16 grads, bf16 states, bf16 param write", lion, 1e-3, DType::F16,
+                 DType::BF16, true});
   out.push_back({"sgd momentum dampening", sgd, 1e-2});
-  out.push_back({"sgd nesterov grad scale", nesterov, 1e-2, DType::F32, DType::F32, false, DType::BF16, 0.5});
+  out.push_back(
+      {"sgd nesterov grad scale", nesterov, 1e-2, DType::F32, DType::F32, false, DType::BF16, 0.5});
   out.push_back({"sgd without momentum", plain_sgd, 1e-2, DType::BF16});
   return out;
 }
@@ -184,7 +189,8 @@ double state_value(const std::vector<std::byte>& s, DType dtype, std::size_t i) 
 TEST_CASE("optimizer steps match a double-precision reference for every dtype mix and option") {
   for (const Case& c : cases()) {
     for (zk::Isa isa : zk::test::runnable_isas()) {
-      INFO(c.name << " on " << zk::isa_name(isa) << " lr " << c.lr << " grad_scale " << c.grad_scale);
+      INFO(c.name << " on " << zk::isa_name(isa) << " lr " << c.lr << " grad_scale "
+                  << c.grad_scale);
       const int states = zk::optimizer_state_count(c.hyper);
       const std::size_t state_bytes = zero::dtype_size(c.state_dtype);
       std::vector<float> master = zk::test::random_floats(kNumel, 11, -1.0f, 1.0f);
@@ -226,7 +232,8 @@ TEST_CASE("optimizer steps match a double-precision reference for every dtype mi
         for (std::size_t i = 0; i < kNumel; ++i) {
           const double err = std::fabs(master[i] - ref.p[i]);
           worst = std::max(worst, err);
-          INFO("step " << step << " element " << i << " ours " << master[i] << " reference " << ref.p[i]);
+          INFO("step " << step << " element " << i << " ours " << master[i] << " reference "
+                       << ref.p[i]);
           REQUIRE(err <= atol + kFp32Rtol * std::fabs(ref.p[i]));
           if (c.param_out) {
             const std::uint16_t want = c.param_out_dtype == DType::BF16
@@ -237,21 +244,25 @@ TEST_CASE("optimizer steps match a double-precision reference for every dtype mi
         }
         if (c.state_dtype == DType::F32 && states > 0) {
           for (std::size_t i = 0; i < kNumel; ++i) {
-            REQUIRE(std::fabs(state_value(s0, c.state_dtype, i) - ref.s0[i]) <= 1e-6 + 1e-5 * std::fabs(ref.s0[i]));
+            REQUIRE(std::fabs(state_value(s0, c.state_dtype, i) - ref.s0[i]) <=
+                    1e-6 + 1e-5 * std::fabs(ref.s0[i]));
           }
         }
       }
       // Not vacuous: the parameters moved by many tolerances.
       double moved = 0;
       const auto start = zk::test::random_floats(kNumel, 11, -1.0f, 1.0f);
-      for (std::size_t i = 0; i < kNumel; ++i) moved = std::max(moved, static_cast<double>(std::fabs(master[i] - start[i])));
+      for (std::size_t i = 0; i < kNumel; ++i)
+        moved = std::max(moved, static_cast<double>(std::fabs(master[i] - start[i])));
       REQUIRE(moved > 100 * kFp32Atol);
       INFO("worst abs error " << worst);
     }
   }
 }
 
-TEST_CASE("bf16 optimizer states hold the round-to-nearest-even of the fp32 result, which the update uses") {
+TEST_CASE(
+    "bf16 optimizer states hold the round-to-nearest-even of the fp32 result, which the update "
+    "uses") {
   auto h = make(zk::OptimizerKind::AdamW);
   h.weight_decay = 0.01;
   const auto grad = zk::test::random_floats(kNumel, 5, -1.0f, 1.0f);
@@ -267,8 +278,10 @@ TEST_CASE("bf16 optimizer states hold the round-to-nearest-even of the fp32 resu
     v[i] = static_cast<float>(zk::test::bf16_value(v16[i]));
   }
   std::vector<float> p32 = zk::test::random_floats(kNumel, 8, -1.0f, 1.0f), p16 = p32;
-  zk::OptimizerTensors full{p32.data(), grad.data(), DType::F32, m.data(), v.data(), DType::F32, nullptr, DType::BF16, kNumel};
-  zk::OptimizerTensors half{p16.data(), grad.data(), DType::F32, m16.data(), v16.data(), DType::BF16, nullptr, DType::BF16, kNumel};
+  zk::OptimizerTensors full{p32.data(), grad.data(), DType::F32,  m.data(), v.data(),
+                            DType::F32, nullptr,     DType::BF16, kNumel};
+  zk::OptimizerTensors half{p16.data(),  grad.data(), DType::F32,  m16.data(), v16.data(),
+                            DType::BF16, nullptr,     DType::BF16, kNumel};
   zk::optimizer_step_cpu(h, {1e-3, 3, 1.0}, full);
   zk::optimizer_step_cpu(h, {1e-3, 3, 1.0}, half);
   REQUIRE(std::memcmp(p32.data(), p16.data(), kNumel * 4) == 0);
@@ -279,7 +292,8 @@ TEST_CASE("bf16 optimizer states hold the round-to-nearest-even of the fp32 resu
 }
 
 TEST_CASE("a power-of-two grad_scale on scaled gradients reproduces the unscaled step bitwise") {
-  for (auto kind : {zk::OptimizerKind::AdamW, zk::OptimizerKind::Adagrad, zk::OptimizerKind::Lion, zk::OptimizerKind::Sgd}) {
+  for (auto kind : {zk::OptimizerKind::AdamW, zk::OptimizerKind::Adagrad, zk::OptimizerKind::Lion,
+                    zk::OptimizerKind::Sgd}) {
     auto h = make(kind);
     h.momentum = 0.9;
     const auto grad = zk::test::random_floats(kNumel, 9, -1.0f, 1.0f);
@@ -287,8 +301,12 @@ TEST_CASE("a power-of-two grad_scale on scaled gradients reproduces the unscaled
     for (float& x : scaled) x *= 1024.0f;
     std::vector<float> pa = zk::test::random_floats(kNumel, 10, -1.0f, 1.0f), pb = pa;
     std::vector<float> sa0(kNumel, 0.01f), sa1(kNumel, 0.01f), sb0 = sa0, sb1 = sa1;
-    zk::optimizer_step_cpu(h, {1e-2, 2, 1.0}, {pa.data(), grad.data(), DType::F32, sa0.data(), sa1.data(), DType::F32, nullptr, DType::BF16, kNumel});
-    zk::optimizer_step_cpu(h, {1e-2, 2, 1.0 / 1024}, {pb.data(), scaled.data(), DType::F32, sb0.data(), sb1.data(), DType::F32, nullptr, DType::BF16, kNumel});
+    zk::optimizer_step_cpu(h, {1e-2, 2, 1.0},
+                           {pa.data(), grad.data(), DType::F32, sa0.data(), sa1.data(), DType::F32,
+                            nullptr, DType::BF16, kNumel});
+    zk::optimizer_step_cpu(h, {1e-2, 2, 1.0 / 1024},
+                           {pb.data(), scaled.data(), DType::F32, sb0.data(), sb1.data(),
+                            DType::F32, nullptr, DType::BF16, kNumel});
     INFO(zk::optimizer_name(kind));
     REQUIRE(pa != zk::test::random_floats(kNumel, 10, -1.0f, 1.0f));
     REQUIRE(std::memcmp(pa.data(), pb.data(), kNumel * 4) == 0);
@@ -303,8 +321,12 @@ TEST_CASE("Adam applies weight decay as L2 on the gradient and AdamW decouples i
   const auto grad = zk::test::random_floats(kNumel, 12, -1.0f, 1.0f);
   const auto start = zk::test::random_floats(kNumel, 13, -1.0f, 1.0f);
   std::vector<float> pa = start, pw = start, ma(kNumel), va(kNumel), mw(kNumel), vw(kNumel);
-  zk::optimizer_step_cpu(adam, {1e-2, 1, 1.0}, {pa.data(), grad.data(), DType::F32, ma.data(), va.data(), DType::F32, nullptr, DType::BF16, kNumel});
-  zk::optimizer_step_cpu(adamw, {1e-2, 1, 1.0}, {pw.data(), grad.data(), DType::F32, mw.data(), vw.data(), DType::F32, nullptr, DType::BF16, kNumel});
+  zk::optimizer_step_cpu(adam, {1e-2, 1, 1.0},
+                         {pa.data(), grad.data(), DType::F32, ma.data(), va.data(), DType::F32,
+                          nullptr, DType::BF16, kNumel});
+  zk::optimizer_step_cpu(adamw, {1e-2, 1, 1.0},
+                         {pw.data(), grad.data(), DType::F32, mw.data(), vw.data(), DType::F32,
+                          nullptr, DType::BF16, kNumel});
   std::size_t differ = 0;
   for (std::size_t i = 0; i < kNumel; ++i) {
     // AdamW: the first step's moment is the raw gradient; Adam's includes 0.5·p.

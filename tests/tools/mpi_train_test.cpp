@@ -2,7 +2,6 @@
 // (InProcComm): stages 1-3, bf16 and fp32, at 2 and 4 ranks. Both backends reduce in rank order in
 // fp32, so the dumps agree within kTolerance. Exits 77 (skipped) when the build has no mpirun.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -59,11 +58,12 @@ TEST_CASE("zero-train under mpirun matches in-process ranks") {
           std::ofstream(cfg) << replaced;
         }
         const std::string in = dir / "in.st", mpi = dir / "mpi.st";
-        REQUIRE(sh("'" + train + "' --config '" + cfg + "' --world-size " + std::to_string(np) + common +
-                   " --dump-params '" + in + "'") == 0);
-        REQUIRE(sh(std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '") + ZERO_MPIEXEC +
-                   "' --oversubscribe -np " + std::to_string(np) + " '" + train + "' --comm mpi --config '" +
-                   cfg + "'" + common + " --dump-params '" + mpi + "'") == 0);
+        REQUIRE(sh("'" + train + "' --config '" + cfg + "' --world-size " + std::to_string(np) +
+                   common + " --dump-params '" + in + "'") == 0);
+        REQUIRE(sh(std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '") +
+                   ZERO_MPIEXEC + "' --oversubscribe -np " + std::to_string(np) + " '" + train +
+                   "' --comm mpi --config '" + cfg + "'" + common + " --dump-params '" + mpi +
+                   "'") == 0);
         std::size_t tensors = 0;
         CHECK(max_diff(in, mpi, &tensors) <= kTolerance);
         CHECK(tensors == 4);

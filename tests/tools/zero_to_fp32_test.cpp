@@ -17,9 +17,9 @@
 
 #include "kernels/cast.h"
 #include "models/mlp.h"
-#include "zero/checkpoint/checkpoint.h"
 #include "tests/cli_util.h"
 #include "tests/temp_dir.h"
+#include "zero/checkpoint/checkpoint.h"
 #include "zero/io/safetensors.h"
 
 namespace {
@@ -497,7 +497,8 @@ TEST_CASE("DeepSpeed checkpoints convert to exactly what DeepSpeed's own zero_to
       CHECK(got.at(tensor).bytes == t.bytes);
     }
     // The tag may be named, and bf16 output is the same values rounded.
-    const Run bf16 = to_fp32("'" + fixture + "' " + (dir / "bf16.safetensors") + " -t step5 --dtype bf16");
+    const Run bf16 =
+        to_fp32("'" + fixture + "' " + (dir / "bf16.safetensors") + " -t step5 --dtype bf16");
     INFO(bf16.out);
     REQUIRE(bf16.status == 0);
     CHECK(read_all(dir / "bf16.safetensors").begin()->second.dtype == zero::DType::BF16);
@@ -510,7 +511,8 @@ TEST_CASE("tied parameters are written once, with their other names in the metad
   const std::string manifest_path = dir / "ckpt/global_step2/manifest.json";
   json m = json::parse(std::ifstream(manifest_path));
   const std::string owner = m["params"][0]["name"];
-  m["params"][0]["aliases"] = {"head.weight", "lm_head.weight"};  // as save_checkpoint records tied_names
+  m["params"][0]["aliases"] = {"head.weight",
+                               "lm_head.weight"};  // as save_checkpoint records tied_names
   std::ofstream(manifest_path) << m.dump();
   const Run r = to_fp32(dir / "ckpt" + " " + dir / "out.safetensors");
   INFO(r.out);

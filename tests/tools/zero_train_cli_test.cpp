@@ -220,8 +220,8 @@ TEST_CASE("runs at world sizes 1 and 2 see the same global batches") {
   const TempDir dir("worlds");
   const std::string two = dir / "world2.safetensors", one = dir / "world1.safetensors";
   const std::string common = " --steps 6 --seed 5 --model " + kModel + " --quiet";
-  const Run r2 = run("--config " + kTrain + "fp32_stage0.json --world-size 2 --dump-params " +
-                     two + common);
+  const Run r2 =
+      run("--config " + kTrain + "fp32_stage0.json --world-size 2 --dump-params " + two + common);
   INFO(r2.out);
   REQUIRE(r2.status == 0);
   const Run r1 = run("--config " + kTrain +
@@ -355,16 +355,19 @@ TEST_CASE(
   // A config whose batch sizes give another global batch (2 ranks x micro 4 = 8): the resumed run
   // keeps the saved 12 samples per step, split 6 + 6 with weighted losses, so it still ends where
   // the uninterrupted run ends; the load line says so.
-  const Run other_batch = run("--config " + kTrain + "fp32_stage1.json --world-size 2 --steps 12 " +
-                              "--load " + (dir / "ck") + " --dump-params " + (dir / "other.st") + model);
+  const Run other_batch =
+      run("--config " + kTrain + "fp32_stage1.json --world-size 2 --steps 12 " + "--load " +
+          (dir / "ck") + " --dump-params " + (dir / "other.st") + model);
   INFO(other_batch.out);
   REQUIRE(other_batch.status == 0);
-  CHECK_THAT(other_batch.out, Catch::Contains("note: continuing with the saved run's 12 samples per step"));
+  CHECK_THAT(other_batch.out,
+             Catch::Contains("note: continuing with the saved run's 12 samples per step"));
   const auto other = read_dump(dir / "other.st");
   double worst_other = 0;
   for (const auto& [name, values] : expected) {
     for (std::size_t e = 0; e < values.size(); ++e) {
-      worst_other = std::max(worst_other, static_cast<double>(std::abs(values[e] - other.at(name)[e])));
+      worst_other =
+          std::max(worst_other, static_cast<double>(std::abs(values[e] - other.at(name)[e])));
     }
   }
   CHECK(worst_other < kReshardTolerance);

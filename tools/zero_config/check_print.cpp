@@ -16,7 +16,8 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kCheckUsage = R"(usage: zero-config check [--world-size N] [--set key=value]... [--strict] FILE...
+constexpr const char* kCheckUsage =
+    R"(usage: zero-config check [--world-size N] [--set key=value]... [--strict] FILE...
 
 Validate ds_config files as zero will see them once the embedding has supplied its values.
 
@@ -43,7 +44,8 @@ stdout carries one summary line per file.
 Exit status: 0 every file valid, 1 some file invalid (or a --strict finding), 2 bad usage.
 )";
 
-constexpr const char* kPrintUsage = R"(usage: zero-config print [--world-size N] [--set key=value]... FILE
+constexpr const char* kPrintUsage =
+    R"(usage: zero-config print [--world-size N] [--set key=value]... FILE
 
 Print the fully resolved config as JSON on stdout: every key with defaults filled, aliases and
 deprecated keys mapped to current names, "auto" resolved (or left as "auto" and listed under
@@ -69,13 +71,15 @@ std::string parse_config_options(const Args& args, bool allow_strict, ConfigOpti
       } catch (const std::exception&) {
         used = 0;
       }
-      if (used != v.size() || v.empty() || n <= 0) return fmt::format("--world-size: expected a positive integer, got '{}'", v);
+      if (used != v.size() || v.empty() || n <= 0)
+        return fmt::format("--world-size: expected a positive integer, got '{}'", v);
       o.supplied.world_size = n;
     } else if (arg.name() == "--set") {
       if (!arg.has_value()) return "--set needs key=value";
       const std::string v = arg.value("key=value");
       const auto eq = v.find('=');
-      if (eq == std::string::npos || eq == 0) return fmt::format("--set: expected key=value, got '{}'", v);
+      if (eq == std::string::npos || eq == 0)
+        return fmt::format("--set: expected key=value, got '{}'", v);
       const std::string text = v.substr(eq + 1);
       json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
       if (value.is_discarded()) value = text;
@@ -123,7 +127,8 @@ std::optional<config::DsConfig> load_reporting(const std::string& file, const Co
     for (const auto& p : e.problems()) {
       std::fprintf(stderr, "%s: error: %s\n", file.c_str(), located(p.path, p.message).c_str());
     }
-    std::printf("%s: invalid (%zu error%s)\n", file.c_str(), e.problems().size(), e.problems().size() == 1 ? "" : "s");
+    std::printf("%s: invalid (%zu error%s)\n", file.c_str(), e.problems().size(),
+                e.problems().size() == 1 ? "" : "s");
   } catch (const IoError& e) {
     std::fprintf(stderr, "%s: error: %s\n", file.c_str(), e.what());
     std::printf("%s: unreadable\n", file.c_str());
@@ -137,8 +142,10 @@ int config_check(const Args& args) {
     return 0;
   }
   ConfigOptions o;
-  if (const std::string bad = parse_config_options(args, /*allow_strict=*/true, o); !bad.empty() || o.files.empty()) {
-    std::fprintf(stderr, "zero-config check: %s\n\n%s", bad.empty() ? "no FILE given" : bad.c_str(), kCheckUsage);
+  if (const std::string bad = parse_config_options(args, /*allow_strict=*/true, o);
+      !bad.empty() || o.files.empty()) {
+    std::fprintf(stderr, "zero-config check: %s\n\n%s", bad.empty() ? "no FILE given" : bad.c_str(),
+                 kCheckUsage);
     return 2;
   }
   int status = 0;
@@ -151,7 +158,8 @@ int config_check(const Args& args) {
     std::size_t counts[4] = {0, 0, 0, 0};
     for (const config::Finding& f : cfg->findings) {
       ++counts[static_cast<int>(f.severity)];
-      std::fprintf(stderr, "%s: %s: %s\n", file.c_str(), std::string(finding_label(f.severity)).c_str(),
+      std::fprintf(stderr, "%s: %s: %s\n", file.c_str(),
+                   std::string(finding_label(f.severity)).c_str(),
                    located(f.path, f.message).c_str());
     }
     for (const config::Finding& f : cfg->unresolved) {
@@ -161,11 +169,14 @@ int config_check(const Args& args) {
                                  counts[static_cast<int>(config::Severity::EngineError)];
     const bool fails = o.strict && blocking > 0;
     if (fails) status = 1;
-    std::printf("%s: %s (%zu not supported yet, %zu refused by the engine, %zu to be supplied, %zu warnings, %zu notes)\n",
-                file.c_str(), fails ? "fails --strict" : "valid",
-                counts[static_cast<int>(config::Severity::Unsupported)],
-                counts[static_cast<int>(config::Severity::EngineError)], cfg->unresolved.size(),
-                counts[static_cast<int>(config::Severity::Warning)], counts[static_cast<int>(config::Severity::Note)]);
+    std::printf(
+        "%s: %s (%zu not supported yet, %zu refused by the engine, %zu to be supplied, %zu "
+        "warnings, %zu notes)\n",
+        file.c_str(), fails ? "fails --strict" : "valid",
+        counts[static_cast<int>(config::Severity::Unsupported)],
+        counts[static_cast<int>(config::Severity::EngineError)], cfg->unresolved.size(),
+        counts[static_cast<int>(config::Severity::Warning)],
+        counts[static_cast<int>(config::Severity::Note)]);
   }
   return status;
 }
@@ -176,8 +187,10 @@ int config_print(const Args& args) {
     return 0;
   }
   ConfigOptions o;
-  if (const std::string bad = parse_config_options(args, /*allow_strict=*/false, o); !bad.empty() || o.files.size() != 1) {
-    std::fprintf(stderr, "zero-config print: %s\n\n%s", bad.empty() ? "give exactly one FILE" : bad.c_str(), kPrintUsage);
+  if (const std::string bad = parse_config_options(args, /*allow_strict=*/false, o);
+      !bad.empty() || o.files.size() != 1) {
+    std::fprintf(stderr, "zero-config print: %s\n\n%s",
+                 bad.empty() ? "give exactly one FILE" : bad.c_str(), kPrintUsage);
     return 2;
   }
   const std::string& file = o.files.front();
@@ -200,7 +213,8 @@ int config_print(const Args& args) {
     provenance[path] = entry;
   }
   out["provenance"] = provenance;
-  auto list = [](const std::vector<config::Finding>& findings, std::optional<config::Severity> only) {
+  auto list = [](const std::vector<config::Finding>& findings,
+                 std::optional<config::Severity> only) {
     json a = json::array();
     for (const config::Finding& f : findings) {
       if (!only || f.severity == *only) a.push_back({{"path", f.path}, {"message", f.message}});

@@ -13,13 +13,15 @@ void apply_config_to_estimate(const std::string& path, EstimateInput& in,
   try {
     const config::DsConfig cfg = config::load_config_file(path, supplied);
     if (!zero::apply_config_to_estimate(cfg, in)) {
-      problems.push_back(fmt::format("--config {}: optimizer '{}' has no memory formula here "
-                                     "(estimate knows Adam/AdamW, Adagrad, Lion and SGD)",
-                                     path, cfg.optimizer ? cfg.optimizer->type : std::string()));
+      problems.push_back(
+          fmt::format("--config {}: optimizer '{}' has no memory formula here "
+                      "(estimate knows Adam/AdamW, Adagrad, Lion and SGD)",
+                      path, cfg.optimizer ? cfg.optimizer->type : std::string()));
     }
   } catch (const ConfigError& e) {
     for (const auto& p : e.problems()) {
-      problems.push_back(fmt::format("--config {}: {}{}{}", path, p.path, p.path.empty() ? "" : ": ", p.message));
+      problems.push_back(
+          fmt::format("--config {}: {}{}{}", path, p.path, p.path.empty() ? "" : ": ", p.message));
     }
   } catch (const Error& e) {
     problems.push_back(fmt::format("--config {}: {}", path, e.what()));

@@ -37,8 +37,8 @@ namespace {
 namespace fs = std::filesystem;
 namespace ckpt = zero::ckpt;
 using zero::DType;
-using zero::IoError;
 using zero::format_bytes;
+using zero::IoError;
 using zero::seconds_since;
 using zero::to_fp32::Options;
 using zero::to_fp32::UsageError;
@@ -348,13 +348,14 @@ int run(const Options& o) {
 int write_output(const Options& o, const ckpt::CheckpointSource& reader, std::vector<Item> items,
                  std::size_t frozen_left_out, Clock::time_point start) {
   if (items.empty()) {
-    throw zero::Error(fmt::format("{}: nothing to write: {}", reader.path(),
-                                  frozen_left_out == 0
-                                      ? "the checkpoint lists no parameters"
-                                      : "every parameter is frozen and --exclude-frozen leaves them out"));
+    throw zero::Error(fmt::format(
+        "{}: nothing to write: {}", reader.path(),
+        frozen_left_out == 0 ? "the checkpoint lists no parameters"
+                             : "every parameter is frozen and --exclude-frozen leaves them out"));
   }
   std::vector<zero::to_fp32::OutputTensor> sizes;
-  for (const Item& item : items) sizes.push_back({item.name, item.numel * zero::dtype_size(o.dtype)});
+  for (const Item& item : items)
+    sizes.push_back({item.name, item.numel * zero::dtype_size(o.dtype)});
 
   // A path that names an existing directory is one, whatever its name.
   const bool output_is_file = o.output.ends_with(".safetensors") && !fs::is_directory(o.output);

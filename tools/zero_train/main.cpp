@@ -16,9 +16,9 @@
 #include "tools/zero_train/options.h"
 #include "tools/zero_train/report.h"
 #include "tools/zero_train/train.h"
+#include "zero/base/error.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
-#include "zero/base/error.h"
 
 namespace {
 

@@ -183,7 +183,9 @@ void Reporter::on_start(const RunInfo& info) {
       config_path_, info.stage, info.dtype, info.optimizer,
       info.scheduler.empty() ? "" : ", " + info.scheduler, info.micro_batch, info.accumulation,
       info.world_size, info.world_size == 1 ? "" : "s", configured,
-      info.global_batch == configured ? "" : fmt::format(" (the checkpoint's {} kept)", info.global_batch),
+      info.global_batch == configured
+          ? ""
+          : fmt::format(" (the checkpoint's {} kept)", info.global_batch),
       info.steps,
       info.start_step > 0 ? fmt::format(" (resuming after step {})", info.start_step) : "",
       info.seed));

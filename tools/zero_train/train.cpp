@@ -9,11 +9,11 @@
 
 #include "kernels/cast.h"
 #include "models/mlp.h"
+#include "zero/base/error.h"
+#include "zero/base/timer.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
-#include "zero/base/error.h"
-#include "zero/base/timer.h"
 #include "zero/estimate/from_config.h"
 #include "zero/io/safetensors.h"
 
@@ -163,8 +163,9 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     const nlohmann::json saved_by = engine->load_checkpoint(options.load_dir);  // collective
     checkpoint_seconds += seconds_since(load_start);
     const std::int64_t configured_batch = global_batch;
-    if (saved_by.is_object() && saved_by.contains("zero_train") && saved_by["zero_train"].is_object() &&
-        saved_by["zero_train"].contains("global_batch") && saved_by["zero_train"]["global_batch"].is_number_integer() &&
+    if (saved_by.is_object() && saved_by.contains("zero_train") &&
+        saved_by["zero_train"].is_object() && saved_by["zero_train"].contains("global_batch") &&
+        saved_by["zero_train"]["global_batch"].is_number_integer() &&
         saved_by["zero_train"]["global_batch"].get<std::int64_t>() > 0) {
       global_batch = saved_by["zero_train"]["global_batch"].get<std::int64_t>();
     }
@@ -266,14 +267,13 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
         ZERO_CHECK(p.size() == weights[i].size() * element_bytes,
                    "zero-train: engine->param({}) has {} bytes, expected {}", i, p.size(),
                    weights[i].size() * element_bytes);
-        kernels::cast_cpu(p.data(), dtype, weights[i].data(), DType::F32, weights[i].size(),
-                          exec);
+        kernels::cast_cpu(p.data(), dtype, weights[i].data(), DType::F32, weights[i].size(), exec);
       }
       if (share.rows > 0) {
-        loss_sum += share.weight *
-                    models::forward_backward(
-                        shape, weight_views, batch,
-                        static_cast<float>(engine->backward_scale() * share.weight), grad_views);
+        loss_sum += share.weight * models::forward_backward(
+                                       shape, weight_views, batch,
+                                       static_cast<float>(engine->backward_scale() * share.weight),
+                                       grad_views);
       } else {
         for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
       }
@@ -285,8 +285,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
           ZERO_CHECK(slot.size() == grads[i].size() * element_bytes,
                      "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
                      grads[i].size() * element_bytes);
-          kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size(),
-                            exec);
+          kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size(), exec);
           engine->grad_ready(i);
         }
         engine->release(u);

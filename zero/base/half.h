@@ -43,7 +43,9 @@ ZERO_HD inline float bits_float(std::uint32_t u) {
   return x;
 }
 
-ZERO_HD inline float bf16_to_float(std::uint16_t h) { return bits_float(std::uint32_t{h} << 16); }
+ZERO_HD inline float bf16_to_float(std::uint16_t h) {
+  return bits_float(std::uint32_t{h} << 16);
+}
 
 ZERO_HD inline std::uint16_t float_to_bf16(float x) {
   const std::uint32_t u = float_bits(x);

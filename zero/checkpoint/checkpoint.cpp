@@ -21,12 +21,14 @@ using nlohmann::json;
   throw IoError(fmt::format("checkpoint manifest {}: {}: {}", where, key, what));
 }
 
-const json& field(const json& j, const char* key, const std::string& where, const std::string& path) {
+const json& field(const json& j, const char* key, const std::string& where,
+                  const std::string& path) {
   if (!j.is_object() || !j.contains(key)) bad(where, path + key, "missing");
   return j.at(key);
 }
 
-std::uint64_t get_u64(const json& j, const char* key, const std::string& where, const std::string& path) {
+std::uint64_t get_u64(const json& j, const char* key, const std::string& where,
+                      const std::string& path) {
   const json& v = field(j, key, where, path);
   if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0)) {
     bad(where, path + key, fmt::format("expected a non-negative integer, got {}", v.dump()));
@@ -43,7 +45,8 @@ int get_int(const json& j, const char* key, const std::string& where, const std:
   return static_cast<int>(v);
 }
 
-std::string get_str(const json& j, const char* key, const std::string& where, const std::string& path) {
+std::string get_str(const json& j, const char* key, const std::string& where,
+                    const std::string& path) {
   const json& v = field(j, key, where, path);
   if (!v.is_string()) bad(where, path + key, "expected a string");
   return v.get<std::string>();
@@ -57,7 +60,8 @@ DType get_dtype(const json& j, const char* key, const std::string& where, const 
 }
 
 // a + b, or an error when it overflows.
-std::uint64_t add(std::uint64_t a, std::uint64_t b, const std::string& where, const std::string& key) {
+std::uint64_t add(std::uint64_t a, std::uint64_t b, const std::string& where,
+                  const std::string& key) {
   if (b > std::numeric_limits<std::uint64_t>::max() - a) bad(where, key, "sizes overflow");
   return a + b;
 }
@@ -71,7 +75,8 @@ void check_file_name(const std::string& name, const std::string& where, const st
 
 json file_json(const RankFile& f) {
   json tensors = json::object();
-  for (const auto& [name, sum] : f.tensors) tensors[name] = {{"xxh3", io::checksum_hex(sum.xxh3)}, {"bytes", sum.bytes}};
+  for (const auto& [name, sum] : f.tensors)
+    tensors[name] = {{"xxh3", io::checksum_hex(sum.xxh3)}, {"bytes", sum.bytes}};
   return {{"rank", f.rank}, {"file", f.file}, {"tensors", tensors}};
 }
 
@@ -102,14 +107,21 @@ std::string rank_file_name(int rank, int world_size) {
 json Manifest::to_json() const {
   json units_j = json::array();
   for (const UnitEntry& u : units) {
-    units_j.push_back({{"padded_elems", u.padded_elems}, {"slice_elems", u.slice_elems},
+    units_j.push_back({{"padded_elems", u.padded_elems},
+                       {"slice_elems", u.slice_elems},
                        {"partition_offset", u.partition_offset}});
   }
   json params_j = json::array();
   for (const ParamEntry& p : params) {
-    params_j.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", std::string(dtype_name(p.dtype))},
-                        {"group", p.group}, {"unit", p.unit}, {"trainable", p.trainable},
-                        {"offset", p.offset}, {"numel", p.numel}, {"aliases", p.aliases}});
+    params_j.push_back({{"name", p.name},
+                        {"shape", p.shape},
+                        {"dtype", std::string(dtype_name(p.dtype))},
+                        {"group", p.group},
+                        {"unit", p.unit},
+                        {"trainable", p.trainable},
+                        {"offset", p.offset},
+                        {"numel", p.numel},
+                        {"aliases", p.aliases}});
   }
   json files_j = json::array();
   for (const RankFile& f : files) files_j.push_back(file_json(f));
@@ -136,12 +148,14 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
   if (!j.is_object()) bad(where, "(document)", "expected a JSON object");
   Manifest m;
   if (get_str(j, "format", where, "") != kFormatName) {
-    bad(where, "format", fmt::format("expected \"{}\"; this is not a zero checkpoint", kFormatName));
+    bad(where, "format",
+        fmt::format("expected \"{}\"; this is not a zero checkpoint", kFormatName));
   }
   m.format_version = get_int(j, "format_version", where, "", 1, 1 << 20);
   if (m.format_version > kFormatVersion) {
     bad(where, "format_version",
-        fmt::format("{} is newer than this build reads ({}): use a newer zero", m.format_version, kFormatVersion));
+        fmt::format("{} is newer than this build reads ({}): use a newer zero", m.format_version,
+                    kFormatVersion));
   }
   m.tag = get_str(j, "tag", where, "");
   m.world_size = get_int(j, "world_size", where, "", 1, 1 << 24);
@@ -153,17 +167,20 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
   std::uint64_t expected_offset = 0;
   for (std::size_t u = 0; u < units.size(); ++u) {
     const std::string p = fmt::format("units[{}].", u);
-    UnitEntry e{get_u64(units[u], "padded_elems", where, p), get_u64(units[u], "slice_elems", where, p),
+    UnitEntry e{get_u64(units[u], "padded_elems", where, p),
+                get_u64(units[u], "slice_elems", where, p),
                 get_u64(units[u], "partition_offset", where, p)};
     if (e.slice_elems > e.padded_elems / static_cast<std::uint64_t>(m.world_size) ||
         e.slice_elems * static_cast<std::uint64_t>(m.world_size) != e.padded_elems) {
       bad(where, p + "slice_elems", "is not padded_elems / world_size");
     }
-    if (e.partition_offset != expected_offset) bad(where, p + "partition_offset", "does not follow the previous unit");
+    if (e.partition_offset != expected_offset)
+      bad(where, p + "partition_offset", "does not follow the previous unit");
     expected_offset = add(expected_offset, e.slice_elems, where, p + "slice_elems");
     m.units.push_back(e);
   }
-  if (expected_offset != m.partition_elems) bad(where, "partition_elems", "differs from the units' slices");
+  if (expected_offset != m.partition_elems)
+    bad(where, "partition_elems", "differs from the units' slices");
   const json& params = field(j, "params", where, "");
   if (!params.is_array()) bad(where, "params", "expected an array");
   std::set<std::string> names;
@@ -171,14 +188,17 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
     const std::string p = fmt::format("params[{}].", i);
     ParamEntry e;
     e.name = get_str(params[i], "name", where, p);
-    if (e.name.empty() || !names.insert(e.name).second) bad(where, p + "name", fmt::format("'{}' is empty or repeated", e.name));
+    if (e.name.empty() || !names.insert(e.name).second)
+      bad(where, p + "name", fmt::format("'{}' is empty or repeated", e.name));
     const json& shape = field(params[i], "shape", where, p);
     if (!shape.is_array()) bad(where, p + "shape", "expected an array");
     std::uint64_t numel = 1;
     for (const json& d : shape) {
-      if (!d.is_number_integer() || d.get<std::int64_t>() < 0) bad(where, p + "shape", "expected non-negative integers");
+      if (!d.is_number_integer() || d.get<std::int64_t>() < 0)
+        bad(where, p + "shape", "expected non-negative integers");
       const auto dim = d.get<std::uint64_t>();
-      if (dim != 0 && numel > std::numeric_limits<std::uint64_t>::max() / dim) bad(where, p + "shape", "overflows");
+      if (dim != 0 && numel > std::numeric_limits<std::uint64_t>::max() / dim)
+        bad(where, p + "shape", "overflows");
       numel *= dim;
       e.shape.push_back(d.get<std::int64_t>());
     }
@@ -193,17 +213,22 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       const json& a = params[i].at("aliases");
       if (!a.is_array()) bad(where, p + "aliases", "expected an array of names");
       for (const json& n : a) {
-        if (!n.is_string() || n.get<std::string>().empty() || !names.insert(n.get<std::string>()).second) {
+        if (!n.is_string() || n.get<std::string>().empty() ||
+            !names.insert(n.get<std::string>()).second) {
           bad(where, p + "aliases", fmt::format("{} is not a new, non-empty name", n.dump()));
         }
         e.aliases.push_back(n.get<std::string>());
       }
     }
     e.numel = get_u64(params[i], "numel", where, p);
-    if (e.numel != numel) bad(where, p + "numel", fmt::format("{} disagrees with its shape ({} elements)", e.numel, numel));
+    if (e.numel != numel)
+      bad(where, p + "numel",
+          fmt::format("{} disagrees with its shape ({} elements)", e.numel, numel));
     if (e.trainable) {
-      if (static_cast<std::size_t>(e.unit) >= m.units.size()) bad(where, p + "unit", "no such unit");
-      if (add(e.offset, e.numel, where, p + "offset") > m.units[static_cast<std::size_t>(e.unit)].padded_elems) {
+      if (static_cast<std::size_t>(e.unit) >= m.units.size())
+        bad(where, p + "unit", "no such unit");
+      if (add(e.offset, e.numel, where, p + "offset") >
+          m.units[static_cast<std::size_t>(e.unit)].padded_elems) {
         bad(where, p + "offset", "the parameter does not fit in its unit");
       }
     }
@@ -212,7 +237,8 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
   const json& states = field(j, "state_names", where, "");
   if (!states.is_array()) bad(where, "state_names", "expected an array");
   for (const json& s : states) {
-    if (!s.is_string() || s.get<std::string>() == "master") bad(where, "state_names", "expected names other than master");
+    if (!s.is_string() || s.get<std::string>() == "master")
+      bad(where, "state_names", "expected names other than master");
     m.state_names.push_back(s.get<std::string>());
   }
   m.optimizer = field(j, "optimizer", where, "");
@@ -234,18 +260,22 @@ Manifest Manifest::from_json(const json& j, const std::string& where) {
       auto it = f.tensors.find(t);
       if (it == f.tensors.end()) bad(where, p + "tensors", fmt::format("no tensor '{}'", t));
       if (it->second.bytes != partition_bytes) {
-        bad(where, p + "tensors." + t + ".bytes", fmt::format("{} bytes, the partition needs {}", it->second.bytes, partition_bytes));
+        bad(where, p + "tensors." + t + ".bytes",
+            fmt::format("{} bytes, the partition needs {}", it->second.bytes, partition_bytes));
       }
     }
     m.files.push_back(std::move(f));
   }
-  if (j.contains("model_16bit")) m.model_16bit = parse_file(j.at("model_16bit"), where, "model_16bit.");
+  if (j.contains("model_16bit"))
+    m.model_16bit = parse_file(j.at("model_16bit"), where, "model_16bit.");
   return m;
 }
 
 std::string read_latest(const std::string& dir) {
   std::ifstream in(std::filesystem::path(dir) / "latest");
-  ZERO_CHECK_AS(IoError, in.good(), "{}: no 'latest' file: not a checkpoint directory, or no save has completed in it", dir);
+  ZERO_CHECK_AS(IoError, in.good(),
+                "{}: no 'latest' file: not a checkpoint directory, or no save has completed in it",
+                dir);
   std::string tag;
   std::getline(in, tag);
   while (!tag.empty() && (tag.back() == '\r' || tag.back() == ' ')) tag.pop_back();
@@ -259,14 +289,16 @@ CheckpointReader CheckpointReader::open(const std::string& dir, const std::strin
   r.path_ = (std::filesystem::path(dir) / (tag.empty() ? read_latest(dir) : tag)).string();
   const std::string manifest_path = r.path_ + "/manifest.json";
   std::ifstream in(manifest_path);
-  ZERO_CHECK_AS(IoError, in.good(), "{}: no manifest.json: not a zero checkpoint (or an incomplete one)", r.path_);
+  ZERO_CHECK_AS(IoError, in.good(),
+                "{}: no manifest.json: not a zero checkpoint (or an incomplete one)", r.path_);
   std::stringstream text;
   text << in.rdbuf();
   json j;
   try {
     j = json::parse(text.str());
   } catch (const json::exception& e) {
-    throw IoError(fmt::format("checkpoint manifest {}: not valid JSON: {}", manifest_path, e.what()));
+    throw IoError(
+        fmt::format("checkpoint manifest {}: not valid JSON: {}", manifest_path, e.what()));
   }
   r.manifest_ = Manifest::from_json(j, manifest_path);
   r.readers_.resize(r.manifest_.files.size());
@@ -275,11 +307,12 @@ CheckpointReader CheckpointReader::open(const std::string& dir, const std::strin
     const io::SafetensorsReader& reader = r.rank_reader(static_cast<int>(q));
     for (const auto& [name, sum] : r.manifest_.files[q].tensors) {
       const io::TensorInfo* t = reader.find(name);
-      ZERO_CHECK_AS(IoError, t != nullptr, "checkpoint {}: {} has no tensor '{}' that the manifest lists",
-                    r.path_, r.manifest_.files[q].file, name);
+      ZERO_CHECK_AS(IoError, t != nullptr,
+                    "checkpoint {}: {} has no tensor '{}' that the manifest lists", r.path_,
+                    r.manifest_.files[q].file, name);
       ZERO_CHECK_AS(IoError, t->size_bytes() == sum.bytes,
-                    "checkpoint {}: tensor '{}' of {} has {} bytes, the manifest says {}", r.path_, name,
-                    r.manifest_.files[q].file, t->size_bytes(), sum.bytes);
+                    "checkpoint {}: tensor '{}' of {} has {} bytes, the manifest says {}", r.path_,
+                    name, r.manifest_.files[q].file, t->size_bytes(), sum.bytes);
     }
   }
   return r;
@@ -290,8 +323,8 @@ const io::SafetensorsReader& CheckpointReader::rank_reader(int rank) const {
   if (!slot) {
     const std::string file = path_ + "/" + manifest_.files[static_cast<std::size_t>(rank)].file;
     ZERO_CHECK_AS(IoError, std::filesystem::exists(file),
-                  "checkpoint {}: rank {}'s file {} is missing (the checkpoint is incomplete)", path_, rank,
-                  manifest_.files[static_cast<std::size_t>(rank)].file);
+                  "checkpoint {}: rank {}'s file {} is missing (the checkpoint is incomplete)",
+                  path_, rank, manifest_.files[static_cast<std::size_t>(rank)].file);
     slot = std::make_unique<io::SafetensorsReader>(io::SafetensorsReader::open(file));
   }
   return *slot;
@@ -308,9 +341,10 @@ void verify_file(const io::SafetensorsReader& reader, const RankFile& f, const s
       reader.read_range(name, off, buf.data(), n);
       crc.update(buf.data(), n);
     }
-    ZERO_CHECK_AS(IoError, crc.digest() == sum.xxh3,
-                  "checkpoint {}: tensor '{}' in {} is corrupted (checksum {}, the manifest says {})",
-                  path, name, f.file, io::checksum_hex(crc.digest()), io::checksum_hex(sum.xxh3));
+    ZERO_CHECK_AS(
+        IoError, crc.digest() == sum.xxh3,
+        "checkpoint {}: tensor '{}' in {} is corrupted (checksum {}, the manifest says {})", path,
+        name, f.file, io::checksum_hex(crc.digest()), io::checksum_hex(sum.xxh3));
   }
 }
 
@@ -358,7 +392,8 @@ std::vector<std::byte> CheckpointReader::read_frozen(std::size_t param) const {
   const io::SafetensorsReader& reader = rank_reader(0);
   const io::TensorInfo& t = reader.at(name);
   ZERO_CHECK_AS(IoError, t.dtype == p.dtype && t.numel() == p.numel,
-                "checkpoint {}: tensor '{}' does not match its parameter's dtype and shape", path_, name);
+                "checkpoint {}: tensor '{}' does not match its parameter's dtype and shape", path_,
+                name);
   std::vector<std::byte> out(t.size_bytes());
   reader.read_raw(name, out.data(), out.size());
   return out;

@@ -20,12 +20,11 @@
 // is renamed into place, and `latest` is replaced (write, fsync, rename) last.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,11 +76,11 @@ struct Manifest {
   std::vector<UnitEntry> units;
   std::vector<ParamEntry> params;
   std::vector<std::string> state_names;  // tensors beside "master" in every rank file
-  nlohmann::json optimizer;     // kind and per-group hyper-parameters
-  nlohmann::json engine_state;  // step counters, loss scaler, schedule position
-  nlohmann::json config;        // the resolved ds_config the run used
-  nlohmann::json client_state;  // whatever the embedding passed to save
-  std::vector<RankFile> files;  // one per rank, in rank order
+  nlohmann::json optimizer;              // kind and per-group hyper-parameters
+  nlohmann::json engine_state;           // step counters, loss scaler, schedule position
+  nlohmann::json config;                 // the resolved ds_config the run used
+  nlohmann::json client_state;           // whatever the embedding passed to save
+  std::vector<RankFile> files;           // one per rank, in rank order
   std::optional<RankFile> model_16bit;
 
   nlohmann::json to_json() const;

@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "zero/base/error.h"
 #include "zero/comm/reduce_math.h"
 #include "zero/comm/work_state.h"
-#include "zero/base/error.h"
 
 namespace zero {
 namespace comm_detail {

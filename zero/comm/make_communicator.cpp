@@ -1,8 +1,8 @@
 // The one place that chooses a process-level Communicator by build configuration (DESIGN.md §2).
 #include <string>
 
-#include "zero/comm/communicator.h"
 #include "zero/base/error.h"
+#include "zero/comm/communicator.h"
 
 #if ZERO_WITH_MPI
 #include "zero/comm/mpi_comm.h"

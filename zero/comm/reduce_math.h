@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "zero/comm/communicator.h"
 #include "zero/base/dtype.h"
+#include "zero/comm/communicator.h"
 
 namespace zero::comm_detail {
 

@@ -13,6 +13,7 @@
 #include <span>
 #include <string_view>
 
+#include "zero/base/dtype.h"
 #include "zero/device/memory_ledger.h"
 
 namespace zero {
@@ -62,6 +63,12 @@ class Buffer {
   MemoryKind kind_ = MemoryKind::Host;
   MemoryTag tag_ = MemoryTag::Other;
 };
+
+// Element `elem` of `buffer` viewed as an array of `dtype`. REQUIRES: host-addressable memory, or
+// a pointer only handed to the device's own kernels and copies.
+inline std::byte* element_at(const Buffer& buffer, DType dtype, std::size_t elem) {
+  return static_cast<std::byte*>(buffer.data()) + elem * dtype_size(dtype);
+}
 
 // A point in a stream's work. Semantics follow CUDA events: an event never recorded counts as
 // complete; recording it again replaces the point it marks.

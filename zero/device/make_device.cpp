@@ -1,9 +1,9 @@
 // The one place that chooses a Device implementation by build configuration (DESIGN.md §2).
 #include <string>
 
+#include "zero/base/error.h"
 #include "zero/device/cpu_device.h"
 #include "zero/device/device.h"
-#include "zero/base/error.h"
 
 namespace zero {
 

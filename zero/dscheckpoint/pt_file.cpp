@@ -18,7 +18,6 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-
 template <typename T>
 T load(const std::byte* p) {
   T v;

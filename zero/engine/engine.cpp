@@ -27,9 +27,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "zero/base/shape.h"
+#include "zero/base/timer.h"
 #include "zero/engine/engine_impl.h"
 #include "zero/engine/part_options.h"
-#include "zero/engine/scoped_timer.h"
 #include "zero/schedule/from_config.h"
 
 namespace zero::engine_detail {
@@ -129,7 +130,10 @@ void EngineImpl::register_specs(const EngineOptions& options) {
     ZERO_CHECK(s.group >= 0 && static_cast<std::size_t>(s.group) < groups_.size(),
                "parameter '{}': param group {} has no options (EngineOptions::groups has {})",
                s.name, s.group, options.groups.size());
-    params_[i].numel = numel_of(s);
+    for (std::int64_t d : s.shape) {
+      ZERO_CHECK(d >= 0, "parameter '{}': negative dimension {} in its shape", s.name, d);
+    }
+    params_[i].numel = static_cast<std::size_t>(numel_of(s.shape));
     max_unit = std::max(max_unit, s.unit);
     if (s.trainable) {
       params_[i].layout_index = descs.size();
@@ -169,7 +173,7 @@ void EngineImpl::init_state(const InitFn& init) {
       comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     optimizer_->set_master(static_cast<int>(u), flat);
     if (stage_ == 3) {
-      combine(at(model_part_, model_dtype_, ul.partition_offset), model_dtype_,
+      combine(element_at(model_part_, model_dtype_, ul.partition_offset), model_dtype_,
               flat.data() + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32,
               ul.slice_elems);
     } else {
@@ -200,9 +204,9 @@ std::byte* EngineImpl::gradient(int domain, int unit, std::size_t slice_offset) 
 
 std::byte* EngineImpl::model(int domain, int unit, std::size_t slice_offset) {
   const UnitLayout& ul = layout_->unit(unit);
-  if (stage_ == 3) return at(model_part_, model_dtype_, ul.partition_offset + slice_offset);
-  return at(units_[static_cast<std::size_t>(unit)].model, model_dtype_,
-            static_cast<std::size_t>(domain_rank(domain)) * ul.slice_elems + slice_offset);
+  if (stage_ == 3) return element_at(model_part_, model_dtype_, ul.partition_offset + slice_offset);
+  return element_at(units_[static_cast<std::size_t>(unit)].model, model_dtype_,
+                    static_cast<std::size_t>(domain_rank(domain)) * ul.slice_elems + slice_offset);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -226,7 +230,8 @@ std::span<const std::byte> EngineImpl::param(std::size_t param) const {
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
   if (ps.numel == 0) return {};
   if (!fetcher_)
-    return {at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset), bytes};
+    return {element_at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset),
+            bytes};
   const std::byte* data = fetcher_->data(pl.unit);
   ZERO_CHECK(data != nullptr,
              "param: parameter '{}' (unit {}) is not gathered on rank {}: call gather({}) first",
@@ -486,10 +491,10 @@ std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
   if (ul.slice_elems == 0) return out;
   Buffer flat = alloc(ul.padded_elems, model_dtype_, MemoryTag::Staging);
   comm_
-      .all_gather(at(model_part_, model_dtype_, ul.partition_offset), flat.data(), ul.slice_elems,
-                  model_dtype_)
+      .all_gather(element_at(model_part_, model_dtype_, ul.partition_offset), flat.data(),
+                  ul.slice_elems, model_dtype_)
       .wait();
-  std::memcpy(out.data(), at(flat, model_dtype_, pl.offset), bytes);
+  std::memcpy(out.data(), element_at(flat, model_dtype_, pl.offset), bytes);
   return out;
 }
 

@@ -37,19 +37,6 @@ namespace zero::engine_detail {
 // slices, and so partitions, start cache-line aligned.
 constexpr std::size_t kSliceAlignElems = 16;
 
-inline std::size_t numel_of(const ParamSpec& spec) {
-  std::size_t n = 1;
-  for (std::int64_t d : spec.shape) {
-    ZERO_CHECK(d >= 0, "parameter '{}': negative dimension {} in its shape", spec.name, d);
-    n *= static_cast<std::size_t>(d);
-  }
-  return n;
-}
-
-inline std::byte* at(const Buffer& b, DType t, std::size_t elem) {
-  return static_cast<std::byte*>(b.data()) + elem * dtype_size(t);
-}
-
 class EngineImpl final : public Engine, private SliceMap {
  public:
   EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& device,

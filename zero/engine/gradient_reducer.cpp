@@ -4,17 +4,9 @@
 #include <optional>
 
 #include "zero/base/error.h"
-#include "zero/engine/scoped_timer.h"
+#include "zero/base/timer.h"
 
 namespace zero::engine_detail {
-namespace {
-
-std::byte* at(const Buffer& b, DType t, std::size_t elem) {
-  return static_cast<std::byte*>(b.data()) + elem * dtype_size(t);
-}
-
-}  // namespace
-
 GradientReducer::GradientReducer(Communicator& comm, Device& device,
                                  const kernels::ComputeKernels& compute, const FlatLayout& layout,
                                  const ReducerOptions& options, SliceMap& target,
@@ -152,8 +144,8 @@ void GradientReducer::flush_bucket() {
       const std::size_t S = layout_.unit(s.piece.unit).slice_elems;
       const auto* src = static_cast<const std::byte*>(s.unit_buffer) +
                         (q * S + s.piece.begin) * dtype_size(s.dtype);
-      compute_.combine(at(slot.send, comm_dtype, off), comm_dtype, src, s.dtype, s.piece.size(),
-                       options_.pack_scale, false, options_.exec);
+      compute_.combine(element_at(slot.send, comm_dtype, off), comm_dtype, src, s.dtype,
+                       s.piece.size(), options_.pack_scale, false, options_.exec);
       off += s.piece.size();
     }
   }
@@ -192,7 +184,7 @@ void GradientReducer::finish(Slot& slot) {
   for (int d = 0; d < domains(); ++d) {
     const auto q = static_cast<std::size_t>(domain_rank(d));
     const std::byte* chunk = scatters() ? static_cast<const std::byte*>(slot.recv.data())
-                                        : at(slot.send, comm_dtype, q * slot.chunk_elems);
+                                        : element_at(slot.send, comm_dtype, q * slot.chunk_elems);
     std::size_t off = 0;
     for (const Piece& p : slot.pieces) {
       compute_.combine(target_.gradient(d, p.unit, p.begin), options_.accum_dtype,

@@ -7,13 +7,10 @@
 #include <cstring>
 
 #include "zero/base/error.h"
+#include "zero/base/timer.h"
 
 namespace zero::engine_detail {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 std::uint64_t order_hash(const std::vector<int>& order) {
   std::uint64_t h = 0xcbf29ce484222325ull ^ order.size();

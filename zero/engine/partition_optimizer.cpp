@@ -8,10 +8,6 @@
 namespace zero::engine_detail {
 namespace {
 
-std::byte* at(const Buffer& b, DType t, std::size_t elem) {
-  return static_cast<std::byte*>(b.data()) + elem * dtype_size(t);
-}
-
 // 16-bit master weights are stepped in fp32 tiles of this many elements.
 constexpr std::size_t kMasterTileElems = 1 << 16;
 
@@ -85,7 +81,7 @@ void PartitionOptimizer::set_master(int unit, std::span<const float> unit_flat) 
   const std::size_t S = ul.slice_elems;
   for (int d = 0; d < domains_; ++d) {
     const std::size_t src = static_cast<std::size_t>(domain_rank(d)) * S;
-    compute_.combine(at(master_, options_.master_dtype, partition_offset(d, unit)),
+    compute_.combine(element_at(master_, options_.master_dtype, partition_offset(d, unit)),
                      options_.master_dtype, unit_flat.data() + src, DType::F32, S, 1.0f, false,
                      options_.exec);
   }
@@ -93,7 +89,8 @@ void PartitionOptimizer::set_master(int unit, std::span<const float> unit_flat) 
 
 std::byte* PartitionOptimizer::gradient(int unit, std::size_t slice_offset) const {
   ZERO_ASSERT(options_.own_gradients);
-  return at(gradients_, options_.grad_dtype, layout_.unit(unit).partition_offset + slice_offset);
+  return element_at(gradients_, options_.grad_dtype,
+                    layout_.unit(unit).partition_offset + slice_offset);
 }
 
 bool PartitionOptimizer::has_overflow() const {
@@ -145,7 +142,7 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
       master_dtype == DType::F32 ? std::max<std::size_t>(n, 1) : kMasterTileElems;
   for (std::size_t b = 0; b < n; b += tile) {
     const std::size_t m = std::min(tile, n - b);
-    std::byte* master = at(master_, master_dtype, off + b);
+    std::byte* master = element_at(master_, master_dtype, off + b);
     if (master_dtype == DType::F32) {
       t.master = reinterpret_cast<float*>(master);
     } else {
@@ -155,8 +152,8 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
       t.master = master_tile_.data();
     }
     t.grad = grad + b * dtype_size(options_.grad_dtype);
-    if (!states_.empty()) t.state0 = at(states_[0], options_.state_dtype, off + b);
-    if (states_.size() > 1) t.state1 = at(states_[1], options_.state_dtype, off + b);
+    if (!states_.empty()) t.state0 = element_at(states_[0], options_.state_dtype, off + b);
+    if (states_.size() > 1) t.state1 = element_at(states_[1], options_.state_dtype, off + b);
     if (model_dtype != DType::F32) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
@@ -173,7 +170,7 @@ void PartitionOptimizer::write_model() {
   for (const Run& run : runs_) {
     const std::size_t off = partition_offset(run.domain, run.unit) + run.begin;
     compute_.combine(slices_.model(run.domain, run.unit, run.begin), options_.model_dtype,
-                     at(master_, options_.master_dtype, off), options_.master_dtype,
+                     element_at(master_, options_.master_dtype, off), options_.master_dtype,
                      run.end - run.begin, 1.0f, false, options_.exec);
   }
 }
@@ -185,7 +182,7 @@ DType PartitionOptimizer::tensor_dtype(int tensor) const {
 const std::byte* PartitionOptimizer::tensor_data(int tensor, int domain) const {
   ZERO_ASSERT(tensor >= 0 && tensor < tensors() && domain >= 0 && domain < domains_);
   const Buffer& b = tensor == 0 ? master_ : states_[static_cast<std::size_t>(tensor - 1)];
-  return at(b, tensor_dtype(tensor), static_cast<std::size_t>(domain) * partition_elems_);
+  return element_at(b, tensor_dtype(tensor), static_cast<std::size_t>(domain) * partition_elems_);
 }
 
 void PartitionOptimizer::assign(int tensor, std::span<const float> values) {

@@ -31,7 +31,8 @@ bool apply_config_to_estimate(const config::DsConfig& config, EstimateInput& in)
     case OptimizerKind::Adagrad: in.optimizer = EstimateOptimizer::Adagrad; return true;
     case OptimizerKind::Lion: in.optimizer = EstimateOptimizer::Lion; return true;
     case OptimizerKind::Sgd:
-      in.optimizer = config.optimizer->momentum != 0 ? EstimateOptimizer::SgdMomentum : EstimateOptimizer::Sgd;
+      in.optimizer =
+          config.optimizer->momentum != 0 ? EstimateOptimizer::SgdMomentum : EstimateOptimizer::Sgd;
       return true;
     default: return false;
   }

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "zero/base/error.h"
 #include "zero/base/half.h"
@@ -38,10 +38,11 @@ std::uint64_t read_le64(const std::byte* p) {
   return v;
 }
 
-
 }  // namespace
 
-std::uint64_t TensorInfo::numel() const { return numel_of(shape); }
+std::uint64_t TensorInfo::numel() const {
+  return numel_of(shape);
+}
 
 SafetensorsReader SafetensorsReader::open(const std::string& path) {
   SafetensorsReader r;
@@ -78,8 +79,8 @@ SafetensorsReader SafetensorsReader::from_bytes(std::vector<std::byte> bytes, st
   ZERO_CHECK_AS(IoError, header_bytes <= kMaxHeaderBytes && header_bytes <= bytes.size() - 8,
                 "safetensors {}: header length {} exceeds the file ({} bytes) or the 100 MiB limit",
                 r.path_, header_bytes, bytes.size());
-  const std::vector<std::byte> header(bytes.begin() + 8,
-                                      bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_bytes));
+  const std::vector<std::byte> header(
+      bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_bytes));
   r.data_offset_ = 8 + header_bytes;
   r.parse(header, bytes.size() - r.data_offset_);
   r.memory_ = std::move(bytes);
@@ -93,15 +94,17 @@ void SafetensorsReader::parse(const std::vector<std::byte>& header_json, std::ui
                 "safetensors {}: the header is not a JSON object", path_);
   for (auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
-      ZERO_CHECK_AS(IoError, value.is_object(), "safetensors {}: __metadata__ is not an object", path_);
+      ZERO_CHECK_AS(IoError, value.is_object(), "safetensors {}: __metadata__ is not an object",
+                    path_);
       for (auto& [mkey, mvalue] : value.items()) {
-        ZERO_CHECK_AS(IoError, mvalue.is_string(), "safetensors {}: __metadata__.{} is not a string",
-                      path_, mkey);
+        ZERO_CHECK_AS(IoError, mvalue.is_string(),
+                      "safetensors {}: __metadata__.{} is not a string", path_, mkey);
         metadata_[mkey] = mvalue.get<std::string>();
       }
       continue;
     }
-    ZERO_CHECK_AS(IoError, value.is_object(), "safetensors {}: tensor {} is not an object", path_, key);
+    ZERO_CHECK_AS(IoError, value.is_object(), "safetensors {}: tensor {} is not an object", path_,
+                  key);
     TensorInfo info;
     info.name = key;
     const auto dtype = value.find("dtype");
@@ -117,30 +120,35 @@ void SafetensorsReader::parse(const std::vector<std::byte>& header_json, std::ui
                   "safetensors {}: tensor {} has no shape array", path_, key);
     std::uint64_t numel = 1;
     for (const auto& dim : *shape) {
-      ZERO_CHECK_AS(IoError, dim.is_number_unsigned(),
-                    "safetensors {}: tensor {} has a shape entry {} that is not a non-negative integer",
-                    path_, key, dim.dump());
+      ZERO_CHECK_AS(
+          IoError, dim.is_number_unsigned(),
+          "safetensors {}: tensor {} has a shape entry {} that is not a non-negative integer",
+          path_, key, dim.dump());
       const auto d = dim.get<std::uint64_t>();
-      ZERO_CHECK_AS(IoError, d <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) &&
-                                 (d == 0 || numel <= std::numeric_limits<std::uint64_t>::max() / 8 / d),
-                    "safetensors {}: tensor {} has an overflowing shape {}", path_, key, shape->dump());
+      ZERO_CHECK_AS(IoError,
+                    d <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) &&
+                        (d == 0 || numel <= std::numeric_limits<std::uint64_t>::max() / 8 / d),
+                    "safetensors {}: tensor {} has an overflowing shape {}", path_, key,
+                    shape->dump());
       numel *= d;
       info.shape.push_back(static_cast<std::int64_t>(d));
     }
     const auto offsets = value.find("data_offsets");
-    ZERO_CHECK_AS(IoError,
-                  offsets != value.end() && offsets->is_array() && offsets->size() == 2 &&
-                      (*offsets)[0].is_number_unsigned() && (*offsets)[1].is_number_unsigned(),
-                  "safetensors {}: tensor {} needs data_offsets [begin, end] of non-negative integers",
-                  path_, key);
+    ZERO_CHECK_AS(
+        IoError,
+        offsets != value.end() && offsets->is_array() && offsets->size() == 2 &&
+            (*offsets)[0].is_number_unsigned() && (*offsets)[1].is_number_unsigned(),
+        "safetensors {}: tensor {} needs data_offsets [begin, end] of non-negative integers", path_,
+        key);
     info.data_begin = (*offsets)[0].get<std::uint64_t>();
     info.data_end = (*offsets)[1].get<std::uint64_t>();
-    ZERO_CHECK_AS(IoError, info.data_begin <= info.data_end && info.data_end <= data_bytes,
-                  "safetensors {}: tensor {} data_offsets [{}, {}] outside the {}-byte data section",
-                  path_, key, info.data_begin, info.data_end, data_bytes);
+    ZERO_CHECK_AS(
+        IoError, info.data_begin <= info.data_end && info.data_end <= data_bytes,
+        "safetensors {}: tensor {} data_offsets [{}, {}] outside the {}-byte data section", path_,
+        key, info.data_begin, info.data_end, data_bytes);
     ZERO_CHECK_AS(IoError, info.size_bytes() == numel * dtype_size(info.dtype),
-                  "safetensors {}: tensor {} holds {} bytes but shape {} of {} needs {}", path_, key,
-                  info.size_bytes(), shape->dump(), dtype_safetensors_name(info.dtype),
+                  "safetensors {}: tensor {} holds {} bytes but shape {} of {} needs {}", path_,
+                  key, info.size_bytes(), shape->dump(), dtype_safetensors_name(info.dtype),
                   numel * dtype_size(info.dtype));
     tensors_.push_back(std::move(info));
   }
@@ -213,7 +221,8 @@ std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
     case DType::F64: {
       std::vector<double> wide(n);
       read_raw(name, wide.data(), n * 8);
-      std::transform(wide.begin(), wide.end(), out.begin(), [](double x) { return static_cast<float>(x); });
+      std::transform(wide.begin(), wide.end(), out.begin(),
+                     [](double x) { return static_cast<float>(x); });
       break;
     }
     case DType::BF16:
@@ -245,14 +254,15 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<st
     ZERO_CHECK_AS(IoError, e.name != name, "safetensors writer: tensor {} added twice", name);
   }
   for (auto d : shape) {
-    ZERO_CHECK_AS(IoError, d >= 0, "safetensors writer: tensor {} has negative dimension {}", name, d);
+    ZERO_CHECK_AS(IoError, d >= 0, "safetensors writer: tensor {} has negative dimension {}", name,
+                  d);
   }
   const std::uint64_t numel = numel_of(shape);
   ZERO_CHECK_AS(IoError, numel * dtype_size(dtype) == bytes,
                 "safetensors writer: tensor {} has {} bytes, its shape needs {}", name, bytes,
                 numel * dtype_size(dtype));
-  ZERO_CHECK_AS(IoError, bytes == 0 || data != nullptr, "safetensors writer: tensor {} data is null",
-                name);
+  ZERO_CHECK_AS(IoError, bytes == 0 || data != nullptr,
+                "safetensors writer: tensor {} data is null", name);
   Entry e{name, dtype, std::move(shape), std::vector<std::byte>(bytes)};
   if (bytes > 0) std::memcpy(e.bytes.data(), data, bytes);
   entries_.push_back(std::move(e));
@@ -263,7 +273,9 @@ void SafetensorsWriter::add_f32(const std::string& name, std::vector<std::int64_
   add(name, DType::F32, std::move(shape), values.data(), values.size() * sizeof(float));
 }
 
-std::uint64_t TensorDecl::size_bytes() const { return dtype_size(dtype) * numel_of(shape); }
+std::uint64_t TensorDecl::size_bytes() const {
+  return dtype_size(dtype) * numel_of(shape);
+}
 
 std::vector<std::byte> safetensors_header(const std::vector<TensorDecl>& tensors,
                                           const std::map<std::string, std::string>& metadata) {
@@ -274,7 +286,8 @@ std::vector<std::byte> safetensors_header(const std::vector<TensorDecl>& tensors
     ZERO_CHECK_AS(IoError, t.name != "__metadata__" && !t.name.empty() && !header.contains(t.name),
                   "safetensors writer: invalid or repeated tensor name '{}'", t.name);
     for (std::int64_t d : t.shape) {
-      ZERO_CHECK_AS(IoError, d >= 0, "safetensors writer: tensor {} has negative dimension {}", t.name, d);
+      ZERO_CHECK_AS(IoError, d >= 0, "safetensors writer: tensor {} has negative dimension {}",
+                    t.name, d);
     }
     header[t.name] = {{"dtype", std::string(dtype_safetensors_name(t.dtype))},
                       {"shape", t.shape},
@@ -312,14 +325,18 @@ void SafetensorsWriter::write(const std::string& path) const {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    ZERO_CHECK_AS(IoError, out.good(), "safetensors {}: cannot create: {}", tmp, std::strerror(errno));
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    ZERO_CHECK_AS(IoError, out.good(), "safetensors {}: cannot create: {}", tmp,
+                  std::strerror(errno));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     out.flush();
-    ZERO_CHECK_AS(IoError, out.good(), "safetensors {}: write of {} bytes failed", tmp, bytes.size());
+    ZERO_CHECK_AS(IoError, out.good(), "safetensors {}: write of {} bytes failed", tmp,
+                  bytes.size());
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  ZERO_CHECK_AS(IoError, !ec, "safetensors {}: cannot rename {} over it: {}", path, tmp, ec.message());
+  ZERO_CHECK_AS(IoError, !ec, "safetensors {}: cannot rename {} over it: {}", path, tmp,
+                ec.message());
 }
 
 Checksum::Checksum() : state_(XXH3_createState()) {
@@ -329,7 +346,9 @@ Checksum::Checksum() : state_(XXH3_createState()) {
 Checksum::~Checksum() {
   if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
 }
-Checksum::Checksum(Checksum&& other) noexcept : state_(other.state_) { other.state_ = nullptr; }
+Checksum::Checksum(Checksum&& other) noexcept : state_(other.state_) {
+  other.state_ = nullptr;
+}
 Checksum& Checksum::operator=(Checksum&& other) noexcept {
   std::swap(state_, other.state_);
   return *this;
@@ -337,11 +356,17 @@ Checksum& Checksum::operator=(Checksum&& other) noexcept {
 void Checksum::update(const void* data, std::size_t bytes) {
   if (bytes > 0) XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
 }
-std::uint64_t Checksum::digest() const { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_)); }
+std::uint64_t Checksum::digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
 
-std::uint64_t checksum(const void* data, std::size_t bytes) { return XXH3_64bits(data, bytes); }
+std::uint64_t checksum(const void* data, std::size_t bytes) {
+  return XXH3_64bits(data, bytes);
+}
 
-std::string checksum_hex(std::uint64_t sum) { return fmt::format("{:016x}", sum); }
+std::string checksum_hex(std::uint64_t sum) {
+  return fmt::format("{:016x}", sum);
+}
 
 void fsync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -354,8 +379,11 @@ void fsync_directory(const std::string& dir) {
 
 SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<TensorDecl> tensors,
                                                  const std::map<std::string, std::string>& metadata)
-    : path_(std::move(path)), tmp_(path_ + ".tmp"), tensors_(std::move(tensors)),
-      running_(tensors_.size()), sums_(tensors_.size(), 0) {
+    : path_(std::move(path)),
+      tmp_(path_ + ".tmp"),
+      tensors_(std::move(tensors)),
+      running_(tensors_.size()),
+      sums_(tensors_.size(), 0) {
   const std::vector<std::byte> header = safetensors_header(tensors_, metadata);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK_AS(IoError, fd_ >= 0, "safetensors {}: cannot create: {}", tmp_, std::strerror(errno));
@@ -363,7 +391,8 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<T
     std::size_t done = 0;
     while (done < header.size()) {
       const ssize_t n = ::write(fd_, header.data() + done, header.size() - done);
-      ZERO_CHECK_AS(IoError, n > 0, "safetensors {}: header write failed: {}", tmp_, std::strerror(errno));
+      ZERO_CHECK_AS(IoError, n > 0, "safetensors {}: header write failed: {}", tmp_,
+                    std::strerror(errno));
       done += static_cast<std::size_t>(n);
     }
   } catch (...) {
@@ -410,11 +439,13 @@ void SafetensorsStreamWriter::finish() {
                 "safetensors {}: finished before tensor {} was written in full", path_,
                 current_ < tensors_.size() ? tensors_[current_].name : std::string());
   for (std::size_t t = 0; t < tensors_.size(); ++t) sums_[t] = running_[t].digest();
-  ZERO_CHECK_AS(IoError, ::fsync(fd_) == 0, "safetensors {}: fsync failed: {}", tmp_, std::strerror(errno));
-  ZERO_CHECK_AS(IoError, ::close(fd_) == 0, "safetensors {}: close failed: {}", tmp_, std::strerror(errno));
+  ZERO_CHECK_AS(IoError, ::fsync(fd_) == 0, "safetensors {}: fsync failed: {}", tmp_,
+                std::strerror(errno));
+  ZERO_CHECK_AS(IoError, ::close(fd_) == 0, "safetensors {}: close failed: {}", tmp_,
+                std::strerror(errno));
   fd_ = -1;
-  ZERO_CHECK_AS(IoError, ::rename(tmp_.c_str(), path_.c_str()) == 0, "safetensors {}: cannot rename {} over it: {}",
-                path_, tmp_, std::strerror(errno));
+  ZERO_CHECK_AS(IoError, ::rename(tmp_.c_str(), path_.c_str()) == 0,
+                "safetensors {}: cannot rename {} over it: {}", path_, tmp_, std::strerror(errno));
   finished_ = true;
   const std::string dir = std::filesystem::path(path_).parent_path().string();
   fsync_directory(dir.empty() ? "." : dir);

@@ -74,7 +74,8 @@ class SafetensorsWriter {
   // "__metadata__".
   void add(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* data,
            std::size_t bytes);
-  void add_f32(const std::string& name, std::vector<std::int64_t> shape, const std::vector<float>& values);
+  void add_f32(const std::string& name, std::vector<std::int64_t> shape,
+               const std::vector<float>& values);
 
   std::vector<std::byte> to_bytes() const;
   // Writes to `path` + ".tmp", then renames it over `path`, so a reader never sees half a file.
@@ -153,11 +154,10 @@ class SafetensorsStreamWriter {
   std::vector<Checksum> running_;
   std::vector<std::uint64_t> sums_;
   int fd_ = -1;
-  std::size_t current_ = 0;          // tensor being written
+  std::size_t current_ = 0;  // tensor being written
   std::uint64_t written_in_current_ = 0;
   bool finished_ = false;
 };
-
 
 // fsync of a directory, so a rename or a new entry in it survives a crash. Throws IoError.
 void fsync_directory(const std::string& dir);

@@ -1,15 +1,16 @@
 // zero/base/half.h against an independent oracle (half_test_util.h), GCC's _Float16 and, where
 // the CPU has F16C, the hardware conversions (VCVTPH2PS / VCVTPS2PH).
-#include <catch2/catch.hpp>
+#include "zero/base/half.h"
+
 #include <immintrin.h>
 
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 
 #include "tests/zero/base/half_test_util.h"
-#include "zero/base/half.h"
 
 namespace ht = zero::half_test;
 using ht::bits_of;
@@ -20,17 +21,25 @@ namespace {
 __attribute__((target("f16c"))) std::uint16_t hardware_f16(float x) {
   return static_cast<std::uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
-__attribute__((target("f16c"))) float hardware_f32(std::uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) float hardware_f32(std::uint16_t h) {
+  return _cvtsh_ss(h);
+}
 
-bool have_f16c() { return __builtin_cpu_supports("f16c"); }
+bool have_f16c() {
+  return __builtin_cpu_supports("f16c");
+}
 
 // GCC's soft-float (libgcc) or hardware conversions, a second implementation for finite values.
-float gcc_f16_to_float(std::uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+float gcc_f16_to_float(std::uint16_t h) {
+  return static_cast<float>(std::bit_cast<_Float16>(h));
+}
 std::uint16_t gcc_float_to_f16(float x) {
   return std::bit_cast<std::uint16_t>(static_cast<_Float16>(x));
 }
 
-bool is_quiet_f16_nan(std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x0200u) != 0; }
+bool is_quiet_f16_nan(std::uint16_t h) {
+  return (h & 0x7c00u) == 0x7c00u && (h & 0x0200u) != 0;
+}
 
 constexpr int kF16NanPatterns = 2 * 1023;  // exponent all ones, fraction ≠ 0, either sign
 constexpr int kBF16NanPatterns = 2 * 127;

@@ -56,8 +56,12 @@ inline double value_of(Format f, std::uint16_t h) {
          std::ldexp((1 << f.fraction_bits()) + fraction, exponent - f.bias() - f.fraction_bits());
 }
 
-inline double f16_value(std::uint16_t h) { return value_of(kF16, h); }
-inline double bf16_value(std::uint16_t h) { return value_of(kBF16, h); }
+inline double f16_value(std::uint16_t h) {
+  return value_of(kF16, h);
+}
+inline double bf16_value(std::uint16_t h) {
+  return value_of(kBF16, h);
+}
 
 // Round to nearest, ties to the even pattern, of a non-NaN x: binary search for the largest
 // magnitude pattern not above |x|, then pick the nearer of it and the next one. Past the largest
@@ -113,27 +117,69 @@ inline std::uint16_t reference_bf16(float x) {
 inline std::vector<float> edge_floats() {
   const float two_m24 = std::ldexp(1.0f, -24);  // the smallest fp16 subnormal
   return {
-      0.0f, -0.0f, INFINITY, -INFINITY,
+      0.0f,
+      -0.0f,
+      INFINITY,
+      -INFINITY,
       // NaNs: quiet and signaling, both signs, payload in the kept and in the dropped bits.
-      float_of(0x7fc00000u), float_of(0xffc00000u), float_of(0x7f800001u), float_of(0xff800001u),
-      float_of(0x7fa00000u), float_of(0x7fbfffffu), float_of(0xffffffffu), float_of(0x7f802000u),
-      float_of(0x7fc01234u), float_of(0x7f812345u),
+      float_of(0x7fc00000u),
+      float_of(0xffc00000u),
+      float_of(0x7f800001u),
+      float_of(0xff800001u),
+      float_of(0x7fa00000u),
+      float_of(0x7fbfffffu),
+      float_of(0xffffffffu),
+      float_of(0x7f802000u),
+      float_of(0x7fc01234u),
+      float_of(0x7f812345u),
       // The top of each range.
-      3.4028235e38f, -3.4028235e38f, 65504.0f, -65504.0f, 65519.99f, 65520.0f, -65520.0f,
-      65536.0f, 1e10f, float_of(0x7f7f8000u), float_of(0x7f7f7fffu), float_of(0x7f7fffffu),
+      3.4028235e38f,
+      -3.4028235e38f,
+      65504.0f,
+      -65504.0f,
+      65519.99f,
+      65520.0f,
+      -65520.0f,
+      65536.0f,
+      1e10f,
+      float_of(0x7f7f8000u),
+      float_of(0x7f7f7fffu),
+      float_of(0x7f7fffffu),
       // fp16 subnormals: the smallest, half of it (a tie to zero), just above half, 1.5× (rounds
       // to 1), 2.5× and 3.5× (ties to even, 2 and 4), the largest, the smallest normal.
-      two_m24, -two_m24, two_m24 / 2, float_of(bits_of(two_m24 / 2) + 1), two_m24 * 1.5f,
-      two_m24 * 2.5f, -two_m24 * 3.5f, 1023 * two_m24, 6.1035156e-05f, 6.1032095e-05f, 1e-8f,
-      2.98023224e-08f, 2.98023259e-08f,
+      two_m24,
+      -two_m24,
+      two_m24 / 2,
+      float_of(bits_of(two_m24 / 2) + 1),
+      two_m24 * 1.5f,
+      two_m24 * 2.5f,
+      -two_m24 * 3.5f,
+      1023 * two_m24,
+      6.1035156e-05f,
+      6.1032095e-05f,
+      1e-8f,
+      2.98023224e-08f,
+      2.98023259e-08f,
       // fp32 denormals: the smallest and largest of both signs.
-      float_of(0x00000001u), float_of(0x80000001u), float_of(0x007fffffu), float_of(0x807fffffu),
+      float_of(0x00000001u),
+      float_of(0x80000001u),
+      float_of(0x007fffffu),
+      float_of(0x807fffffu),
       // Ties around 1.0: fp16 (ulp 2^-10) and bf16 (ulp 2^-7), down to even and up to even.
-      1.0f, 1.00048828125f, 1.00146484375f, 1.0009765625f, -1.00048828125f,
-      float_of(0x3f808000u), float_of(0x3f818000u), float_of(0x3f808001u), float_of(0x3f807fffu),
+      1.0f,
+      1.00048828125f,
+      1.00146484375f,
+      1.0009765625f,
+      -1.00048828125f,
+      float_of(0x3f808000u),
+      float_of(0x3f818000u),
+      float_of(0x3f808001u),
+      float_of(0x3f807fffu),
       float_of(0xbf808000u),
       // bf16 subnormal ties.
-      float_of(0x00008000u), float_of(0x00018000u), float_of(0x80008000u),
+      float_of(0x00008000u),
+      float_of(0x00018000u),
+      float_of(0x80008000u),
   };
 }
 

@@ -1,6 +1,5 @@
 // zero/base/strings.h, shape.h, format.h and timer.h.
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <limits>

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cast.h"
+#include "tests/corrupt_file.h"
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/base/error.h"
@@ -66,22 +67,6 @@ std::vector<float> read_in_pieces(const CheckpointSource& s, std::size_t p,
   s.read(p, what, a, b - a, out.data() + a);
   s.read(p, what, b, n - b, out.data() + b);
   return out;
-}
-
-// Flips one byte in the middle of tensor `tensor` of safetensors file `file`.
-void flip_byte(const std::string& file, const std::string& tensor) {
-  const auto reader = io::SafetensorsReader::open(file);
-  const io::TensorInfo& t = reader.at(tensor);
-  const std::uint64_t header = fs::file_size(file) - reader.tensors().back().data_end;
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  const auto pos = static_cast<std::streamoff>(header + t.data_begin + t.size_bytes() / 2);
-  f.seekg(pos);
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x10);
-  f.seekp(pos);
-  f.write(&c, 1);
-  REQUIRE(f.good());
 }
 
 }  // namespace

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "tests/zero/comm/comm_test_util.h"
-#include "zero/comm/communicator.h"
 #include "zero/base/error.h"
+#include "zero/comm/communicator.h"
 
 using namespace std::chrono_literals;
 using zero::CommError;

@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "zero/device/cpu_device.h"
 #include "zero/base/error.h"
+#include "zero/device/cpu_device.h"
 
 using zero::Buffer;
 using zero::CpuDevice;
@@ -242,8 +242,9 @@ TEST_CASE("re-recording an event moves the point it marks") {
   REQUIRE(ev->query());
 }
 
-TEST_CASE("CpuDevice hands a freed large block back for the same size, and the ledger counts only "
-          "buffers in use") {
+TEST_CASE(
+    "CpuDevice hands a freed large block back for the same size, and the ledger counts only "
+    "buffers in use") {
   zero::CpuDevice device(0);
   const std::size_t bytes = std::size_t{1} << 20;
   void* first = nullptr;
@@ -252,11 +253,14 @@ TEST_CASE("CpuDevice hands a freed large block back for the same size, and the l
     first = b.data();
     std::memset(b.data(), 1, bytes);
   }
-  CHECK(device.ledger().usage(zero::MemoryKind::Host, zero::MemoryTag::Gradients).current_bytes == 0);
+  CHECK(device.ledger().usage(zero::MemoryKind::Host, zero::MemoryTag::Gradients).current_bytes ==
+        0);
   zero::Buffer again = device.allocate(bytes, zero::MemoryKind::Host, zero::MemoryTag::Gradients);
   CHECK(again.data() == first);
-  CHECK(device.ledger().usage(zero::MemoryKind::Host, zero::MemoryTag::Gradients).current_bytes == bytes);
+  CHECK(device.ledger().usage(zero::MemoryKind::Host, zero::MemoryTag::Gradients).current_bytes ==
+        bytes);
   // Another size gets its own block.
-  zero::Buffer other = device.allocate(bytes + 4096, zero::MemoryKind::Host, zero::MemoryTag::Gradients);
+  zero::Buffer other =
+      device.allocate(bytes + 4096, zero::MemoryKind::Host, zero::MemoryTag::Gradients);
   CHECK(other.data() != first);
 }

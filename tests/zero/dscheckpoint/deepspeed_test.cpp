@@ -10,9 +10,9 @@
 
 #include "tests/zero/dscheckpoint/pt_writer.h"
 #include "tests/zero/dscheckpoint/test_util.h"
-#include "zero/dscheckpoint/pt_file.h"
 #include "zero/base/error.h"
 #include "zero/base/shape.h"
+#include "zero/dscheckpoint/pt_file.h"
 #include "zero/io/safetensors.h"
 
 namespace ds = zero::dscheckpoint;

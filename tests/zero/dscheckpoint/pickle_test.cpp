@@ -5,8 +5,8 @@
 #include <string>
 
 #include "tests/zero/dscheckpoint/pt_writer.h"
-#include "zero/dscheckpoint/pt_archive.h"
 #include "zero/base/error.h"
+#include "zero/dscheckpoint/pt_archive.h"
 
 namespace ds = zero::dscheckpoint;
 namespace t = zero::dscheckpoint::testing;

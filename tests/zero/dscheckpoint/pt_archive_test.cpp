@@ -10,8 +10,8 @@
 
 #include "tests/zero/dscheckpoint/pt_writer.h"
 #include "tests/zero/dscheckpoint/test_util.h"
-#include "zero/dscheckpoint/pt_file.h"
 #include "zero/base/error.h"
+#include "zero/dscheckpoint/pt_file.h"
 
 namespace ds = zero::dscheckpoint;
 namespace t = zero::dscheckpoint::testing;

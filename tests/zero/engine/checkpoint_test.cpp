@@ -1,21 +1,22 @@
 // Checkpoints: exact resume at the same world size and stage, resharding to others, refusal of
 // corrupted or incomplete checkpoints (state left untouched), crash safety under SIGKILL, and a
 // manifest parser that survives arbitrary edits.
-#include <catch2/catch.hpp>
+#include "zero/checkpoint/checkpoint.h"
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
 
+#include "tests/corrupt_file.h"
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
-#include "zero/checkpoint/checkpoint.h"
 #include "zero/base/error.h"
 
 namespace zero::test {
@@ -54,7 +55,8 @@ TEST_CASE("a resumed run equals an uninterrupted one bitwise at the same world s
         TempDir dir;
         json c = config_for(stage, precision, world);
         if (precision == "bf16" && stage == 2) {
-          c["bf16"]["bf16_master_weights_and_grads"] = true;  // 16-bit masters go through fp32 files
+          c["bf16"]["bf16_master_weights_and_grads"] =
+              true;  // 16-bit masters go through fp32 files
           c["bf16"]["bf16_optimizer_states"] = true;
         }
         const TrainResult whole = run(c, world, 6, dir.str(), 3);
@@ -74,13 +76,15 @@ TEST_CASE("a checkpoint reshards on load to any world size and stage", "[engine]
     int save_world, save_stage, load_world, load_stage;
   };
   for (const std::string precision : {"fp32", "bf16"}) {
-    for (const Case k : {Case{4, 3, 3, 1}, Case{2, 0, 4, 2}, Case{1, 1, 3, 3}, Case{3, 2, 2, 0}, Case{4, 1, 4, 3}}) {
-      INFO(precision << ": saved at " << k.save_world << " ranks stage " << k.save_stage << ", loaded at "
-                     << k.load_world << " ranks stage " << k.load_stage);
+    for (const Case k : {Case{4, 3, 3, 1}, Case{2, 0, 4, 2}, Case{1, 1, 3, 3}, Case{3, 2, 2, 0},
+                         Case{4, 1, 4, 3}}) {
+      INFO(precision << ": saved at " << k.save_world << " ranks stage " << k.save_stage
+                     << ", loaded at " << k.load_world << " ranks stage " << k.load_stage);
       TempDir dir;
-      const TrainResult whole = run(config_for(k.save_stage, precision, k.save_world), k.save_world, 6, dir.str(), 3);
-      const TrainResult resumed =
-          run(config_for(k.load_stage, precision, k.load_world), k.load_world, 6, {}, -1, dir.str());
+      const TrainResult whole =
+          run(config_for(k.save_stage, precision, k.save_world), k.save_world, 6, dir.str(), 3);
+      const TrainResult resumed = run(config_for(k.load_stage, precision, k.load_world),
+                                      k.load_world, 6, {}, -1, dir.str());
       REQUIRE(resumed.steps.size() == 3);
       const double tol = precision == "fp32" ? kReshardTol : 3e-3;  // bf16: rounded sums differ
       CHECK(max_abs_diff(whole.params, resumed.params) < tol);
@@ -91,21 +95,6 @@ TEST_CASE("a checkpoint reshards on load to any world size and stage", "[engine]
       }
     }
   }
-}
-
-// Flips one byte inside tensor `tensor` of `file`.
-void flip_byte(const std::string& file, const std::string& tensor) {
-  const auto reader = io::SafetensorsReader::open(file);
-  const io::TensorInfo& t = reader.at(tensor);
-  const std::uint64_t header = fs::file_size(file) - reader.tensors().back().data_end;
-  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  const auto pos = static_cast<std::streamoff>(header + t.data_begin + t.size_bytes() / 2);
-  f.seekg(pos);
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x10);
-  f.seekp(pos);
-  f.write(&c, 1);
 }
 
 TEST_CASE("a corrupted, incomplete or foreign checkpoint is refused by name and changes nothing",
@@ -130,13 +119,15 @@ TEST_CASE("a corrupted, incomplete or foreign checkpoint is refused by name and 
     copy(d);
     flip_byte(d.str() + "/step3/" + ckpt::rank_file_name(1, 2), "exp_avg_sq");
     const std::string e = load_error(d.str());
-    CHECK_THAT(e, Catch::Contains("'exp_avg_sq'") && Catch::Contains("rank_00001_of_00002") && Catch::Contains("corrupted"));
+    CHECK_THAT(e, Catch::Contains("'exp_avg_sq'") && Catch::Contains("rank_00001_of_00002") &&
+                      Catch::Contains("corrupted"));
   }
   {
     TempDir d;
     copy(d);
     fs::remove(d.str() + "/step3/" + ckpt::rank_file_name(0, 2));
-    CHECK_THAT(load_error(d.str()), Catch::Contains("rank_00000_of_00002.safetensors") && Catch::Contains("missing"));
+    CHECK_THAT(load_error(d.str()),
+               Catch::Contains("rank_00000_of_00002.safetensors") && Catch::Contains("missing"));
   }
   {
     TempDir d;
@@ -189,7 +180,8 @@ TEST_CASE("a corrupted, incomplete or foreign checkpoint is refused by name and 
   });
 }
 
-TEST_CASE("a save killed at any point never damages the previous checkpoint", "[engine][checkpoint]") {
+TEST_CASE("a save killed at any point never damages the previous checkpoint",
+          "[engine][checkpoint]") {
   TempDir dir;
   const json c = config_for(2, "bf16", 1);
   // A first complete checkpoint.
@@ -223,12 +215,14 @@ TEST_CASE("a save killed at any point never damages the previous checkpoint", "[
     killed_mid_save += WIFSIGNALED(status);
     // Whatever `latest` names is complete and verifies.
     const auto reader = ckpt::CheckpointReader::open(dir.str());
-    for (int r = 0; r < reader.manifest().world_size; ++r) REQUIRE_NOTHROW(reader.verify_rank_file(r));
+    for (int r = 0; r < reader.manifest().world_size; ++r)
+      REQUIRE_NOTHROW(reader.verify_rank_file(r));
   }
   CHECK(killed_mid_save == 12);
 }
 
-TEST_CASE("tied names are checked at registration and recorded in the manifest", "[engine][checkpoint]") {
+TEST_CASE("tied names are checked at registration and recorded in the manifest",
+          "[engine][checkpoint]") {
   TempDir dir;
   config::Supplied s;
   s.world_size = 1;
@@ -237,8 +231,9 @@ TEST_CASE("tied names are checked at registration and recorded in the manifest",
   std::string duplicate_error;
   run_ranks(1, [&](Communicator& comm) {
     auto device = make_device("cpu", 0);
-    std::vector<ParamSpec> specs = {{"embed.weight", {4, 3}, DType::F32, 0, 0, true, {"lm_head.weight"}},
-                                    {"norm.weight", {3}, DType::F32, 0, 0, true}};
+    std::vector<ParamSpec> specs = {
+        {"embed.weight", {4, 3}, DType::F32, 0, 0, true, {"lm_head.weight"}},
+        {"norm.weight", {3}, DType::F32, 0, 0, true}};
     auto engine = Engine::create(cfg, comm, *device, specs, init);
     engine->save_checkpoint(dir.str(), "tied");
     specs[1].tied_names = {"lm_head.weight"};
@@ -259,21 +254,23 @@ TEST_CASE("the manifest parser survives arbitrary edits", "[engine][checkpoint]"
   run(config_for(3, "fp32", 2), 2, 1, dir.str(), 1);
   const json original = json::parse(std::ifstream(dir.str() + "/step1/manifest.json"));
   std::mt19937 rng(99);
-  const std::vector<json> values = {json(), json(-1), json(0), json(1), json(1ull << 62), json("x"),
-                                    json::array(), json::object(), json(1.5), json(true)};
+  const std::vector<json> values = {json(),           json(-1),  json(0),       json(1),
+                                    json(1ull << 62), json("x"), json::array(), json::object(),
+                                    json(1.5),        json(true)};
   std::size_t refused = 0, accepted = 0;
   for (int i = 0; i < 3000; ++i) {
     json m = original;
     // Replace a random leaf (or container) with a random value.
     std::vector<json::json_pointer> paths;
-    std::function<void(const json&, const json::json_pointer&)> walk = [&](const json& v, const json::json_pointer& p) {
-      paths.push_back(p);
-      if (v.is_object()) {
-        for (const auto& [k, x] : v.items()) walk(x, p / k);
-      } else if (v.is_array()) {
-        for (std::size_t k = 0; k < v.size(); ++k) walk(v[k], p / k);
-      }
-    };
+    std::function<void(const json&, const json::json_pointer&)> walk =
+        [&](const json& v, const json::json_pointer& p) {
+          paths.push_back(p);
+          if (v.is_object()) {
+            for (const auto& [k, x] : v.items()) walk(x, p / k);
+          } else if (v.is_array()) {
+            for (std::size_t k = 0; k < v.size(); ++k) walk(v[k], p / k);
+          }
+        };
     walk(m, json::json_pointer());
     const auto& target = paths[1 + rng() % (paths.size() - 1)];
     m[target] = values[rng() % values.size()];
@@ -283,7 +280,8 @@ TEST_CASE("the manifest parser survives arbitrary edits", "[engine][checkpoint]"
       // Anything accepted is self-consistent: every trainable parameter lies inside its unit.
       for (const ckpt::ParamEntry& p : parsed.params) {
         if (!p.trainable) continue;
-        REQUIRE(p.offset + p.numel <= parsed.units.at(static_cast<std::size_t>(p.unit)).padded_elems);
+        REQUIRE(p.offset + p.numel <=
+                parsed.units.at(static_cast<std::size_t>(p.unit)).padded_elems);
       }
     } catch (const IoError&) {
       ++refused;

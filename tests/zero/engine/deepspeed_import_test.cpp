@@ -3,15 +3,14 @@
 // equal what DeepSpeed's zero_to_fp32 reconstructs, the Adam moments equal the stored ones, the
 // step counters continue, and training goes on.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <mutex>
 
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
+#include "zero/base/error.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/dscheckpoint/deepspeed.h"
-#include "zero/base/error.h"
 #include "zero/io/safetensors.h"
 
 namespace zero::test {
@@ -30,7 +29,8 @@ struct Seen {
 
 TEST_CASE("DeepSpeed checkpoints import at any world size and stage and training goes on",
           "[engine][deepspeed]") {
-  for (const std::string fixture : {"zero1_world2_fp32", "zero2_world2_fp32", "zero3_world2_fp32"}) {
+  for (const std::string fixture :
+       {"zero1_world2_fp32", "zero2_world2_fp32", "zero3_world2_fp32"}) {
     const std::string dir = kFixtures + fixture;
     const auto ds = dscheckpoint::DeepSpeedCheckpoint::open(dir);
     const auto expected = io::SafetensorsReader::open(dir + "/expected_fp32.safetensors");
@@ -48,32 +48,36 @@ TEST_CASE("DeepSpeed checkpoints import at any world size and stage and training
             {"gradient_accumulation_steps", 1},
             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}},
             {"zero_optimization", {{"stage", stage}, {"stage3_param_persistence_threshold", 0}}}};
-        const config::DsConfig cfg = config::load_config_json(cfg_json, {.world_size = world, .values = {}});
+        const config::DsConfig cfg =
+            config::load_config_json(cfg_json, {.world_size = world, .values = {}});
         const TempDir out("zero_ds_import");
         std::mutex mu;
         Seen seen;
         run_ranks(world, [&](Communicator& comm) {
           try {
             auto device = make_device("cpu", comm.rank());
-            auto engine = Engine::create(cfg, comm, *device, specs, [](std::size_t, std::span<float> v) {
-              std::fill(v.begin(), v.end(), 0.0f);
-            });
+            auto engine = Engine::create(
+                cfg, comm, *device, specs,
+                [](std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 0.0f); });
             engine->load_checkpoint(dir);
             std::vector<std::vector<float>> master;
-            for (std::size_t i = 0; i < specs.size(); ++i) master.push_back(engine->gather_master(i));
+            for (std::size_t i = 0; i < specs.size(); ++i)
+              master.push_back(engine->gather_master(i));
             // Our own checkpoint of the imported state holds the moments for comparison.
             engine->save_checkpoint(out.str(), "imported");
             // Three more steps.
             bool finite = true;
             for (int t = 0; t < 3; ++t) {
-              for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
+              for (std::size_t u = 0; u < engine->num_units(); ++u)
+                engine->gather(static_cast<int>(u));
               for (std::size_t i = specs.size(); i-- > 0;) {
                 std::span<std::byte> g = engine->grad(i);
                 std::vector<float> v(g.size() / 4, 0.01f * static_cast<float>(t + 1));
                 std::memcpy(g.data(), v.data(), g.size());
                 engine->grad_ready(i);
               }
-              for (std::size_t u = 0; u < engine->num_units(); ++u) engine->release(static_cast<int>(u));
+              for (std::size_t u = 0; u < engine->num_units(); ++u)
+                engine->release(static_cast<int>(u));
               finite = finite && !engine->step().skipped;
             }
             for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -125,11 +129,11 @@ TEST_CASE("DeepSpeed checkpoints import at any world size and stage and training
 }
 
 TEST_CASE("a DeepSpeed checkpoint of another model is refused by name", "[engine][deepspeed]") {
-  const config::DsConfig cfg = config::load_config_json(
-      {{"train_micro_batch_size_per_gpu", 1},
-       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-       {"zero_optimization", {{"stage", 2}}}},
-      {.world_size = 1, .values = {}});
+  const config::DsConfig cfg =
+      config::load_config_json({{"train_micro_batch_size_per_gpu", 1},
+                                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+                                {"zero_optimization", {{"stage", 2}}}},
+                               {.world_size = 1, .values = {}});
   std::string message;
   run_ranks(1, [&](Communicator& comm) {
     auto device = make_device("cpu", 0);

@@ -2,7 +2,6 @@
 // single-rank reference optimizer fed the mean gradient, the loss scaler against DeepSpeed's own
 // sequences, the memory ledger against the ZeRO formulas, and misuse.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -10,8 +9,8 @@
 
 #include "kernels/optimizer.h"
 #include "tests/zero/engine/engine_test_util.h"
-#include "zero/comm/testing/faulty_communicator.h"
 #include "zero/base/error.h"
+#include "zero/comm/testing/faulty_communicator.h"
 #include "zero/estimate/estimate.h"
 #include "zero/schedule/from_config.h"
 
@@ -156,8 +155,10 @@ TEST_CASE("every stage matches a single-rank reference optimizer fed the mean gr
   }
 }
 
-TEST_CASE("every optimizer and reduction option keeps the stages bitwise equal and close to one "
-          "rank", "[engine]") {
+TEST_CASE(
+    "every optimizer and reduction option keeps the stages bitwise equal and close to one "
+    "rank",
+    "[engine]") {
   struct Variant {
     std::string name;
     std::string precision;
@@ -167,17 +168,27 @@ TEST_CASE("every optimizer and reduction option keeps the stages bitwise equal a
   };
   const std::vector<Variant> variants = {
       {"Adam with L2 decay (adam_w_mode false)", "fp32", 1,
-       [](json& c) { c["optimizer"] = {{"type", "Adam"}, {"params", {{"lr", 0.003}, {"weight_decay", 0.01}, {"adam_w_mode", false}}}}; },
+       [](json& c) {
+         c["optimizer"] = {
+             {"type", "Adam"},
+             {"params", {{"lr", 0.003}, {"weight_decay", 0.01}, {"adam_w_mode", false}}}};
+       },
        kTolFp32},
       {"Adagrad", "fp32", 1,
-       [](json& c) { c["optimizer"] = {{"type", "Adagrad"}, {"params", {{"lr", 0.01}, {"weight_decay", 0.001}}}}; },
+       [](json& c) {
+         c["optimizer"] = {{"type", "Adagrad"},
+                           {"params", {{"lr", 0.01}, {"weight_decay", 0.001}}}};
+       },
        kTolFp32},
       {"Lion", "bf16", 1,
-       [](json& c) { c["optimizer"] = {{"type", "Lion"}, {"params", {{"lr", 0.0003}, {"weight_decay", 0.01}}}}; },
+       [](json& c) {
+         c["optimizer"] = {{"type", "Lion"}, {"params", {{"lr", 0.0003}, {"weight_decay", 0.01}}}};
+       },
        4 * 0.0003 * 5},  // sign updates: an element may step the other way every step
       {"SGD with Nesterov momentum", "fp32", 3,
        [](json& c) {
-         c["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}}}};
+         c["optimizer"] = {{"type", "SGD"},
+                           {"params", {{"lr", 0.05}, {"momentum", 0.9}, {"nesterov", true}}}};
          c["zero_allow_untested_optimizer"] = true;  // DeepSpeed's rule for torch optimizers
        },
        kTolFp32},
@@ -203,7 +214,10 @@ TEST_CASE("every optimizer and reduction option keeps the stages bitwise equal a
       {"reduce_scatter false (all-reduce)", "bf16", 1,
        [](json& c) { c["zero_optimization"]["reduce_scatter"] = false; }, kTolBf16},
       {"fp16 with a static loss scale", "fp16", 1,
-       [](json& c) { c["fp16"] = {{"enabled", true}, {"loss_scale", 256}}; }, kTolFp16},
+       [](json& c) {
+         c["fp16"] = {{"enabled", true}, {"loss_scale", 256}};
+       },
+       kTolFp16},
       {"no overlap, one bucket per unit", "fp32", 3,
        [](json& c) {
          c["zero_optimization"]["overlap_comm"] = false;
@@ -213,8 +227,10 @@ TEST_CASE("every optimizer and reduction option keeps the stages bitwise equal a
       {"WarmupDecayLR, no clipping", "fp32", 1,
        [](json& c) {
          c["gradient_clipping"] = 0.0;
-         c["scheduler"] = {{"type", "WarmupDecayLR"},
-                           {"params", {{"warmup_max_lr", 0.003}, {"warmup_num_steps", 2}, {"total_num_steps", 6}}}};
+         c["scheduler"] = {
+             {"type", "WarmupDecayLR"},
+             {"params",
+              {{"warmup_max_lr", 0.003}, {"warmup_num_steps", 2}, {"total_num_steps", 6}}}};
        },
        kTolFp32},
   };
@@ -227,7 +243,8 @@ TEST_CASE("every optimizer and reduction option keeps the stages bitwise equal a
       runs.push_back(run(c, 3));
     }
     if (v.gas == 1) {
-      for (int stage = 1; stage <= 3; ++stage) require_bitwise_equal(runs[0], runs[static_cast<std::size_t>(stage)]);
+      for (int stage = 1; stage <= 3; ++stage)
+        require_bitwise_equal(runs[0], runs[static_cast<std::size_t>(stage)]);
     } else {
       require_bitwise_equal(runs[0], runs[1]);
       require_bitwise_equal(runs[2], runs[3]);
@@ -253,9 +270,12 @@ TEST_CASE("bf16 master weights keep 2 bytes per parameter and train like fp32 ma
   auto bytes = [](const TrainResult& r, MemoryTag tag) {
     return r.memory[0].at(MemoryKind::Device, tag).current_bytes;
   };
-  CHECK(2 * bytes(bf16_master, MemoryTag::MasterParams) == bytes(fp32_master, MemoryTag::MasterParams));
-  CHECK(bytes(bf16_master, MemoryTag::OptimizerStates) == bytes(fp32_master, MemoryTag::OptimizerStates));
-  CHECK(2 * bytes(bf16_all, MemoryTag::OptimizerStates) == bytes(fp32_master, MemoryTag::OptimizerStates));
+  CHECK(2 * bytes(bf16_master, MemoryTag::MasterParams) ==
+        bytes(fp32_master, MemoryTag::MasterParams));
+  CHECK(bytes(bf16_master, MemoryTag::OptimizerStates) ==
+        bytes(fp32_master, MemoryTag::OptimizerStates));
+  CHECK(2 * bytes(bf16_all, MemoryTag::OptimizerStates) ==
+        bytes(fp32_master, MemoryTag::OptimizerStates));
   // Master values are bf16-representable.
   for (const auto& v : bf16_master.params) {
     for (float x : v) {
@@ -275,14 +295,17 @@ TEST_CASE("bf16 master weights keep 2 bytes per parameter and train like fp32 ma
   }
 }
 
-TEST_CASE("CPU offload of optimizer states and stage-3 parameters changes where memory is, not "
-          "the result", "[engine]") {
+TEST_CASE(
+    "CPU offload of optimizer states and stage-3 parameters changes where memory is, not "
+    "the result",
+    "[engine]") {
   for (int stage = 1; stage <= 3; ++stage) {
     INFO("stage " << stage);
     const json plain = base_config(stage, "bf16", 1);
     json offload = plain;
     offload["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
-    if (stage == 3) offload["zero_optimization"]["offload_param"] = {{"device", "cpu"}, {"pin_memory", false}};
+    if (stage == 3)
+      offload["zero_optimization"]["offload_param"] = {{"device", "cpu"}, {"pin_memory", false}};
     const TrainResult a = run(plain, 3);
     const TrainResult b = run(offload, 3);
     require_bitwise_equal(a, b);
@@ -291,7 +314,8 @@ TEST_CASE("CPU offload of optimizer states and stage-3 parameters changes where 
       CHECK(m.at(MemoryKind::PinnedHost, MemoryTag::MasterParams).current_bytes ==
             a.memory[0].at(MemoryKind::Device, MemoryTag::MasterParams).current_bytes);
       CHECK(m.at(MemoryKind::PinnedHost, MemoryTag::OptimizerStates).current_bytes > 0);
-      if (stage == 3) CHECK(m.at(MemoryKind::Host, MemoryTag::LowPrecisionParams).current_bytes > 0);
+      if (stage == 3)
+        CHECK(m.at(MemoryKind::Host, MemoryTag::LowPrecisionParams).current_bytes > 0);
     }
   }
   // NVMe at stage 3 is not there yet, and says so.
@@ -309,7 +333,7 @@ TEST_CASE("param groups override lr and weight decay, frozen parameters never ch
       spec.world = 3;
       spec.groups = {{}, {0.01, 0.0}};
       spec.group_of = [](std::size_t i) { return static_cast<int>(i % 2); };  // biases: group 1
-      spec.frozen = [](std::size_t i) { return i == 2; };                   // layers.1.weight
+      spec.frozen = [](std::size_t i) { return i == 2; };                     // layers.1.weight
       return spec;
     };
     const TrainResult r = train(spec_for(stage));
@@ -320,12 +344,15 @@ TEST_CASE("param groups override lr and weight decay, frozen parameters never ch
     TrainSpec plain = spec_for(stage);
     plain.groups = {{}, {}};
     const TrainResult p = train(plain);
-    CHECK(max_abs_diff({r.params[1]}, {r.initial[1]}) > max_abs_diff({p.params[1]}, {p.initial[1]}));
+    CHECK(max_abs_diff({r.params[1]}, {r.initial[1]}) >
+          max_abs_diff({p.params[1]}, {p.initial[1]}));
   }
 }
 
-TEST_CASE("an fp16 overflow on one rank skips the step everywhere, and the scale follows "
-          "DeepSpeed's sequence", "[engine]") {
+TEST_CASE(
+    "an fp16 overflow on one rank skips the step everywhere, and the scale follows "
+    "DeepSpeed's sequence",
+    "[engine]") {
   std::ifstream in(ZERO_TEST_GOLDEN_DIR "/deepspeed/loss_scale.json");
   REQUIRE(in.good());
   const json golden = json::parse(in);
@@ -336,13 +363,14 @@ TEST_CASE("an fp16 overflow on one rank skips the step everywhere, and the scale
     INFO("overflows " << bits);
     for (int stage : {1, 3}) {
       json cfg = base_config(stage, "fp16", 1);
-      cfg["fp16"] = {{"enabled", true},
-                     {"loss_scale", 0},
-                     {"initial_scale_power", static_cast<int>(std::log2(p["init_scale"].get<double>()))},
-                     {"loss_scale_window", p["scale_window"]},
-                     {"min_loss_scale", p["min_scale"]},
-                     {"hysteresis", p["delayed_shift"]},
-                     {"consecutive_hysteresis", p["consecutive_hysteresis"]}};
+      cfg["fp16"] = {
+          {"enabled", true},
+          {"loss_scale", 0},
+          {"initial_scale_power", static_cast<int>(std::log2(p["init_scale"].get<double>()))},
+          {"loss_scale_window", p["scale_window"]},
+          {"min_loss_scale", p["min_scale"]},
+          {"hysteresis", p["delayed_shift"]},
+          {"consecutive_hysteresis", p["consecutive_hysteresis"]}};
       TrainSpec spec;
       spec.config = cfg;
       spec.world = 2;
@@ -399,26 +427,34 @@ TEST_CASE("the memory ledger matches the ZeRO formulas within padding and bucket
     const double bucket_bytes = 2.0 * (world + 1) * 4096 * 2;
     for (const MemorySnapshot& m : r.memory) {
       INFO("stage " << stage << ", rank " << m.rank);
-      auto peak = [&](MemoryTag tag) { return static_cast<double>(m.at(MemoryKind::Device, tag).peak_bytes); };
-      auto now = [&](MemoryTag tag) { return static_cast<double>(m.at(MemoryKind::Device, tag).current_bytes); };
+      auto peak = [&](MemoryTag tag) {
+        return static_cast<double>(m.at(MemoryKind::Device, tag).peak_bytes);
+      };
+      auto now = [&](MemoryTag tag) {
+        return static_cast<double>(m.at(MemoryKind::Device, tag).current_bytes);
+      };
       REQUIRE(e.fp32_master.device > 0);
       CHECK(std::fabs(now(MemoryTag::MasterParams) - e.fp32_master.device) <= 4 * pad_elems);
-      CHECK(std::fabs(now(MemoryTag::OptimizerStates) - e.optimizer_states.device) <= 8 * pad_elems);
+      CHECK(std::fabs(now(MemoryTag::OptimizerStates) - e.optimizer_states.device) <=
+            8 * pad_elems);
       CHECK(std::fabs(now(MemoryTag::LowPrecisionParams) - e.lp_params.device) <= 2 * pad_elems);
       // Gradients: the resident ones match the formula, plus at stage 1 the reduced partition
       // kept beside the full local gradients (DeepSpeed's averaged_gradients); the peak adds
       // the micro-step's staging of units not yet reduced (at most the whole model).
       const double partition = stage == 1 ? 2.0 * psi / world : 0.0;
       CHECK(std::fabs(now(MemoryTag::Gradients) - e.gradients.device - partition) <= 3 * pad_elems);
-      CHECK(peak(MemoryTag::Gradients) <= e.gradients.device + partition + 2.0 * psi + 3 * pad_elems);
+      CHECK(peak(MemoryTag::Gradients) <=
+            e.gradients.device + partition + 2.0 * psi + 3 * pad_elems);
       CHECK(peak(MemoryTag::Buckets) <= bucket_bytes);
       if (stage == 3) CHECK(peak(MemoryTag::GatherBuffers) <= 2.0 * psi + 2 * pad_elems);
     }
   }
 }
 
-TEST_CASE("a failed collective inside step() leaves master weights, scaler and schedule as "
-          "they were", "[engine]") {
+TEST_CASE(
+    "a failed collective inside step() leaves master weights, scaler and schedule as "
+    "they were",
+    "[engine]") {
   const std::vector<ParamSpec> specs = {{"w", {64}, DType::F16, 0, 0, true},
                                         {"b", {8}, DType::F16, 0, 1, true}};
   auto init = [](std::size_t i, std::span<float> out) {
@@ -472,7 +508,8 @@ TEST_CASE("a failed collective inside step() leaves master weights, scaler and s
       }
       s.state_kept = engine->global_steps() == 1 && engine->loss_scale() == scale &&
                      engine->current_lr() == lr;
-      for (std::size_t i = 0; i < 2; ++i) s.state_kept = s.state_kept && engine->gather_master(i) == before[i];
+      for (std::size_t i = 0; i < 2; ++i)
+        s.state_kept = s.state_kept && engine->gather_master(i) == before[i];
     });
     if (fail_call == 0) return;
     for (const Seen& s : seen) {
@@ -507,7 +544,8 @@ TEST_CASE("misuse is an error that says what and where", "[engine]") {
     auto device = make_device("cpu", 0);
     auto engine = Engine::create(cfg, comm, *device, specs, init);
     REQUIRE_THROWS_WITH(engine->gather(7), Catch::Contains("unknown unit 7"));
-    REQUIRE_THROWS_WITH(engine->param(0), Catch::Contains("'a'") && Catch::Contains("not gathered"));
+    REQUIRE_THROWS_WITH(engine->param(0),
+                        Catch::Contains("'a'") && Catch::Contains("not gathered"));
     REQUIRE_THROWS_WITH(engine->release(0), Catch::Contains("release without gather"));
     REQUIRE_THROWS_WITH(engine->param(9), Catch::Contains("unknown parameter id 9"));
     engine->gather(0);
@@ -533,7 +571,8 @@ TEST_CASE("misuse is an error that says what and where", "[engine]") {
     auto engine = Engine::create(config::load_config_json(strict, s), comm, *device, specs, init);
     engine->grad(0);
     engine->grad_ready(0);
-    REQUIRE_THROWS_WITH(engine->step(), Catch::Contains("b") && Catch::Contains("ignore_unused_parameters"));
+    REQUIRE_THROWS_WITH(engine->step(),
+                        Catch::Contains("b") && Catch::Contains("ignore_unused_parameters"));
   });
   // A dtype other than the config's, duplicate names.
   run_ranks(1, [&](Communicator& comm) {
@@ -544,7 +583,8 @@ TEST_CASE("misuse is an error that says what and where", "[engine]") {
                         Catch::Contains("'b' has dtype bf16") && Catch::Contains("fp32"));
     bad = specs;
     bad[1].name = std::string(specs[0].name);
-    REQUIRE_THROWS_WITH(Engine::create(cfg, comm, *device, bad, init), Catch::Contains("'a' is registered twice"));
+    REQUIRE_THROWS_WITH(Engine::create(cfg, comm, *device, bad, init),
+                        Catch::Contains("'a' is registered twice"));
   });
   // Ranks that register different parameters fail at create() instead of hanging; a config
   // resolved for another world size is refused. (Ranks record messages; the test thread checks.)

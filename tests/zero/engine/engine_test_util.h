@@ -4,12 +4,11 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -48,27 +47,29 @@ struct TrainSpec {
 
 struct TrainResult {
   std::vector<std::string> names;
-  std::vector<std::vector<float>> params;     // final fp32 master, per parameter (rank 0)
-  std::vector<std::vector<float>> initial;    // initial values
-  std::vector<StepResult> steps;              // rank 0's step results at boundaries
-  std::vector<MemorySnapshot> memory;         // per rank, at the end
-  std::vector<double> losses;                 // rank 0's local loss per window
+  std::vector<std::vector<float>> params;   // final fp32 master, per parameter (rank 0)
+  std::vector<std::vector<float>> initial;  // initial values
+  std::vector<StepResult> steps;            // rank 0's step results at boundaries
+  std::vector<MemorySnapshot> memory;       // per rank, at the end
+  std::vector<double> losses;               // rank 0's local loss per window
 };
 
-inline nlohmann::json base_config(int stage, const std::string& precision, int gas,
-                                  int micro = 4) {
+inline nlohmann::json base_config(int stage, const std::string& precision, int gas, int micro = 4) {
   nlohmann::json c = {
       {"train_micro_batch_size_per_gpu", micro},
       {"gradient_accumulation_steps", gas},
       {"gradient_clipping", 1.0},
       {"optimizer",
        {{"type", "AdamW"},
-        {"params", {{"lr", 0.003}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}}},
+        {"params",
+         {{"lr", 0.003}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}}},
       {"scheduler",
        {{"type", "WarmupLR"},
         {"params", {{"warmup_min_lr", 0}, {"warmup_max_lr", 0.003}, {"warmup_num_steps", 3}}}}},
       {"zero_optimization",
-       {{"stage", stage}, {"reduce_bucket_size", 300}, {"allgather_bucket_size", 300},
+       {{"stage", stage},
+        {"reduce_bucket_size", 300},
+        {"allgather_bucket_size", 300},
         {"overlap_comm", true}}}};
   if (precision == "bf16") c["bf16"] = {{"enabled", true}};
   if (precision == "fp16") c["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
@@ -140,7 +141,8 @@ inline TrainResult train(const TrainSpec& spec) {
         const Batch batch = data.batch(static_cast<std::uint64_t>(t), first, micro);
         std::vector<std::span<const float>> w(weights.begin(), weights.end());
         std::vector<std::span<float>> g(grads.begin(), grads.end());
-        loss_sum += forward_backward(shape, w, batch, static_cast<float>(engine->backward_scale()), g);
+        loss_sum +=
+            forward_backward(shape, w, batch, static_cast<float>(engine->backward_scale()), g);
         for (std::size_t u = engine->num_units(); u-- > 0;) engine->release(static_cast<int>(u));
         for (std::size_t i = specs.size(); i-- > 0;) {
           if (!specs[i].trainable) continue;
@@ -156,7 +158,8 @@ inline TrainResult train(const TrainSpec& spec) {
         }
       }
       if (t + 1 == spec.save_after) {
-        engine->save_checkpoint(spec.save_dir, "step" + std::to_string(t + 1), {{"next_step", t + 1}});
+        engine->save_checkpoint(spec.save_dir, "step" + std::to_string(t + 1),
+                                {{"next_step", t + 1}});
       }
     }
     std::vector<std::vector<float>> final_params;
@@ -177,7 +180,8 @@ inline void require_bitwise_equal(const TrainResult& a, const TrainResult& b) {
   for (std::size_t i = 0; i < a.params.size(); ++i) {
     REQUIRE(a.params[i].size() == b.params[i].size());
     INFO("parameter " << a.names[i]);
-    REQUIRE(std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * sizeof(float)) == 0);
+    REQUIRE(std::memcmp(a.params[i].data(), b.params[i].data(),
+                        a.params[i].size() * sizeof(float)) == 0);
     for (std::size_t j = 0; j < a.params[i].size(); ++j) moved += a.params[i][j] != a.initial[i][j];
   }
   REQUIRE(moved > 0);

@@ -3,7 +3,6 @@
 // gathers, uses and releases one unit at a time (as a layer-by-layer forward does), and its
 // gradients depend on the gathered values, so a wrong gather shows in the parameters.
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <mutex>
 
@@ -57,7 +56,8 @@ Stage3Run run_layers(const json& cfg_json, int world, int steps,
         auto engine = Engine::create(
             cfg, comm, *device, specs,
             [](std::size_t i, std::span<float> v) {
-              for (std::size_t j = 0; j < v.size(); ++j) v[j] = 0.05f * static_cast<float>((i * 7 + j) % 11) - 0.2f;
+              for (std::size_t j = 0; j < v.size(); ++j)
+                v[j] = 0.05f * static_cast<float>((i * 7 + j) % 11) - 0.2f;
             },
             options);
         std::vector<std::vector<float>> initial;
@@ -73,7 +73,9 @@ Stage3Run run_layers(const json& cfg_json, int world, int steps,
               const std::vector<float> w = to_f32(engine->param(i), cfg.model_dtype);
               grads[i].resize(w.size());
               for (std::size_t j = 0; j < w.size(); ++j) {
-                const float target = 0.1f * static_cast<float>((j + static_cast<std::size_t>(t)) % 5) + 0.01f * static_cast<float>(r);
+                const float target =
+                    0.1f * static_cast<float>((j + static_cast<std::size_t>(t)) % 5) +
+                    0.01f * static_cast<float>(r);
                 grads[i][j] = (w[j] - target) * static_cast<float>(engine->backward_scale());
               }
             }
@@ -82,13 +84,15 @@ Stage3Run run_layers(const json& cfg_json, int world, int steps,
           for (std::size_t i = specs.size(); i-- > 0;) {
             if (grads[i].empty()) continue;
             std::span<std::byte> slot = engine->grad(i);
-            kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), cfg.model_dtype, grads[i].size());
+            kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), cfg.model_dtype,
+                              grads[i].size());
             engine->grad_ready(i);
           }
           engine->step();
         }
         std::vector<std::vector<float>> final_params;
-        for (std::size_t i = 0; i < specs.size(); ++i) final_params.push_back(engine->gather_master(i));
+        for (std::size_t i = 0; i < specs.size(); ++i)
+          final_params.push_back(engine->gather_master(i));
         // The 16-bit model a save writes is the master rounded once (the lp copy of the step).
         for (std::size_t i = 0; i < specs.size(); ++i) {
           const std::vector<std::byte> lp = engine->gather_model(i);
@@ -138,14 +142,17 @@ void require_same(const Stage3Run& a, const Stage3Run& b) {
   for (std::size_t i = 0; i < a.params.size(); ++i) {
     INFO("parameter " << i);
     REQUIRE(a.params[i].size() == b.params[i].size());
-    REQUIRE(std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * sizeof(float)) == 0);
+    REQUIRE(std::memcmp(a.params[i].data(), b.params[i].data(),
+                        a.params[i].size() * sizeof(float)) == 0);
     for (std::size_t j = 0; j < a.params[i].size(); ++j) moved += a.params[i][j] != a.initial[i][j];
   }
   REQUIRE(moved > 0);
 }
 
-TEST_CASE("stage 3 with and without prefetch, any bucket, live limit or persistence equals stage 2 "
-          "bitwise", "[engine][stage3]") {
+TEST_CASE(
+    "stage 3 with and without prefetch, any bucket, live limit or persistence equals stage 2 "
+    "bitwise",
+    "[engine][stage3]") {
   for (const std::string precision : {"fp32", "bf16", "fp16"}) {
     for (int world : {1, 2, 3, 4, 8}) {
       INFO(precision << ", " << world << " ranks");
@@ -154,11 +161,13 @@ TEST_CASE("stage 3 with and without prefetch, any bucket, live limit or persiste
       struct Variant {
         std::int64_t prefetch, max_live, persistence;
       };
-      for (const Variant v : {Variant{0, 1'000'000, 0}, Variant{100, 1'000'000, 0},
-                              Variant{1'000'000, 1'000'000, 0}, Variant{1'000'000, 400, 0},
-                              Variant{1'000'000, 1'000'000, 50}, Variant{64, 300, 3}}) {
-        INFO("prefetch " << v.prefetch << ", max_live " << v.max_live << ", persistence " << v.persistence);
-        const Stage3Run r = run_layers(stage3_config(precision, v.prefetch, v.max_live, v.persistence), world, 4, forward);
+      for (const Variant v :
+           {Variant{0, 1'000'000, 0}, Variant{100, 1'000'000, 0}, Variant{1'000'000, 1'000'000, 0},
+            Variant{1'000'000, 400, 0}, Variant{1'000'000, 1'000'000, 50}, Variant{64, 300, 3}}) {
+        INFO("prefetch " << v.prefetch << ", max_live " << v.max_live << ", persistence "
+                         << v.persistence);
+        const Stage3Run r = run_layers(
+            stage3_config(precision, v.prefetch, v.max_live, v.persistence), world, 4, forward);
         require_same(ref, r);
       }
     }
@@ -204,7 +213,8 @@ TEST_CASE("persistent units stay gathered and count as parameters, not as the li
   CHECK(t.gathers == 3 * 2 + 4 * 4);  // 2 per step, plus 4 persistent at create and after each step
   const MemorySnapshot& m = r.memory[0];
   // Persistent copies (4 units, padded to 2 × 16) next to this rank's slices.
-  CHECK(m.at(MemoryKind::Device, MemoryTag::LowPrecisionParams).current_bytes >= (40 + 3 + 48 + 56 + 64 + 3) * 4);
+  CHECK(m.at(MemoryKind::Device, MemoryTag::LowPrecisionParams).current_bytes >=
+        (40 + 3 + 48 + 56 + 64 + 3) * 4);
   CHECK(m.at(MemoryKind::Device, MemoryTag::GatherBuffers).current_bytes == 0);
 }
 

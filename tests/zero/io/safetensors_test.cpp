@@ -1,7 +1,8 @@
 // zero_io reads what it writes, reads the golden files, and rejects malformed headers with an
 // IoError instead of reading out of bounds.
-#include <catch2/catch.hpp>
+#include "zero/io/safetensors.h"
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -10,7 +11,6 @@
 
 #include "tests/temp_dir.h"
 #include "zero/base/error.h"
-#include "zero/io/safetensors.h"
 
 using zero::DType;
 using zero::io::SafetensorsReader;
@@ -28,7 +28,8 @@ std::vector<std::byte> file_image(const std::string& header_json, std::size_t da
 
 void rejects(const std::string& header, std::size_t data_bytes, const std::string& why) {
   INFO(header);
-  REQUIRE_THROWS_WITH(SafetensorsReader::from_bytes(file_image(header, data_bytes)), Catch::Contains(why));
+  REQUIRE_THROWS_WITH(SafetensorsReader::from_bytes(file_image(header, data_bytes)),
+                      Catch::Contains(why));
   REQUIRE_THROWS_AS(SafetensorsReader::from_bytes(file_image(header, data_bytes)), zero::IoError);
 }
 
@@ -71,7 +72,8 @@ TEST_CASE("a written file reads back with the same tensors, dtypes, shapes and m
 }
 
 TEST_CASE("the optimizer golden files parse with their metadata and shapes") {
-  const auto r = SafetensorsReader::open(std::string(ZERO_TEST_GOLDEN_DIR) + "/adamw_default.safetensors");
+  const auto r =
+      SafetensorsReader::open(std::string(ZERO_TEST_GOLDEN_DIR) + "/adamw_default.safetensors");
   REQUIRE(r.metadata().at("optimizer") == "adamw");
   REQUIRE(r.metadata().count("hyper") == 1);
   REQUIRE(r.at("grads").shape == std::vector<std::int64_t>{12, 4099});
@@ -85,9 +87,11 @@ TEST_CASE("malformed headers are rejected with an IoError naming the problem") {
   rejects(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8, "non-negative");
   rejects(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8, "outside");
   rejects(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8, "data_offsets");
-  rejects(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-          12, "overlap");
-  rejects(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8, "overflowing");
+  rejects(
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+      12, "overlap");
+  rejects(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8,
+          "overflowing");
   rejects(R"({"__metadata__":{"k":1}})", 0, "not a string");
   rejects(R"([1,2])", 0, "not a JSON object");
   rejects(R"({"a":)", 0, "not a JSON object");
@@ -104,14 +108,19 @@ TEST_CASE("malformed headers are rejected with an IoError naming the problem") {
   REQUIRE_THROWS_WITH(w.add("x", DType::F32, {1}, &x, 4), Catch::Contains("twice"));
 }
 
-TEST_CASE("the stream writer writes tensor by tensor, keeps checksums, and leaves no file when unfinished") {
+TEST_CASE(
+    "the stream writer writes tensor by tensor, keeps checksums, and leaves no file when "
+    "unfinished") {
   const zero::test::TempDir dir("zero_st_stream");
   const std::string path = dir / "a.safetensors";
   std::vector<float> a(1000), b(7);
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.5f * static_cast<float>(i);
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = -1.0f - static_cast<float>(i);
   {
-    zero::io::SafetensorsStreamWriter w(path, {{"a", zero::DType::F32, {10, 100}}, {"empty", zero::DType::BF16, {0}}, {"b", zero::DType::F32, {7}}},
+    zero::io::SafetensorsStreamWriter w(path,
+                                        {{"a", zero::DType::F32, {10, 100}},
+                                         {"empty", zero::DType::BF16, {0}},
+                                         {"b", zero::DType::F32, {7}}},
                                         {{"k", "v"}});
     w.append(a.data(), 1200);  // in pieces that do not follow tensor boundaries
     w.append(reinterpret_cast<const char*>(a.data()) + 1200, 2800);

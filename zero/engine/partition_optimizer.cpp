@@ -1,7 +1,6 @@
 #include "zero/engine/partition_optimizer.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "zero/base/error.h"
 
@@ -157,8 +156,11 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
     if (model_dtype != DType::F32) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
-    if (model_dtype == DType::F32)
-      std::memcpy(model_out + b * sizeof(float), t.master, m * sizeof(float));
+    if (model_dtype == DType::F32) {
+      // An fp32 model copy is the master itself, copied (on the device, by its kernels).
+      compute_.combine(model_out + b * sizeof(float), DType::F32, t.master, DType::F32, m, 1.0f,
+                       false, options_.exec);
+    }
     if (master_dtype != DType::F32) {
       // The master keeps what the model copy got: the update rounded once to bf16.
       compute_.combine(master, master_dtype, t.master, DType::F32, m, 1.0f, false, options_.exec);

@@ -1,0 +1,114 @@
+// INTERNAL to `zero-bench step`: what its files share. The command, its flags and what it
+// measures are described in step_bench.cpp; the files:
+//   step_bench.cpp           flags, and the loop over stages (run_step)
+//   step_bench_workload.cpp  the workload, its config, one rank's trainer loop and timed steps
+//   step_bench_limits.cpp    the memcpy and traffic-probe limits the optimizer is compared with
+//   step_bench_report.cpp    per-stage figures from the ranks' results, and their printing
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config/ds_config.h"
+#include "kernels/optimizer.h"
+#include "models/mlp.h"
+#include "zero/base/dtype.h"
+#include "zero/comm/communicator.h"
+#include "zero/engine.h"
+
+namespace zero::bench::step_bench {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kSyntheticLayers = 8;
+
+struct StepArgs {
+  bool json = false;
+  std::optional<models::MlpShape> model;
+  std::optional<std::size_t> params;
+  int world_size = 2;
+  std::vector<int> stages = {0, 1, 2, 3};
+  std::string precision = "bf16";
+  int steps = 6;  // the first is a warm-up
+  std::optional<int> threads;
+  std::int64_t bucket_elems = 5'000'000;
+  // Stage 3 runs once per entry: with the default stage3_prefetch_bucket_size, and/or with 0.
+  // Without prefetch first, so the run with it can say how much gather waiting it hid.
+  std::vector<bool> prefetch = {false, true};
+};
+
+// What the ranks train: the parameter specs (dtype left to the precision) and initial values.
+struct Workload {
+  std::string label;
+  std::optional<models::MlpShape> mlp;
+  std::vector<ParamSpec> specs;
+  std::size_t params = 0;
+  std::size_t largest_param = 0;
+  int units = 0;
+
+  void init(std::size_t index, std::span<float> out) const;
+};
+
+Workload make_workload(const StepArgs& args, DType dtype);
+// The ds_config of one run: AdamW, micro batch 1, no accumulation, the flags' bucket and precision.
+nlohmann::json make_config_json(const StepArgs& args, int stage, bool prefetch);
+
+// What one rank measured for one stage.
+struct RankResult {
+  std::vector<double> step_s;  // counted steps (rank 0's are reported)
+  EngineTimings timings;       // over the counted steps
+  MemorySnapshot memory;
+  std::size_t optimizer_elems = 0;  // fp32 master elements this rank updates per step
+  std::size_t optimizer_bytes_per_elem = 0;
+  int warmup_steps = 0;
+  int skipped_steps = 0;  // counted steps skipped on overflow
+  double memcpy_s = 0;    // the limits: the same on every rank
+  std::size_t memcpy_bytes = 0;
+  double probe_s = 0;
+  std::size_t probe_bytes_per_elem = 0;
+};
+
+// Collective over the ranks of `comm`: builds an engine for `cfg`, warms up and validates, times
+// args.steps - 1 steps, then measures the limits after the engine is freed.
+void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& cfg, int threads,
+              Communicator& comm, RankResult& out);
+
+// Limits (step_bench_limits.cpp). Collective.
+double memcpy_seconds(Communicator& comm, std::size_t bytes, int threads);
+double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape, int state_count,
+                     std::size_t numel, int threads);
+
+// Bytes under `tag` summed over memory kinds: peak or current (step_bench_workload.cpp).
+std::size_t tag_bytes(const MemorySnapshot& m, MemoryTag tag, bool peak);
+
+// One reported figure: a stage (and prefetch setting), rank 0's timings, every rank's memory.
+struct Figure {
+  int stage = 0;
+  double step_s = 0, step_mean_s = 0;
+  EngineTimings per_step;  // timings / counted steps
+  double other_s = 0;      // mean step minus the engine's phases
+  double optimizer_gbps = 0, memcpy_gbps = 0, probe_gbps = 0;
+  std::size_t optimizer_elems = 0, optimizer_bytes_per_elem = 0;
+  std::size_t peak_bytes = 0;  // the largest over ranks of the sum of per-kind peaks
+  std::array<std::size_t, kNumMemoryTags> peak_by_tag{};  // the largest over ranks
+  double formula_bytes = 0;
+  int warmup_steps = 0, skipped_steps = 0, counted_steps = 0;
+  bool prefetch_enabled = true;
+  // Stage 3 with prefetch, next to the same run without: 1 − (gather wait with) / (without).
+  std::optional<double> gather_hidden_fraction;
+};
+
+Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload& w,
+                 const StepArgs& args, const config::DsConfig& cfg);
+void print_header(const StepArgs& args, const Workload& w, int threads);
+void print_figure(const StepArgs& args, const Workload& w, int threads, const Figure& f);
+void print_footer(const StepArgs& args, const std::vector<Figure>& figures);
+
+}  // namespace zero::bench::step_bench

@@ -1,0 +1,104 @@
+// The limits `zero-bench step` compares the optimizer phase with: memcpy of the optimizer's bytes,
+// and kernels::traffic_probe_cpu over the partition's arrays, on every rank at once.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+
+#include "benchmarks/step_bench.h"
+#include "kernels/cpu_parallel.h"
+#include "kernels/isa.h"
+#include "kernels/optimizer.h"
+#include "kernels/traffic_probe.h"
+#include "zero/base/error.h"
+#include "zero/base/timer.h"
+
+namespace zero::bench::step_bench {
+
+namespace {
+
+constexpr int kLimitReps = 5;
+constexpr std::size_t kMemcpyTileBytes = std::size_t{1} << 20;
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using HostArray = std::unique_ptr<std::byte, AlignedFree>;
+
+// `bytes` of page-aligned memory outside the rank's Device, so the engine's ledger does not see
+// it; first touched (zeroed) in 1 MiB tiles by `threads` OpenMP threads.
+HostArray host_array(std::size_t bytes, int threads) {
+  const std::size_t rounded = std::max<std::size_t>((bytes + 4095) / 4096 * 4096, 4096);
+  HostArray a(static_cast<std::byte*>(std::aligned_alloc(4096, rounded)));
+  ZERO_CHECK_AS(OutOfMemory, a != nullptr, "step bench: cannot allocate {} bytes", rounded);
+  std::byte* p = a.get();
+  kernels::detail::for_each_tile(
+      rounded, kMemcpyTileBytes, threads,
+      [&](std::size_t b, std::size_t e) { std::memset(p + b, 0, e - b); });
+  return a;
+}
+
+// The slowest rank's seconds for fn(), best of kLimitReps; every rank starts each repetition
+// after a barrier. Collective.
+double best_seconds(Communicator& comm, const std::function<void()>& fn) {
+  double best = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < kLimitReps; ++r) {
+    comm.barrier().wait();
+    const Clock::time_point start = Clock::now();
+    fn();
+    double seconds = seconds_since(start);
+    comm.all_reduce(&seconds, &seconds, 1, DType::F64, ReduceOp::Max).wait();
+    best = std::min(best, seconds);
+  }
+  return best;
+}
+
+}  // namespace
+
+// Seconds for every rank to copy `bytes` at once with `threads` OpenMP threads, after a
+// validated warm-up copy. Each thread copies one contiguous run, as the optimizer's static split
+// gives each thread, with one plain memcpy call (libc picks its strategy for the run's size, as
+// for any copy). Collective.
+double memcpy_seconds(Communicator& comm, std::size_t bytes, int threads) {
+  const HostArray src = host_array(bytes, threads);
+  const HostArray dst = host_array(bytes, threads);
+  std::memset(src.get(), comm.rank() + 1, bytes);
+  const auto t = static_cast<std::size_t>(threads);
+  const std::size_t run_bytes = ((bytes + t - 1) / t + 4095) / 4096 * 4096;
+  auto copy = [&] {
+    kernels::detail::for_each_tile(bytes, run_bytes, threads, [&](std::size_t b, std::size_t e) {
+      std::memcpy(dst.get() + b, src.get() + b, e - b);
+    });
+  };
+  copy();
+  ZERO_CHECK(std::memcmp(dst.get(), src.get(), bytes) == 0,
+             "step bench: memcpy of {} bytes on rank {} gave a wrong result", bytes, comm.rank());
+  return best_seconds(comm, copy);
+}
+
+// Seconds for every rank at once to run kernels::traffic_probe_cpu (the optimizer's loads and
+// stores, same tiles and threads, no arithmetic) over `shape`'s dtypes and `numel` elements, after
+// one warm-up run. The probe leaves meaningless values: nothing to validate. Collective.
+double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape, int state_count,
+                     std::size_t numel, int threads) {
+  const HostArray master = host_array(numel * sizeof(float), threads);
+  const HostArray grad = host_array(numel * dtype_size(shape.grad_dtype), threads);
+  const HostArray state0 = host_array(numel * dtype_size(shape.state_dtype), threads);
+  const HostArray state1 = host_array(numel * dtype_size(shape.state_dtype), threads);
+  const HostArray out = host_array(numel * dtype_size(shape.param_out_dtype), threads);
+  kernels::OptimizerTensors t = shape;
+  t.master = reinterpret_cast<float*>(master.get());
+  t.grad = grad.get();
+  t.state0 = state0.get();
+  t.state1 = state1.get();
+  t.param_out = shape.param_out != nullptr ? out.get() : nullptr;
+  t.numel = numel;
+  const kernels::CpuExec exec{threads, kernels::Isa::Auto};
+  auto probe = [&] { kernels::traffic_probe_cpu(t, state_count, exec); };
+  probe();
+  return best_seconds(comm, probe);
+}
+
+}  // namespace zero::bench::step_bench

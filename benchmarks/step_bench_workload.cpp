@@ -1,0 +1,316 @@
+// The workload of `zero-bench step` (synthetic layers or the zero-train MLP), its ds_config, and
+// one rank's run: a trainer loop like a real one, warm-up, validation, timed steps.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "benchmarks/step_bench.h"
+#include "kernels/cast.h"
+#include "kernels/cpu_parallel.h"
+#include "kernels/optimizer.h"
+#include "kernels/traffic_probe.h"
+#include "models/mlp.h"
+#include "zero/base/error.h"
+#include "zero/base/shape.h"
+#include "zero/base/timer.h"
+#include "zero/device/device.h"
+#include "zero/engine.h"
+
+namespace zero::bench::step_bench {
+
+namespace {
+
+// fp16 starts at a loss scale of 2^16 and may skip a few steps on overflow before one applies.
+constexpr int kMaxWarmupSteps = 32;
+// After the warm-up step, at least this share of the fp32 master values must differ from their
+// initial values (AdamW moves every element with a non-zero gradient or a non-zero value).
+constexpr double kMinChangedFraction = 0.99;
+constexpr std::uint64_t kSeed = 1234;
+
+// A deterministic value in [lo, hi) per (stream, index).
+float hashed(std::uint64_t stream, std::uint64_t index, float lo, float hi) {
+  std::uint64_t z = index * 0x9e3779b97f4a7c15ull + stream * 0xd1b54a32d192ed03ull + kSeed;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return lo + (hi - lo) * static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+}  // namespace
+
+void Workload::init(std::size_t index, std::span<float> out) const {
+  if (mlp) {
+    models::init_param(*mlp, index, kSeed, /*stream=*/0, out);
+    return;
+  }
+  for (std::size_t j = 0; j < out.size(); ++j) out[j] = hashed(index, j, -0.05f, 0.05f);
+}
+
+Workload make_workload(const StepArgs& args, DType dtype) {
+  Workload w;
+  if (args.model) {
+    w.mlp = args.model;
+    w.label = args.model->to_string();
+    const std::vector<models::MlpParam> mlp = models::mlp_params(*args.model);
+    for (std::size_t i = 0; i < mlp.size(); ++i) {
+      // Weight and bias of layer k form unit k, as zero-train registers them.
+      w.specs.push_back({.name = mlp[i].name,
+                         .shape = {mlp[i].shape.begin(), mlp[i].shape.end()},
+                         .dtype = dtype,
+                         .unit = static_cast<int>(i / 2)});
+      w.params += mlp[i].numel();
+      w.largest_param = std::max(w.largest_param, mlp[i].numel());
+    }
+    w.units = static_cast<int>(args.model->layers());
+    return w;
+  }
+  const std::size_t n = *args.params;
+  w.label =
+      "synthetic:" + std::to_string(kSyntheticLayers) + "x" + std::to_string(n / kSyntheticLayers);
+  for (int k = 0; k < kSyntheticLayers; ++k) {
+    const std::size_t numel =
+        n / kSyntheticLayers + (static_cast<std::size_t>(k) < n % kSyntheticLayers);
+    w.specs.push_back({.name = "layers." + std::to_string(k) + ".weight",
+                       .shape = {static_cast<std::int64_t>(numel)},
+                       .dtype = dtype,
+                       .unit = k});
+    w.params += numel;
+    w.largest_param = std::max(w.largest_param, numel);
+  }
+  w.units = kSyntheticLayers;
+  return w;
+}
+
+nlohmann::json make_config_json(const StepArgs& args, int stage, bool prefetch) {
+  nlohmann::json c = {
+      {"train_micro_batch_size_per_gpu", 1},
+      {"gradient_accumulation_steps", 1},
+      {"gradient_clipping", 1.0},
+      {"optimizer",
+       {{"type", "AdamW"},
+        {"params",
+         {{"lr", 1e-3}, {"betas", {0.9, 0.999}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}}},
+      {"zero_optimization",
+       {{"stage", stage},
+        {"reduce_bucket_size", args.bucket_elems},
+        {"allgather_bucket_size", args.bucket_elems},
+        {"overlap_comm", true},
+        {"stage3_prefetch_bucket_size", prefetch ? 50'000'000 : 0}}},
+  };
+  if (args.precision == "bf16") c["bf16"] = {{"enabled", true}};
+  if (args.precision == "fp16") c["fp16"] = {{"enabled", true}};
+  return c;
+}
+
+namespace {
+
+// One rank's trainer loop body: gathers, gradients in backward order, step().
+class Trainer {
+ public:
+  Trainer(const Workload& w, Engine& engine, int rank, DType dtype, const kernels::CpuExec& exec)
+      : w_(w), engine_(engine), rank_(rank), dtype_(dtype), exec_(exec) {
+    if (w_.mlp) {
+      data_.emplace(*w_.mlp, kSeed);
+      for (const ParamSpec& s : w_.specs) {
+        const std::size_t n = numel_of(s.shape);
+        weights_.emplace_back(n);
+        grads_f32_.emplace_back(n);
+      }
+    }
+  }
+
+  StepResult step() {
+    // Forward, unit by unit: with prefetch, the next units' all-gathers run on the communicator's
+    // thread while this one's parameters are read.
+    for (int u = 0; u < w_.units; ++u) {
+      engine_.gather(u);
+      if (!w_.mlp) forward_compute(u);
+    }
+    if (w_.mlp) {
+      compute_mlp_grads();
+    } else if (grads_scale_ != engine_.backward_scale()) {
+      make_synthetic_grads();
+    }
+    for (int u = w_.units - 1; u >= 0; --u) {
+      for (std::size_t i = w_.specs.size(); i-- > 0;) {
+        if (w_.specs[i].unit != u) continue;
+        const std::span<std::byte> slot = engine_.grad(i);
+        if (w_.mlp) {
+          kernels::cast_cpu(grads_f32_[i].data(), DType::F32, slot.data(), dtype_,
+                            grads_f32_[i].size(), exec_);
+        } else {
+          std::memcpy(slot.data(), grads_[i].data(), slot.size());
+        }
+        engine_.grad_ready(i);
+      }
+      engine_.release(u);
+    }
+    return engine_.step();
+  }
+
+ private:
+  // Stands in for a layer's forward: a few passes over the unit's gathered parameters.
+  void forward_compute(int unit) {
+    std::uint64_t acc = 0;
+    for (std::size_t i = 0; i < w_.specs.size(); ++i) {
+      if (w_.specs[i].unit != unit) continue;
+      const std::span<const std::byte> p = engine_.param(i);
+      for (int pass = 0; pass < kForwardPasses; ++pass) {
+        for (std::size_t k = 0; k + 8 <= p.size(); k += 8) {
+          std::uint64_t word;
+          std::memcpy(&word, p.data() + k, 8);
+          acc += word ^ static_cast<std::uint64_t>(pass);
+        }
+      }
+    }
+    sink_ += acc;
+  }
+  static constexpr int kForwardPasses = 4;
+  std::uint64_t sink_ = 0;
+
+  // Gradients in [-0.01, 0.01) that differ per rank and parameter, times the loss scale the
+  // engine asks for, stored in the model dtype so a step only copies them.
+  void make_synthetic_grads() {
+    grads_scale_ = engine_.backward_scale();
+    grads_.resize(w_.specs.size());
+    std::vector<float> values;
+    for (std::size_t i = 0; i < w_.specs.size(); ++i) {
+      const std::size_t n = numel_of(w_.specs[i].shape);
+      values.resize(n);
+      const std::uint64_t stream = (static_cast<std::uint64_t>(rank_) << 32) + i + 1000;
+      for (std::size_t j = 0; j < n; ++j) {
+        values[j] = hashed(stream, j, -0.01f, 0.01f) * static_cast<float>(grads_scale_);
+      }
+      grads_[i].resize(n * dtype_size(dtype_));
+      kernels::cast_cpu(values.data(), DType::F32, grads_[i].data(), dtype_, n, exec_);
+    }
+  }
+
+  void compute_mlp_grads() {
+    for (std::size_t i = 0; i < w_.specs.size(); ++i) {
+      const std::span<const std::byte> p = engine_.param(i);
+      kernels::cast_cpu(p.data(), dtype_, weights_[i].data(), DType::F32, weights_[i].size(),
+                        exec_);
+    }
+    const models::Batch batch = data_->batch(static_cast<std::uint64_t>(engine_.global_steps()),
+                                             static_cast<std::uint64_t>(rank_), 1);
+    const std::vector<std::span<const float>> weight_views(weights_.begin(), weights_.end());
+    const std::vector<std::span<float>> grad_views(grads_f32_.begin(), grads_f32_.end());
+    (void)models::forward_backward(*w_.mlp, weight_views, batch,
+                                   static_cast<float>(engine_.backward_scale()), grad_views);
+  }
+
+  const Workload& w_;
+  Engine& engine_;
+  int rank_;
+  DType dtype_;
+  kernels::CpuExec exec_;
+  // --params
+  std::vector<std::vector<std::byte>> grads_;
+  double grads_scale_ = std::numeric_limits<double>::quiet_NaN();
+  // --model
+  std::optional<models::TeacherStudentData> data_;
+  std::vector<std::vector<float>> weights_, grads_f32_;
+};
+
+// Collective: throws unless an optimizer step was applied and left every master value finite and
+// almost all of them changed from the initial values.
+void validate(Engine& engine, const Workload& w, const StepResult& r, int warmup_steps) {
+  ZERO_CHECK(r.boundary && !r.skipped,
+             "step bench: no optimizer step applied in {} warm-up steps (every one skipped on "
+             "overflow)",
+             warmup_steps);
+  ZERO_CHECK(std::isfinite(r.grad_norm) && r.grad_norm > 0,
+             "step bench: the warm-up step's gradient norm is {}, expected finite and positive",
+             r.grad_norm);
+  std::size_t total = 0, changed = 0;
+  std::vector<float> initial;
+  for (std::size_t i = 0; i < w.specs.size(); ++i) {
+    const std::vector<float> master = engine.gather_master(i);
+    initial.assign(master.size(), 0.0f);
+    w.init(i, initial);
+    for (std::size_t j = 0; j < master.size(); ++j) {
+      ZERO_CHECK(std::isfinite(master[j]),
+                 "step bench: rank {}: '{}'[{}] = {} after the warm-up step, expected finite",
+                 engine.rank(), w.specs[i].name, j, master[j]);
+      changed += master[j] != initial[j];
+    }
+    total += master.size();
+  }
+  ZERO_CHECK(static_cast<double>(changed) >= kMinChangedFraction * static_cast<double>(total),
+             "step bench: rank {}: only {} of {} master values changed in the warm-up step",
+             engine.rank(), changed, total);
+}
+
+}  // namespace
+
+std::size_t tag_bytes(const MemorySnapshot& m, MemoryTag tag, bool peak) {
+  std::size_t sum = 0;
+  for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+    const MemoryUsage& u = m.at(static_cast<MemoryKind>(k), tag);
+    sum += peak ? u.peak_bytes : u.current_bytes;
+  }
+  return sum;
+}
+
+void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& cfg, int threads,
+              Communicator& comm, RankResult& out) {
+  const DType dtype = cfg.model_dtype;
+  {
+    // The device outlives the engine (Engine::create's REQUIRES).
+    const std::unique_ptr<Device> device = make_device("cpu", comm.rank());
+    EngineOptions options;
+    options.kernel_threads = threads;
+    const InitFn init = [&](std::size_t index, std::span<float> values) { w.init(index, values); };
+    const std::unique_ptr<Engine> engine =
+        Engine::create(cfg, comm, *device, w.specs, init, options);
+    Trainer trainer(w, *engine, comm.rank(), dtype, kernels::CpuExec{.threads = threads});
+
+    StepResult r;
+    do {
+      r = trainer.step();
+      ++out.warmup_steps;
+    } while (r.skipped && out.warmup_steps < kMaxWarmupSteps);
+    validate(*engine, w, r, out.warmup_steps);
+
+    engine->reset_timings();
+    for (int k = 1; k < args.steps; ++k) {
+      const Clock::time_point start = Clock::now();
+      r = trainer.step();
+      out.step_s.push_back(seconds_since(start));
+      out.skipped_steps += r.skipped;
+    }
+    out.timings = engine->timings();
+    out.memory = engine->memory();
+    out.optimizer_elems = tag_bytes(out.memory, MemoryTag::MasterParams, false) / sizeof(float);
+  }
+  // The arrays of the engine's optimizer call (engine.cpp, step()): gradients in the accumulation
+  // dtype, fp32 master and states, the fused low-precision write; in fp32 the engine copies the
+  // master into the model instead, one more read and write per element.
+  kernels::OptimizerHyper hyper;
+  hyper.kind = kernels::OptimizerKind::AdamW;
+  const int state_count = kernels::optimizer_state_count(hyper);
+  kernels::OptimizerTensors shape;
+  shape.grad_dtype = cfg.data_types.grad_accum_dtype.value_or(dtype);
+  shape.state_dtype = DType::F32;
+  std::byte marker{};  // only whether param_out is set counts
+  shape.param_out = dtype != DType::F32 ? &marker : nullptr;
+  shape.param_out_dtype = dtype != DType::F32 ? dtype : DType::BF16;
+  out.probe_bytes_per_elem = kernels::optimizer_bytes_per_elem(shape, state_count);
+  out.optimizer_bytes_per_elem =
+      out.probe_bytes_per_elem + (dtype == DType::F32 ? 2 * sizeof(float) : 0);
+
+  // After the engine is gone, so the limits do not compete with its memory.
+  out.memcpy_bytes = out.optimizer_elems * out.optimizer_bytes_per_elem / 2;
+  out.memcpy_s = memcpy_seconds(comm, out.memcpy_bytes, threads);
+  out.probe_s = probe_seconds(comm, shape, state_count, out.optimizer_elems, threads);
+}
+
+}  // namespace zero::bench::step_bench

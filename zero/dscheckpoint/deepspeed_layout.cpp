@@ -2,16 +2,17 @@
 // holds, what rank 0's model states and every rank's optimizer states say, and from that where
 // each parameter's elements lie in the ranks' partitions. One step per function, called in
 // order by Impl::open_layout; each parses its pickles once and keeps only tensor locations.
+// Steps 1 and 3, the tag folder's files, are deepspeed_tag_dir.cpp's.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
-#include <regex>
 #include <set>
 
 #include "zero/base/error.h"
 #include "zero/dscheckpoint/deepspeed_impl.h"
+#include "zero/dscheckpoint/deepspeed_tag_dir.h"
 
 namespace zero::dscheckpoint {
 namespace {
@@ -44,80 +45,9 @@ double scalar_number(const PtFile& file, const PickleView& v) {
   return v.as_number();
 }
 
-// --- step 1: the tag folder's files ---------------------------------------------------------
-
-struct Listing {
-  std::map<int, fs::path> optim;       // rank → file
-  std::map<int, fs::path> zero_model;  // stage 3 model states, rank → file
-  std::optional<fs::path> model;       // stage 1/2 model states
-  bool bf16_prefix = false;
-};
-
-Listing list_tag_dir(const fs::path& tag) {
-  static const std::regex optim_re(
-      R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$)");
-  static const std::regex zmodel_re(R"(^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$)");
-  static const std::regex model_re(R"(^mp_rank_(\d+)_model_states\.pt$)");
-  static const std::regex moe_re(
-      R"(^(layer_\d+_expert_\d+_mp_rank_\d+_model_states|(bf16_)?expp_rank_\d+_mp_rank_\d+_optim_states)\.pt$)");
-  Listing out;
-  std::set<bool> prefixes;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(tag, ec)) {
-    const std::string name = e.path().filename().string();
-    std::smatch m;
-    auto check_mp = [&](const std::string& mp) {
-      if (std::stoi(mp) != 0) {
-        throw IoError(fmt::format(
-            "{}: a model-parallel checkpoint (mp_rank_{}); only mp_rank_00 (no tensor or "
-            "pipeline model parallelism) is supported, as in DeepSpeed's zero_to_fp32",
-            e.path().string(), mp));
-      }
-    };
-    if (std::regex_match(name, m, moe_re)) {
-      throw IoError(
-          fmt::format("{}: a mixture-of-experts checkpoint; expert files are not supported",
-                      e.path().string()));
-    } else if (std::regex_match(name, m, optim_re)) {
-      check_mp(m[3]);
-      const int rank = std::stoi(m[2]);
-      prefixes.insert(m[1].matched);
-      if (!out.optim.emplace(rank, e.path()).second) {
-        throw IoError(fmt::format("{}: two optimizer-state files for rank {} ({} and {})",
-                                  tag.string(), rank, out.optim[rank].filename().string(), name));
-      }
-    } else if (std::regex_match(name, m, zmodel_re)) {
-      check_mp(m[2]);
-      out.zero_model.emplace(std::stoi(m[1]), e.path());
-    } else if (std::regex_match(name, m, model_re)) {
-      check_mp(m[1]);
-      out.model = e.path();
-    }
-  }
-  ZERO_CHECK_AS(IoError, !ec, "{}: cannot list: {}", tag.string(), ec.message());
-  if (out.optim.empty()) {
-    throw IoError(fmt::format(
-        "{}: no zero_pp_rank_<r>_mp_rank_00_optim_states.pt files; expected a DeepSpeed ZeRO "
-        "(stage 1-3) checkpoint folder",
-        tag.string()));
-  }
-  out.bf16_prefix = *prefixes.begin();
-  return out;
-}
-
-std::vector<int> ranks_of(const std::map<int, fs::path>& files) {
-  std::vector<int> out;
-  for (const auto& [r, _] : files) out.push_back(r);
-  return out;
-}
-
-std::string optim_file_name(bool bf16, int rank) {
-  return fmt::format("{}zero_pp_rank_{}_mp_rank_00_optim_states.pt", bf16 ? "bf16_" : "", rank);
-}
-
 // --- step 2: stage and world size from rank 0's optimizer states ------------------------------
 
-void read_stage_and_world(Impl& ck, const Listing& listing, const fs::path& tag) {
+void read_stage_and_world(Impl& ck, const TagListing& listing, const fs::path& tag) {
   if (!listing.optim.count(0)) {
     throw IoError(fmt::format("{}: missing rank file {} (found optimizer states of ranks {})",
                               tag.string(), optim_file_name(listing.bf16_prefix, 0),
@@ -146,51 +76,6 @@ void read_stage_and_world(Impl& ck, const Listing& listing, const fs::path& tag)
   }
   if (w < 1 || w > (1 << 20)) pc.fail("a positive partition count");
   ck.world = static_cast<int>(w);
-}
-
-// --- step 3: every rank's files are there -----------------------------------------------------
-
-void check_optimizer_files(const Impl& ck, const Listing& listing, const fs::path& tag) {
-  for (int r = 0; r < ck.world; ++r) {
-    if (!listing.optim.count(r)) {
-      throw IoError(fmt::format(
-          "{}: missing rank file {}: partition_count in {} says {} ranks, found optimizer "
-          "states of ranks {}",
-          tag.string(), optim_file_name(listing.bf16_prefix, r),
-          listing.optim.at(0).filename().string(), ck.world,
-          fmt::join(ranks_of(listing.optim), ", ")));
-    }
-  }
-  if (listing.optim.size() != static_cast<std::size_t>(ck.world)) {
-    throw IoError(fmt::format(
-        "{}: partition_count says {} ranks, but there are optimizer states of ranks {} (an old "
-        "checkpoint overwritten in part?)",
-        tag.string(), ck.world, fmt::join(ranks_of(listing.optim), ", ")));
-  }
-}
-
-// Stage 1/2: the one mp_rank_00_model_states.pt; stage 3: one per rank, in rank order.
-std::vector<fs::path> model_state_files(const Impl& ck, const Listing& listing,
-                                        const fs::path& tag) {
-  std::vector<fs::path> model_files;
-  if (ck.stage <= 2) {
-    if (!listing.model) {
-      throw IoError(fmt::format("{}: missing mp_rank_00_model_states.pt (stage {} model states)",
-                                tag.string(), ck.stage));
-    }
-    model_files.push_back(*listing.model);
-    return model_files;
-  }
-  for (int r = 0; r < ck.world; ++r) {
-    if (!listing.zero_model.count(r)) {
-      throw IoError(
-          fmt::format("{}: missing rank file zero_pp_rank_{}_mp_rank_00_model_states.pt "
-                      "(stage 3 keeps model states per rank; {} ranks)",
-                      tag.string(), r, ck.world));
-    }
-    model_files.push_back(listing.zero_model.at(r));
-  }
-  return model_files;
 }
 
 // --- step 4: rank 0's model states: names, shapes, frozen and tied parameters, buffers ---------
@@ -409,7 +294,7 @@ void locate_states(Impl& ck, std::size_t file, const PtFile& f, const RankGroups
   }
 }
 
-Masters read_optimizer_states(Impl& ck, const Listing& listing,
+Masters read_optimizer_states(Impl& ck, const TagListing& listing,
                               const std::vector<fs::path>& model_files, const ModelStates& ms) {
   const std::size_t n_groups = ck.stage == 3 ? 1 : ms.group_shapes.size();
   Masters masters(n_groups, std::vector<std::size_t>(ck.world));
@@ -488,7 +373,7 @@ Found place_stage12(const Impl& ck, const ModelStates& ms, const Masters& master
 // Stage 3: every parameter is split into W equal padded shares, share r in rank r's partition
 // at the same offset; the padding of the last share is dropped.
 Found place_stage3(const Impl& ck, const ModelStates& ms, const Masters& masters,
-                   const Listing& listing, const std::string& model0) {
+                   const TagListing& listing, const std::string& model0) {
   Found out;
   const std::uint64_t per_rank = ck.sources[masters[0][0]].numel;
   for (int r = 1; r < ck.world; ++r) {
@@ -601,10 +486,10 @@ void place_in_model_order(Impl& ck, const ModelStates& ms, const Found& found,
 }  // namespace
 
 void DeepSpeedCheckpoint::Impl::open_layout(const fs::path& tag) {
-  const Listing listing = list_tag_dir(tag);
+  const TagListing listing = list_tag_dir(tag);
   read_stage_and_world(*this, listing, tag);
-  check_optimizer_files(*this, listing, tag);
-  const std::vector<fs::path> model_files = model_state_files(*this, listing, tag);
+  check_optimizer_files(listing, tag, world);
+  const std::vector<fs::path> model_files = model_state_files(listing, tag, stage, world);
 
   ModelStates ms = read_model_states(*this, model_files[0]);
   add_other_ranks_frozen_fragments(*this, model_files, ms);

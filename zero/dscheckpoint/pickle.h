@@ -84,7 +84,7 @@ class PickleValue {
   struct Global {
     std::string module;
     std::string name;
-    int role = 0;  // pickle.cpp's allow-list entry
+    int role = 0;  // pickle_globals.cpp's allow-list entry
   };
   struct Object {
     std::string type;  // "module.Name"

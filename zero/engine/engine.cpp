@@ -197,9 +197,7 @@ void EngineImpl::init_state(const InitFn& init) {
 
 std::byte* EngineImpl::gradient(int domain, int unit, std::size_t slice_offset) {
   if (stage_ != 0) return optimizer_->gradient(unit, slice_offset);
-  const std::size_t S = layout_->unit(unit).slice_elems;
-  return reducer_->accumulated(unit) + (static_cast<std::size_t>(domain) * S + slice_offset) *
-                                           dtype_size(parts_.reducer.accum_dtype);
+  return reducer_->accumulated(domain_rank(domain), unit, slice_offset);
 }
 
 std::byte* EngineImpl::model(int domain, int unit, std::size_t slice_offset) {

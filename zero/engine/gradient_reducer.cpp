@@ -20,6 +20,7 @@ GradientReducer::GradientReducer(Communicator& comm, Device& device,
       timings_(timings),
       rank_(comm.rank()),
       world_(comm.size()),
+      domains_{rank_, world_, options.stage == 0},
       units_(layout.num_units()),
       slots_(options.overlap_comm ? 2 : 1) {
   ZERO_CHECK(layout.world_size() == world_,
@@ -65,8 +66,10 @@ std::byte* GradientReducer::staging(int unit) {
   return static_cast<std::byte*>(ub.staging.data());
 }
 
-std::byte* GradientReducer::accumulated(int unit) const {
-  return static_cast<std::byte*>(units_[static_cast<std::size_t>(unit)].accum.data());
+std::byte* GradientReducer::accumulated(int rank, int unit, std::size_t slice_offset) const {
+  const std::size_t S = layout_.unit(unit).slice_elems;
+  return element_at(units_[static_cast<std::size_t>(unit)].accum, options_.accum_dtype,
+                    static_cast<std::size_t>(rank) * S + slice_offset);
 }
 
 void GradientReducer::unit_complete(int unit) {
@@ -181,8 +184,8 @@ void GradientReducer::finish(Slot& slot) {
   slot.in_flight = false;
   ScopedTimer timer(timings_.unpack_s);
   const DType comm_dtype = options_.comm_dtype;
-  for (int d = 0; d < domains(); ++d) {
-    const auto q = static_cast<std::size_t>(domain_rank(d));
+  for (int d = 0; d < domains_.count(); ++d) {
+    const auto q = static_cast<std::size_t>(domains_.rank_of(d));
     const std::byte* chunk = scatters() ? static_cast<const std::byte*>(slot.recv.data())
                                         : element_at(slot.send, comm_dtype, q * slot.chunk_elems);
     std::size_t off = 0;

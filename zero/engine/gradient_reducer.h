@@ -85,10 +85,10 @@ class GradientReducer {
   // The next micro-step opens a new accumulation window: its results overwrite instead of add.
   void start_window();
 
-  // Stage 0/1: unit `unit`'s accumulation buffer (all ranks' slices, accumulation dtype). At
-  // stage 0 reduce_window() all-reduces it in place, so it is also where the target's domain d
-  // lives (offset d·S). Null for a unit with no elements.
-  std::byte* accumulated(int unit) const;
+  // Stage 0/1: rank `rank`'s slice of unit `unit`'s accumulation buffer (accumulation dtype),
+  // from element `slice_offset` on. At stage 0 reduce_window() all-reduces the buffer in place,
+  // so this is also where the target's domain `rank` lives.
+  std::byte* accumulated(int rank, int unit, std::size_t slice_offset) const;
 
  private:
   struct Piece {  // a run [begin, end) of a unit's slice, the same on every rank
@@ -117,8 +117,6 @@ class GradientReducer {
     std::size_t unpacked = 0;  // stage 2/3: pieces submitted but not yet packed
   };
 
-  int domains() const { return options_.stage == 0 ? world_ : 1; }
-  int domain_rank(int domain) const { return options_.stage == 0 ? domain : rank_; }
   bool scatters() const { return world_ > 1 && options_.stage != 0 && options_.reduce_scatter; }
   Buffer alloc(std::size_t elems, DType dtype);
   void submit_unit(int unit, const void* buffer, DType dtype);
@@ -136,6 +134,7 @@ class GradientReducer {
   EngineTimings& timings_;
   const int rank_;
   const int world_;
+  const Domains domains_;
   std::size_t chunk_capacity_ = 1;
   std::vector<UnitBuffers> units_;
   std::vector<Source> open_;

@@ -20,12 +20,12 @@ PartitionOptimizer::PartitionOptimizer(Device& device, const kernels::ComputeKer
       layout_(layout),
       options_(options),
       slices_(slices),
-      domains_(options.every_domain ? layout.world_size() : 1),
+      domains_{options.rank, layout.world_size(), options.every_domain},
       partition_elems_(layout.partition_elems()) {
   ZERO_CHECK(options.rank >= 0 && options.rank < layout.world_size(),
              "PartitionOptimizer: rank {} outside the layout's {} ranks", options.rank,
              layout.world_size());
-  const std::size_t total = static_cast<std::size_t>(domains_) * partition_elems_;
+  const std::size_t total = static_cast<std::size_t>(domains()) * partition_elems_;
   master_ = alloc(total, options_.master_dtype, MemoryTag::MasterParams);
   if (options_.own_gradients) {
     gradients_ = alloc(partition_elems_, options_.grad_dtype, MemoryTag::Gradients);
@@ -47,12 +47,11 @@ Buffer PartitionOptimizer::alloc(std::size_t elems, DType dtype, MemoryTag tag) 
 }
 
 std::size_t PartitionOptimizer::partition_offset(int domain, int unit) const {
-  return static_cast<std::size_t>(domains_ > 1 ? domain : 0) * partition_elems_ +
-         layout_.unit(unit).partition_offset;
+  return static_cast<std::size_t>(domain) * partition_elems_ + layout_.unit(unit).partition_offset;
 }
 
 void PartitionOptimizer::build_runs() {
-  for (int d = 0; d < domains_; ++d) {
+  for (int d = 0; d < domains(); ++d) {
     const int r = domain_rank(d);
     for (std::size_t u = 0; u < layout_.num_units(); ++u) {
       const std::size_t S = layout_.unit(static_cast<int>(u)).slice_elems;
@@ -78,7 +77,7 @@ void PartitionOptimizer::set_master(int unit, std::span<const float> unit_flat) 
   const UnitLayout& ul = layout_.unit(unit);
   ZERO_ASSERT(unit_flat.size() == ul.padded_elems);
   const std::size_t S = ul.slice_elems;
-  for (int d = 0; d < domains_; ++d) {
+  for (int d = 0; d < domains(); ++d) {
     const std::size_t src = static_cast<std::size_t>(domain_rank(d)) * S;
     compute_.combine(element_at(master_, options_.master_dtype, partition_offset(d, unit)),
                      options_.master_dtype, unit_flat.data() + src, DType::F32, S, 1.0f, false,
@@ -182,14 +181,14 @@ DType PartitionOptimizer::tensor_dtype(int tensor) const {
 }
 
 const std::byte* PartitionOptimizer::tensor_data(int tensor, int domain) const {
-  ZERO_ASSERT(tensor >= 0 && tensor < tensors() && domain >= 0 && domain < domains_);
+  ZERO_ASSERT(tensor >= 0 && tensor < tensors() && domain >= 0 && domain < domains());
   const Buffer& b = tensor == 0 ? master_ : states_[static_cast<std::size_t>(tensor - 1)];
   return element_at(b, tensor_dtype(tensor), static_cast<std::size_t>(domain) * partition_elems_);
 }
 
 void PartitionOptimizer::assign(int tensor, std::span<const float> values) {
   ZERO_ASSERT(tensor >= 0 && tensor < tensors());
-  ZERO_ASSERT(values.size() == static_cast<std::size_t>(domains_) * partition_elems_);
+  ZERO_ASSERT(values.size() == static_cast<std::size_t>(domains()) * partition_elems_);
   const Buffer& b = tensor == 0 ? master_ : states_[static_cast<std::size_t>(tensor - 1)];
   compute_.combine(b.data(), tensor_dtype(tensor), values.data(), DType::F32, values.size(), 1.0f,
                    false, options_.exec);

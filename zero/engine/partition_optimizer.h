@@ -55,11 +55,11 @@ class PartitionOptimizer {
   PartitionOptimizer(Device& device, const kernels::ComputeKernels& compute,
                      const FlatLayout& layout, const PartitionOptions& options, SliceMap& slices);
 
-  int domains() const { return domains_; }
+  int domains() const { return domains_.count(); }
   // The rank whose partition domain `domain` is.
-  int domain_rank(int domain) const { return domains_ > 1 ? domain : options_.rank; }
+  int domain_rank(int domain) const { return domains_.rank_of(domain); }
   // This rank's own domain.
-  int own_domain() const { return domains_ > 1 ? options_.rank : 0; }
+  int own_domain() const { return domains_.own(); }
   std::size_t partition_elems() const { return partition_elems_; }
   DType master_dtype() const { return options_.master_dtype; }
   int state_count() const { return static_cast<int>(states_.size()); }
@@ -110,7 +110,7 @@ class PartitionOptimizer {
   const FlatLayout& layout_;
   const PartitionOptions options_;
   SliceMap& slices_;
-  const int domains_;
+  const Domains domains_;
   const std::size_t partition_elems_;
   Buffer master_;
   std::vector<Buffer> states_;

@@ -11,6 +11,17 @@
 
 namespace zero::engine_detail {
 
+// Which partitions a part addresses: its own rank's (domain 0) or, with `every`, every rank's
+// (domain d = rank d).
+struct Domains {
+  int rank = 0;
+  int world = 1;
+  bool every = false;
+  int count() const { return every ? world : 1; }
+  int rank_of(int domain) const { return every ? domain : rank; }
+  int own() const { return every ? rank : 0; }  // the domain of the rank itself
+};
+
 class SliceMap {
  public:
   virtual ~SliceMap() = default;

@@ -40,13 +40,9 @@ class TestTarget final : public SliceMap {
         partition_(layout.partition_elems() * dtype_size(dtype)) {}
   void attach(const GradientReducer* reducer) { reducer_ = reducer; }
   std::byte* gradient(int domain, int unit, std::size_t slice_offset) override {
-    const UnitLayout& ul = layout_.unit(unit);
-    if (stage_ == 0) {
-      return reducer_->accumulated(unit) +
-             (static_cast<std::size_t>(domain) * ul.slice_elems + slice_offset) *
-                 dtype_size(dtype_);
-    }
+    if (stage_ == 0) return reducer_->accumulated(domain, unit, slice_offset);
     REQUIRE(domain == 0);
+    const UnitLayout& ul = layout_.unit(unit);
     return partition_.data() + (ul.partition_offset + slice_offset) * dtype_size(dtype_);
   }
   std::byte* model(int, int, std::size_t) override {

@@ -75,7 +75,7 @@ class CallbackComm final : public Communicator {
     }
     try {
       run_impl(a);
-    } catch (const CommError& e) {
+    } catch (const std::exception& e) {
       failure_ = e.what();
       throw;
     }

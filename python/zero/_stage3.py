@@ -2,7 +2,9 @@
 
 A forward pre-hook gathers the units of a module's own parameters (tied ones included) and
 points their .data at the gathered copy; the forward hook releases them when no other running
-module needs them. Autograd would keep the gathered memory alive through what it saves for
+module needs them. A module may also read another module's parameters without calling it
+(nn.MultiheadAttention reads out_proj.weight): reading a stage-3 parameter as a module
+attribute gathers its unit, which the running module then releases with its own. Autograd would keep the gathered memory alive through what it saves for
 backward (nn.Linear saves weight.t(), a view of it): during the engine's forward a
 saved-tensors hook replaces every saved tensor that views a gathered parameter by a token
 (parameter, size, stride, offset), and backward re-gathers the unit when it unpacks one. Native
@@ -30,6 +32,7 @@ class UnitFetcher:
         self.pending = {}  # unit -> trainable params still to hand in their gradient
         self.by_storage = {}  # storage address of a gathered parameter -> its Registered
         self.hooks = []
+        self.running = []  # per running module (innermost last): units it borrowed
         for r in registered:
             r.param.ds_shape, r.param.ds_numel = r.shape, r.numel
             r.param._zero_fetcher, r.param._zero_unit = self, r.unit
@@ -68,6 +71,16 @@ class UnitFetcher:
         for u in sorted(self.gathered):
             self.release(u)
         self.forward_refs.clear()
+        self.running.clear()
+
+    def on_access(self, unit):
+        """A stage-3 parameter of `unit` was read as a module attribute."""
+        if unit in self.gathered:
+            return
+        self.ensure_gathered(unit)
+        if self.running:
+            self.running[-1].append(unit)
+            self.forward_refs[unit] = self.forward_refs.get(unit, 0) + 1
 
     def grad_done(self, r):
         """Trainable parameter r handed in its gradient: release its unit once all have."""
@@ -80,6 +93,7 @@ class UnitFetcher:
 
     # --- hooks ---
     def install(self, model, unit_of_param):
+        _watch_attribute_reads(True)
         for module in model.modules():
             units = sorted({unit_of_param[id(p)] for p in module.parameters(recurse=False)})
             if units:
@@ -87,6 +101,7 @@ class UnitFetcher:
                 self.hooks.append(module.register_forward_hook(self._post_hook(units)))
 
     def remove_hooks(self):
+        _watch_attribute_reads(False)
         for h in self.hooks:
             h.remove()
         self.hooks.clear()
@@ -96,6 +111,7 @@ class UnitFetcher:
 
     def _pre_hook(self, units):
         def hook(module, inputs):
+            self.running.append([])
             for u in units:
                 self.forward_refs[u] = self.forward_refs.get(u, 0) + 1
                 self.ensure_gathered(u)
@@ -103,7 +119,8 @@ class UnitFetcher:
 
     def _post_hook(self, units):
         def hook(module, inputs, output):
-            for u in units:
+            borrowed = self.running.pop() if self.running else []
+            for u in list(units) + borrowed:
                 self.forward_refs[u] -= 1
                 if self.forward_refs[u] == 0:
                     self.release(u)
@@ -138,3 +155,24 @@ def live_fetcher_of(param):
     """(the UnitFetcher of the live stage-3 engine holding `param`, its unit) or (None, None)."""
     fetcher = getattr(param, "_zero_fetcher", None)
     return (fetcher, param._zero_unit) if fetcher is not None else (None, None)
+
+
+_original_getattr = torch.nn.Module.__getattr__
+_watchers = 0
+
+
+def _getattr_watching_stage3(module, name):
+    value = _original_getattr(module, name)
+    if isinstance(value, torch.nn.Parameter):
+        fetcher = getattr(value, "_zero_fetcher", None)
+        if fetcher is not None:
+            fetcher.on_access(value._zero_unit)
+    return value
+
+
+def _watch_attribute_reads(on):
+    """Routes module attribute reads of parameters through _getattr_watching_stage3 while any
+    stage-3 engine is alive (nn.Module.__getattr__ serves every parameter read)."""
+    global _watchers
+    _watchers += 1 if on else -1
+    torch.nn.Module.__getattr__ = _getattr_watching_stage3 if _watchers > 0 else _original_getattr

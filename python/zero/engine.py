@@ -146,10 +146,15 @@ class ZeroEngine(torch.nn.Module):
         try:
             call("zero_engine_create", text.encode(), self._comm.handle, specs, len(registered),
                  ctypes.byref(options), init_fn, None, ctypes.byref(h))
-        except ZeroError:
+        except ZeroError as e:
             self._comm.close()
             if errors:
                 raise ZeroError(f"reading the initial parameter values failed: {errors[0]}")
+            if '"auto"' in str(e):
+                raise ZeroError(f"{e}\nzero.initialize, like deepspeed.initialize, needs concrete "
+                                "values where the config says \"auto\" (Hugging Face's Trainer "
+                                "and Accelerate fill them in before calling DeepSpeed): replace "
+                                "each one named above", e.status) from None
             raise
         self._handle = h
 

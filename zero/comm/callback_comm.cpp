@@ -68,15 +68,17 @@ class CallbackComm final : public Communicator {
   // Communication thread only.
   void run(const CollectiveArgs& a) {
     if (!failure_.empty()) {
-      throw CommError(
-          fmt::format("CallbackComm rank {} of {}: {} not run: an earlier collective "
-                      "failed: {}",
-                      rank(), size(), describe(a, size()), failure_));
+      const std::string message =
+          fmt::format("CallbackComm rank {} of {}: {} not run: an earlier collective failed: {}",
+                      rank(), size(), describe(a, size()), failure_);
+      if (failure_was_callback_) throw CommCallbackError(message);
+      throw CommError(message);
     }
     try {
       run_impl(a);
     } catch (const std::exception& e) {
       failure_ = e.what();
+      failure_was_callback_ = dynamic_cast<const CommCallbackError*>(&e) != nullptr;
       throw;
     }
   }
@@ -134,18 +136,18 @@ class CallbackComm final : public Communicator {
     try {
       rc = callback();
     } catch (const std::exception& e) {
-      throw CommError(fmt::format("CallbackComm rank {} of {}: the {} callback threw: {} ({})",
-                                  rank(), size(), collective_name(a.kind), e.what(),
-                                  describe(a, size())));
+      throw CommCallbackError(
+          fmt::format("CallbackComm rank {} of {}: the {} callback threw: {} ({})", rank(), size(),
+                      collective_name(a.kind), e.what(), describe(a, size())));
     } catch (...) {
-      throw CommError(fmt::format(
+      throw CommCallbackError(fmt::format(
           "CallbackComm rank {} of {}: the {} callback threw a non-standard exception ({})", rank(),
           size(), collective_name(a.kind), describe(a, size())));
     }
     if (rc != 0) {
-      throw CommError(fmt::format("CallbackComm rank {} of {}: the {} callback returned {} ({})",
-                                  rank(), size(), collective_name(a.kind), rc,
-                                  describe(a, size())));
+      throw CommCallbackError(
+          fmt::format("CallbackComm rank {} of {}: the {} callback returned {} ({})", rank(),
+                      size(), collective_name(a.kind), rc, describe(a, size())));
     }
   }
 
@@ -155,9 +157,10 @@ class CallbackComm final : public Communicator {
   }
 
   const CommCallbacks cb_;
-  std::string failure_;             // communication thread only
-  std::vector<std::byte> scratch_;  // communication thread only
-  comm_detail::CommThread thread_;  // last: joined before the members its ops use go away
+  std::string failure_;                // communication thread only
+  bool failure_was_callback_ = false;  // communication thread only
+  std::vector<std::byte> scratch_;     // communication thread only
+  comm_detail::CommThread thread_;     // last: joined before the members its ops use go away
 };
 
 std::unique_ptr<Communicator> CallbackComm::split_impl(int color, int key) {

@@ -18,9 +18,10 @@
 // callback (every rank has the same count, so every rank skips it alike). The scratch buffer is
 // kept, as large as the largest in-place chunk so far.
 //
-// Failures: a callback that returns non-zero (or throws) fails its collective with CommError
-// naming the op and the code ("the reduce_scatter callback returned 3"); every later collective
-// then fails with CommError too, without calling any callback.
+// Failures: a callback that returns non-zero (or throws) fails its collective with
+// CommCallbackError (a CommError) naming the op and the code ("the reduce_scatter callback
+// returned 3"); every later collective then fails with CommCallbackError too, without calling any
+// callback. (The C ABI reports it as ZERO_ERR_CALLBACK.)
 //
 // Timeouts: NOT enforced. timeout() is kept (and passed on by split()), but a callback that never
 // returns blocks its Work, every later one and the destructor forever: bound the time inside the
@@ -33,9 +34,16 @@
 #include <cstddef>
 #include <memory>
 
+#include "zero/base/error.h"
 #include "zero/comm/communicator.h"
 
 namespace zero {
+
+// A collective failed because a callback did (returned non-zero or threw), or an earlier one had.
+class CommCallbackError : public CommError {
+ public:
+  using CommError::CommError;
+};
 
 // Mirrors zero_comm_callbacks of zero/zero_c.h field for field (zero/comm does not include the C
 // header). Codes are the C header's: dtype 0 fp32, 1 fp16, 2 bf16, 3 fp64 (ZERO_DTYPE_*); op 0

@@ -287,7 +287,7 @@ TEST_CASE("callbacks run one at a time in issue order on one thread that is not 
   }
 }
 
-TEST_CASE("a failing callback fails its collective with CommError naming the op and the code") {
+TEST_CASE("a failing callback fails its collective with CommCallbackError naming op and code") {
   InProcWorld inner(1);
   auto inner_comm = inner.comm(0);
   Delegate d;
@@ -296,12 +296,13 @@ TEST_CASE("a failing callback fails its collective with CommError naming the op 
   {
     auto comm = zero::make_callback_communicator(table(d));
     std::vector<float> buf(4, 1.0f);
-    REQUIRE_THROWS_WITH(
-        comm->reduce_scatter_in_place(buf.data(), 4, DType::F32, ReduceOp::Sum).wait(),
-        Catch::Contains("the reduce_scatter callback returned 3") &&
-            Catch::Contains("reduce_scatter in place (sum, fp32)"));
-    // Later collectives fail too, without reaching the callbacks.
-    REQUIRE_THROWS_AS(comm->barrier().wait(), CommError);
+    zero::Work failed = comm->reduce_scatter_in_place(buf.data(), 4, DType::F32, ReduceOp::Sum);
+    REQUIRE_THROWS_AS(failed.wait(), zero::CommCallbackError);
+    REQUIRE_THROWS_WITH(failed.wait(), Catch::Contains("the reduce_scatter callback returned 3") &&
+                                           Catch::Contains("reduce_scatter in place (sum, fp32)"));
+    // Later collectives fail too, without reaching the callbacks; the C ABI tells a callback's
+    // failure (ZERO_ERR_CALLBACK) from the communicator's own by the type.
+    REQUIRE_THROWS_AS(comm->barrier().wait(), zero::CommCallbackError);
     REQUIRE_THROWS_WITH(
         comm->all_reduce(buf.data(), buf.data(), 4, DType::F32, ReduceOp::Sum).wait(),
         Catch::Contains("not run: an earlier collective failed") && Catch::Contains("returned 3"));

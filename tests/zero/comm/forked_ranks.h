@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -47,6 +48,7 @@ struct RankOutcome {
   int signal = 0;      // the signal that killed it
   std::string error;   // what() of the exception the rank ended with, empty if none
   double seconds = 0;  // from the fork to the end of the rank's function (or its error)
+  std::chrono::steady_clock::time_point end;  // the same instant (the clock is system-wide)
 };
 
 // Children forked at construction; wait() reaps them.
@@ -63,10 +65,11 @@ class ForkedRanks {
       if (pid < 0) throw std::runtime_error("fork failed");
       if (pid == 0) run_child(r, fn, start);
       pids_.push_back(pid);
+      running_.push_back(pid);
     }
   }
   ~ForkedRanks() {
-    for (pid_t pid : pids_) {
+    for (pid_t pid : running_) {
       if (pid > 0) {
         ::kill(pid, SIGKILL);
         ::waitpid(pid, nullptr, 0);
@@ -88,12 +91,13 @@ class ForkedRanks {
         if (std::chrono::steady_clock::now() > deadline) ::kill(pids_[r], SIGKILL);
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
-      pids_[r] = -1;
+      running_[r] = -1;
       if (WIFEXITED(status)) out[r].exit_code = WEXITSTATUS(status);
       if (WIFSIGNALED(status)) out[r].signal = WTERMSIG(status);
       const Report& rep = report(static_cast<int>(r));
       out[r].error = std::string(rep.error, strnlen(rep.error, kErrorBytes));
       out[r].seconds = rep.seconds;
+      out[r].end = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(rep.end_ns));
     }
     return out;
   }
@@ -101,6 +105,7 @@ class ForkedRanks {
  private:
   struct Report {
     double seconds;
+    std::int64_t end_ns;
     char error[kErrorBytes];
   };
   Report& report(int r) const { return reinterpret_cast<Report*>(reports_.data())[r]; }
@@ -118,13 +123,17 @@ class ForkedRanks {
       std::strncpy(rep.error, "a non-standard exception", kErrorBytes - 1);
       code = 1;
     }
-    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto end = std::chrono::steady_clock::now();
+    rep.seconds = std::chrono::duration<double>(end - start).count();
+    rep.end_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(end.time_since_epoch()).count();
     std::fflush(nullptr);
     ::_exit(code);
   }
 
   SharedRegion reports_;
   std::vector<pid_t> pids_;
+  std::vector<pid_t> running_;  // -1 once reaped
 };
 
 // Entries of /dev/shm whose name starts with `prefix` (segments and their temporary names).

@@ -49,7 +49,8 @@ struct ShmTuning {
   // group's. At least 4096 and a multiple of 8.
   std::size_t window_bytes = std::size_t{1} << 20;
   // Cross-memory attach: bytes read from each peer per reduction step; 0 chooses from the world
-  // size so that the pieces stay in L2. A multiple of 8 otherwise.
+  // size (1 MiB with one peer, down to 256 KiB with many), so that the pieces stay in cache. A
+  // multiple of 8 otherwise.
   std::size_t piece_bytes = 0;
 };
 

@@ -95,6 +95,7 @@ class ShmComm final : public Communicator {
   void post(const ShmOp& op, const ShmCall& call) {
     ShmRankSlot& mine = group_->slot(group_->rank());
     mine.call = call;
+    store_release(mine.reduced, std::uint64_t{0});
     store_release(mine.seq, op.seq);
     group_->arrive(op, /*first=*/true);
   }

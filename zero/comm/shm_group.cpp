@@ -304,6 +304,34 @@ void ShmGroup::arrive(const ShmOp& op, bool first) {
   throw CommError(message);
 }
 
+void ShmGroup::wait_for_impl(int q, const std::function<bool()>& ready, const ShmOp& op,
+                             const char* waiting_for) {
+  ShmHeader& h = segment_.header();
+  const auto spin_until = Clock::now() + kSpin;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return;
+      cpu_relax();
+    }
+  } while (Clock::now() < spin_until);
+  for (;;) {
+    atomic32(h.sleepers).fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t bell = atomic32(h.bell).load(std::memory_order_seq_cst);
+    const bool done = ready();
+    const auto now = Clock::now();
+    if (!done && !aborted() && now < op.deadline) {
+      sleep_on_bell(bell, std::min<Clock::duration>(kSleepSlice, op.deadline - now));
+    }
+    atomic32(h.sleepers).fetch_sub(1, std::memory_order_seq_cst);
+    if (done || ready()) return;
+    if (aborted()) fail(op, abort_reason());
+    if (auto why = gone(q)) fail(op, *why);
+    if (Clock::now() >= op.deadline) break;
+  }
+  fail(op, fmt::format("timed out after {} ms waiting for {} {}", op.timeout.count(), rank_name(q),
+                       waiting_for));
+}
+
 void ShmGroup::read_peer(int q, std::uint64_t remote, void* local, std::size_t bytes,
                          const ShmOp& op) {
   const pid_t pid = slot(q).process.pid;

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +72,19 @@ class ShmGroup {
   // communicator, or at op.deadline; the last two abort the group.
   void arrive(const ShmOp& op, bool first);
 
+  // Waits until `ready()` holds, where only rank q can make it hold. Throws CommError like
+  // arrive() if the group is aborted, q exits or closes its communicator, or at op.deadline
+  // (naming q and `waiting_for`).
+  template <typename Ready>
+  void wait_for(int q, Ready&& ready, const ShmOp& op, const char* waiting_for) {
+    if (ready()) return;
+    wait_for_impl(q, std::function<bool()>(std::forward<Ready>(ready)), op, waiting_for);
+  }
+
+  // Tells ranks sleeping in arrive() or wait_for() to look again (after a change they may wait
+  // for).
+  void ring() const;
+
   // Fails every pending and later wait of every rank with `reason` (the first reason is kept).
   void abort(const std::string& reason) noexcept;
   // Aborts the group with `reason` and throws CommError("<this rank>: <op> failed: <reason>").
@@ -88,7 +102,8 @@ class ShmGroup {
 
   bool aborted() const;
   std::string abort_reason() const;
-  void ring() const;
+  void wait_for_impl(int q, const std::function<bool()>& ready, const ShmOp& op,
+                     const char* waiting_for);
   // Sleeps on the bell until it moves from `seen`, for at most `limit`.
   void sleep_on_bell(std::uint32_t seen, std::chrono::nanoseconds limit) const;
   // Why a missing rank q will never arrive (exited or closed), or nullopt.

@@ -56,6 +56,9 @@ struct alignas(64) ShmRankSlot {
   std::uint64_t seq;    // atomic: the collective this rank began last (for messages)
   std::uint32_t state;  // atomic: ShmRankState
   std::uint32_t cma;    // atomic: 0 not probed yet, 1 reads every peer, 2 cannot
+  // atomic: elements of this rank's all_reduce chunk reduced so far in the current op (reset to
+  // 0 before the op's first barrier, so peers, who look only after it, never see an older op's)
+  std::uint64_t reduced;
   ProcessId process;
   // Cross-memory attach probe: peers read 8 bytes at probe_address and expect probe_value.
   std::uint64_t probe_address;

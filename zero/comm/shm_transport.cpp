@@ -130,17 +130,38 @@ void cma_collective(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmSc
       return;
     }
     case Collective::AllReduce: {
+      // Pipelined: after each piece of its own chunk a rank publishes how far it has reduced,
+      // and copies what its peers have published so far, so a piece is copied while it is still
+      // in the shared cache and nobody waits for the slowest rank between the two halves. In
+      // place this is safe because a rank publishes a piece only after reading every rank's
+      // input for it, which is the only use of the others' buffers there.
       const auto [begin, end] = chunk_bounds(a.elems, n, me);
-      if (end > begin)
-        cma_reduce(g, a, op, scratch, begin, end - begin, bytes_at(a.recv, begin * esz));
-      g.arrive(op, /*first=*/false);  // every chunk is reduced before anyone copies it
-      for (int q = 0; q < n; ++q) {
-        if (q == me) continue;
+      const std::size_t piece = std::max<std::size_t>(scratch.piece_bytes() / esz, 1);
+      std::vector<std::size_t> copied(static_cast<std::size_t>(n), 0);
+      auto copy_available = [&](int q) {
         const auto [qb, qe] = chunk_bounds(a.elems, n, q);
-        if (qe > qb) {
-          cma_copy(g, q, call_of(g, q).recv + qb * esz, bytes_at(a.recv, qb * esz), (qe - qb) * esz,
-                   op, scratch);
+        const std::size_t ready = load_acquire(g.slot(q).reduced);
+        std::size_t& have = copied[static_cast<std::size_t>(q)];
+        if (ready > have) {
+          cma_copy(g, q, call_of(g, q).recv + (qb + have) * esz,
+                   bytes_at(a.recv, (qb + have) * esz), (ready - have) * esz, op, scratch);
+          have = ready;
         }
+        return have == qe - qb;
+      };
+      for (std::size_t done = begin; done < end; done += piece) {
+        const std::size_t m = std::min(piece, end - done);
+        cma_reduce(g, a, op, scratch, done, m, bytes_at(a.recv, done * esz));
+        store_release(g.slot(me).reduced, static_cast<std::uint64_t>(done + m - begin));
+        g.ring();
+        for (int q = 0; q < n; ++q) {
+          if (q != me) copy_available(q);
+        }
+      }
+      for (int q = 0; q < n; ++q) {
+        if (q != me)
+          g.wait_for(
+              q, [&] { return copy_available(q); }, op, "to reduce its chunk");
       }
       return;
     }

@@ -158,13 +158,11 @@ void ShmGroup::probe_cross_memory_attach(const ShmOp& op) {
     }
   }
   if (!cma_ && tuning_.transport == ShmTransport::CrossMemoryAttach) {
-    fail(op,
-         fmt::format("cross-memory attach was asked for, but ranks [{}] cannot read every "
-                     "peer{}",
-                     fmt::join(unable, ", "),
-                     problems.empty()
-                         ? ""
-                         : " (this rank: " + fmt::format("{}", fmt::join(problems, "; ")) + ")"));
+    const std::string mine_why =
+        problems.empty() ? "" : fmt::format(" (this rank: {})", fmt::join(problems, "; "));
+    fail(op, fmt::format("cross-memory attach was asked for, but ranks [{}] cannot read every "
+                         "peer{}",
+                         fmt::join(unable, ", "), mine_why));
   }
 }
 

@@ -2,6 +2,8 @@
 // and fail fast and clean up when a rank goes missing or dies.
 #include "zero/comm/shm_comm.h"
 
+#include <stdlib.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -216,6 +218,29 @@ TEST_CASE("ShmComm with default tuning matches InProcComm on buffers of several 
       INFO("rank failures:" << failures(outcomes));
       for (const auto& o : outcomes) REQUIRE(o.exit_code == 0);
       REQUIRE(std::memcmp(got.data(), expected.data(), expected.size()) == 0);
+    }
+  }
+}
+
+TEST_CASE("ShmComm picks cross-memory attach when it works, and the segment when told to") {
+  for (const char* env : {"", "segment"}) {
+    INFO("ZERO_SHM_TRANSPORT=" << env);
+    const std::string name = zt::unique_shm_name("auto");
+    zt::ForkedRanks ranks(2, [&](int r) {
+      ::setenv("ZERO_SHM_TRANSPORT", env, 1);
+      auto comm = zero::make_shm_communicator(name, r, 2, CommOptions{20s});
+      // This machine allows cross-memory attach between sibling processes (as the
+      // "InProcComm's bits" test relies on), so Auto must choose it unless told otherwise.
+      const ShmTransport expected =
+          *env == '\0' ? ShmTransport::CrossMemoryAttach : ShmTransport::Segment;
+      if (zero::shm_transport(*comm) != expected) throw std::runtime_error("wrong transport");
+      std::vector<float> v(100000, static_cast<float>(r + 1));
+      comm->all_reduce(v.data(), v.data(), v.size(), DType::F32, ReduceOp::Sum).wait();
+      if (v.front() != 3.0f || v.back() != 3.0f) throw std::runtime_error("wrong sum");
+    });
+    for (const auto& o : ranks.wait()) {
+      INFO(o.error);
+      REQUIRE(o.exit_code == 0);
     }
   }
 }

@@ -2,7 +2,7 @@
 //
 // Runs the ops submitted to it one at a time, in submission order, on a thread of its own, so
 // the rank's thread only enqueues and waits (communicator.h: ops issued on one communicator run
-// in issue order). InProcComm and CallbackComm each own one.
+// in issue order). InProcComm, ShmComm and CallbackComm each own one.
 #pragma once
 
 #include <atomic>

@@ -120,16 +120,6 @@ bool same_call(const Slot& a, const Slot& b) {
   return true;
 }
 
-// [begin, end) of chunk q when `elems` are split as evenly as possible over `n` ranks.
-std::pair<std::size_t, std::size_t> chunk_bounds(std::size_t elems, int n, int q) {
-  const auto nn = static_cast<std::size_t>(n);
-  const auto qq = static_cast<std::size_t>(q);
-  const std::size_t base = elems / nn;
-  const std::size_t extra = elems % nn;
-  const std::size_t begin = qq * base + std::min(qq, extra);
-  return {begin, begin + base + (qq < extra ? 1 : 0)};
-}
-
 const char* bytes_at(const void* p, std::size_t offset) {
   return static_cast<const char*>(p) + offset;
 }
@@ -379,8 +369,7 @@ class InProcComm final : public Communicator {
   const std::shared_ptr<InProcGroup> group_;
   const int rank_;
   std::uint64_t seq_ = 0;  // communication thread only
-
-  CommThread thread_;  // last: joined before the members its ops use go away
+  CommThread thread_;      // last: joined before the members its ops use go away
 };
 
 }  // namespace

@@ -2,8 +2,10 @@
 //
 // Every rank calls make_shm_communicator() with the same segment name: rank 0 creates
 // /dev/shm/<name>, the others attach to it, and once all have, the name is unlinked (the
-// mappings live on), so nothing is left in /dev/shm however the ranks end. The segment holds
-// the ranks' barriers, their posted calls, an abort flag, and staging windows.
+// mappings live on), so nothing is left in /dev/shm however the ranks end; a failed bootstrap
+// removes it too, and a segment whose rank 0 was killed before everyone attached is removed by
+// the next group's rank 0. The segment holds the ranks' barriers, their posted calls, an abort
+// flag, and staging windows.
 //
 // Data: with cross-memory attach (process_vm_readv(2), probed at bootstrap between every pair of
 // ranks) a rank reads its peers' buffers directly, as InProcComm's threads do: the rank that

@@ -97,6 +97,7 @@ std::shared_ptr<ShmGroup> ShmGroup::join(const ShmJoinArgs& in) {
   const auto deadline = start + args.timeout;
   std::optional<ProcessId> creator;
   if (!args.expected.empty()) creator = args.expected[0];
+  if (args.rank == 0) ShmSegment::remove_stale();
   ShmSegment segment =
       args.rank == 0 ? ShmSegment::create(args.name, args.world_size, args.tuning.window_bytes)
                      : ShmSegment::attach(args.name, args.rank, args.world_size, deadline,

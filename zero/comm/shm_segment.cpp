@@ -1,5 +1,6 @@
 #include "zero/comm/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -63,6 +65,29 @@ struct Mapping {
   }
   void* release() { return std::exchange(base, MAP_FAILED); }
 };
+
+// Unlinks `path` if it still names the file open as `fd`.
+void unlink_if_same(const std::string& path, int fd) {
+  struct stat open_st {};
+  struct stat path_st {};
+  if (::fstat(fd, &open_st) != 0 || ::lstat(path.c_str(), &path_st) != 0) return;
+  if (open_st.st_dev == path_st.st_dev && open_st.st_ino == path_st.st_ino) ::unlink(path.c_str());
+}
+
+// Whether the file open as `fd` is a ShmComm segment (initialised or not) that can never
+// complete its bootstrap: its creator has exited. A temporary file that is not initialised yet
+// is judged by the pid in its name.
+bool is_stale(int fd, const std::string& file_name) {
+  ShmHeader h{};
+  const ssize_t n = ::pread(fd, &h, sizeof(h), 0);
+  if (n == static_cast<ssize_t>(sizeof(h)) && h.magic == kShmMagic) {
+    return process_exited(h.creator);
+  }
+  const std::size_t tmp = file_name.rfind(".tmp-");
+  if (tmp == std::string::npos) return false;
+  const long pid = std::strtol(file_name.c_str() + tmp + 5, nullptr, 10);
+  return pid > 0 && process_with_pid(static_cast<std::int32_t>(pid)).pid == 0;
+}
 
 bool claim(ShmRankSlot& slot) {
   std::uint32_t expected = kRankFree;
@@ -125,6 +150,29 @@ void ShmSegment::unlink_name() noexcept {
     return;  // a newer segment of the same name
   }
   ::unlink(path.c_str());
+}
+
+int ShmSegment::remove_stale() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  const uid_t me = ::geteuid();
+  while (const dirent* e = ::readdir(dir)) {
+    const std::string file_name = e->d_name;
+    if (file_name == "." || file_name == "..") continue;
+    const std::string path = path_of(file_name);
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me) continue;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (is_stale(fd, file_name)) {
+      unlink_if_same(path, fd);
+      ++removed;
+    }
+    ::close(fd);
+  }
+  ::closedir(dir);
+  return removed;
 }
 
 ShmSegment ShmSegment::create(const std::string& name, int world_size, std::size_t window_bytes) {
@@ -191,7 +239,10 @@ ShmSegment ShmSegment::attach(const std::string& name, int rank, int world_size,
         map.bytes = static_cast<std::size_t>(st.st_size);
         map.base = ::mmap(nullptr, map.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       }
-      ::close(fd);
+      struct FdCloser {
+        int owned;
+        ~FdCloser() { ::close(owned); }
+      } closer{fd};
       if (map.base != MAP_FAILED) {
         const auto& h = *static_cast<const ShmHeader*>(map.base);
         if (load_acquire(h.magic) != kShmMagic || h.version != kShmLayoutVersion ||
@@ -199,6 +250,7 @@ ShmSegment ShmSegment::attach(const std::string& name, int rank, int world_size,
           ignored = "a file that is not a ShmComm segment of this version";
         } else if (process_exited(h.creator)) {
           ignored = fmt::format("a stale segment made by pid {}, which has exited", h.creator.pid);
+          unlink_if_same(path, fd);
         } else if (creator && (h.creator.pid != creator->pid ||
                                h.creator.start_ticks != creator->start_ticks)) {
           ignored = fmt::format("a segment made by pid {}, not by rank 0 (pid {})", h.creator.pid,

@@ -7,6 +7,11 @@
 // attached to; they wait for the new one instead. The name is unlinked once every rank has
 // attached (the mappings live on), so a crash later leaves nothing behind in /dev/shm.
 //
+// A segment whose creator is killed before every rank attached cannot unlink itself; it can
+// never complete its bootstrap either, so rank 0 of every later group removes such segments
+// (ShmComm's magic, this user's, creator exited) and orphaned temporary files before creating
+// its own — a launcher that kills its workers leaves them only until the next launch.
+//
 // What this cannot tell apart: a stale segment whose creator is still alive (an earlier launch
 // with the same name that hangs) from the current one. Names unique per launch avoid it;
 // make_env_communicator derives such names.
@@ -29,6 +34,10 @@ class ShmSegment {
   static std::string path_of(const std::string& name);
   // Empty if `name` can be a ShmComm segment name, else why not.
   static std::string name_problem(const std::string& name);
+
+  // Removes from /dev/shm the files of this user that are ShmComm segments whose creator has
+  // exited, and temporary files of creators that no longer run. Returns how many it removed.
+  static int remove_stale();
 
   // Rank 0: a new segment for `world_size` ranks with staging windows of `window_bytes`,
   // renamed into place at /dev/shm/<name>, with rank 0's place claimed. Throws CommError if the

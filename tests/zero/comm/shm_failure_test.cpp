@@ -171,17 +171,22 @@ TEST_CASE("a rank whose rank 0 never comes times out naming the segment") {
       contains(outcomes[0].error, "segment /dev/shm/" + name + " did not appear within 500 ms"));
 }
 
+// The earlier run of a group: its rank 0 made the segment and was killed before rank 1 came,
+// as a launcher kills its workers when one of them fails. Leaves /dev/shm/<name> behind.
+void leave_stale_segment(const std::string& name) {
+  zt::ForkedRanks earlier(1,
+                          [&](int) { zero::make_shm_communicator(name, 0, 2, CommOptions{60s}); });
+  REQUIRE(eventually([&] { return file_exists(name); }));
+  ::kill(earlier.pid(0), SIGKILL);
+  REQUIRE(earlier.wait()[0].signal == SIGKILL);
+  REQUIRE(file_exists(name));
+}
+
 TEST_CASE("a stale segment of the same name from an earlier run is replaced, never attached to") {
   const std::string name = zt::unique_shm_name("stale");
-  {
-    // The earlier run: its rank 0 made the segment and was killed before rank 1 came.
-    zt::ForkedRanks earlier(
-        1, [&](int) { zero::make_shm_communicator(name, 0, 2, CommOptions{60s}); });
-    REQUIRE(eventually([&] { return file_exists(name); }));
-    ::kill(earlier.pid(0), SIGKILL);
-    REQUIRE(earlier.wait()[0].signal == SIGKILL);
-  }
-  REQUIRE(file_exists(name));
+  const std::string other = zt::unique_shm_name("stale-other");
+  leave_stale_segment(name);
+  leave_stale_segment(other);
   // The new run: rank 1 comes first and finds only the stale segment for a while.
   zt::ForkedRanks ranks(2, [&](int r) {
     if (r == 0) std::this_thread::sleep_for(300ms);
@@ -196,6 +201,8 @@ TEST_CASE("a stale segment of the same name from an earlier run is replaced, nev
     REQUIRE(o.exit_code == 0);
   }
   REQUIRE(zt::shm_files_with_prefix(name).empty());
+  // Rank 0 of the new group also removed the other abandoned segment.
+  REQUIRE(zt::shm_files_with_prefix(other).empty());
 }
 
 TEST_CASE("ShmComm ranks calling different collectives fail naming both calls") {
@@ -219,6 +226,7 @@ TEST_CASE("ShmComm ranks calling different collectives fail naming both calls") 
 
 TEST_CASE("ShmComm split groups processes by color, orders them by key, leaves color -1 out") {
   const std::string name = zt::unique_shm_name("split");
+  const auto before = zt::shm_files_with_prefix("zero-shm-");
   constexpr int kWorld = 5;
   zt::SharedRegion shared(3 * kWorld * sizeof(int));
   int* new_rank = reinterpret_cast<int*>(shared.data());
@@ -247,7 +255,7 @@ TEST_CASE("ShmComm split groups processes by color, orders them by key, leaves c
   REQUIRE(std::vector<int>(new_rank, new_rank + kWorld) == std::vector<int>{1, 1, 0, 0, -1});
   REQUIRE(std::vector<int>(new_size, new_size + 4) == std::vector<int>{2, 2, 2, 2});
   REQUIRE(std::vector<int>(sums, sums + 4) == std::vector<int>{2, 4, 2, 4});
-  REQUIRE(zt::shm_files_with_prefix("zero-shm-").empty());
+  REQUIRE(zt::shm_files_with_prefix("zero-shm-") == before);  // the splits' segments are gone
 }
 
 TEST_CASE("ShmComm runs collectives issued back to back in issue order") {

@@ -1,16 +1,28 @@
 /* The C ABI of the zero engine (DESIGN.md §1.1): the same engine as zero/engine.h, reachable from
- * C, Python (ctypes) and other languages.
+ * C, Python (ctypes, the `zero` package in python/) and other languages. Shipped as libzero.so
+ * (soname libzero.so.<major>); only zero_* symbols are exported.
  *
- * Scope: one single-rank engine (world size 1) per handle, with its own in-process communicator
- * and CPU device. Multi-rank worlds are not exposed here yet.
+ * Worlds: an engine runs over a zero_comm, one rank's endpoint of a data-parallel group:
+ *   zero_comm_create_env        what the launcher says: torchrun's RANK / WORLD_SIZE / LOCAL_RANK /
+ *                               LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT or mpirun's
+ *                               OMPI_COMM_WORLD_*; shared memory within one host, MPI across
+ *                               hosts; one rank when no launcher variable is set
+ *   zero_comm_create_shm        the processes of one host over shared memory (/dev/shm)
+ *   zero_comm_create_mpi        MPI_COMM_WORLD, one rank per process
+ *   zero_comm_create_callbacks  a table of callbacks: the host framework's own process group
+ *                               carries the collectives
+ * A null comm passed to zero_engine_create means one rank in this process.
  *
  * Errors: no exception crosses this boundary. Every function returns an int status: ZERO_OK (0)
  * on success, else one of the ZERO_ERR_* codes below; zero_last_error() then returns the message
  * of the last failure on the calling thread (it is kept until the next failure on that thread).
  * Outputs are written only on success.
  *
- * Thread safety: a zero_engine is used by one thread at a time. Distinct engines may be used from
- * different threads.
+ * Strings the library returns through char** (JSON documents) are allocated by it and freed with
+ * zero_free().
+ *
+ * Thread safety: a zero_engine or zero_comm is used by one thread at a time. Distinct engines may
+ * be used from different threads.
  *
  * One micro-step (see zero/engine.h for the full contract):
  *   for each unit u in forward order: zero_engine_gather(e, u); read zero_engine_param(e, i, ...)
@@ -18,6 +30,8 @@
  *   for each parameter as its gradient is ready: write into zero_engine_grad(e, i, ...), then
  *     zero_engine_grad_ready(e, i); release units with zero_engine_release(e, u)
  *   zero_engine_step(e, &result)   (the optimizer runs at the accumulation boundary)
+ * Collective calls (every rank, same order, same arguments): zero_engine_create, gather (stage 3),
+ * grad_ready (stages 2/3), step, gather_master, save_checkpoint, load_checkpoint.
  */
 #ifndef ZERO_ZERO_C_H_
 #define ZERO_ZERO_C_H_
@@ -29,40 +43,138 @@
 extern "C" {
 #endif
 
+/* Bumped on every incompatible change of this header. zero_abi_version() returns the value the
+ * library was built with; a binding compares it against the value it was written for. */
+#define ZERO_ABI_VERSION 2
+
 /* Status codes. */
 enum {
   ZERO_OK = 0,
   ZERO_ERR_INVALID_ARGUMENT = 1, /* a null pointer, an unknown index, a size that does not match */
   ZERO_ERR_CONFIG = 2,           /* the ds_config is invalid or cannot run (every problem listed) */
   ZERO_ERR_IO = 3,               /* a file could not be read or written */
-  ZERO_ERR_COMM = 4,             /* a collective failed */
+  ZERO_ERR_COMM = 4,             /* a collective failed (a peer died, timed out, disagreed) */
   ZERO_ERR_OUT_OF_MEMORY = 5,
   ZERO_ERR_CUDA = 6,
   ZERO_ERR_RUNTIME = 7,  /* any other failure the engine reports (a call out of order, ...) */
-  ZERO_ERR_CALLBACK = 8, /* the init callback returned non-zero */
+  ZERO_ERR_CALLBACK = 8, /* an init or communicator callback returned non-zero */
 };
 
-/* Element types of the model copy. Must be the config's training dtype. */
+/* Element types: of the model copy (must be the config's training dtype) and of collectives. */
 enum {
   ZERO_DTYPE_F32 = 0,
   ZERO_DTYPE_F16 = 1,
   ZERO_DTYPE_BF16 = 2,
+  ZERO_DTYPE_F64 = 3, /* collectives only */
 };
 
+/* Reduction operators of collectives. Avg divides the sum by the world size. */
+enum {
+  ZERO_OP_SUM = 0,
+  ZERO_OP_AVG = 1,
+  ZERO_OP_MAX = 2,
+};
+
+/* ZERO_ABI_VERSION of the library. */
+int zero_abi_version(void);
+/* The library's version, "0.1.0". Static storage. */
+const char* zero_version(void);
+
+/* The message of the last failure on the calling thread; "" when none. The pointer stays valid
+ * until the next failing call on this thread. */
+const char* zero_last_error(void);
+
+/* Frees a string the library returned through a char** (null is allowed). */
+void zero_free(char* p);
+
+/* ---------------------------------------------------------------------------------------------
+ * Communicators
+ */
+typedef struct zero_comm zero_comm;
+
+/* A communicator whose collectives the caller carries out. Each function returns 0 on success
+ * and anything else on failure (the collective then fails with ZERO_ERR_CALLBACK). Semantics are
+ * those of zero/comm/communicator.h, over host buffers, blocking:
+ *   reduce_scatter: send holds size × recv_elems elements; rank r's recv gets the reduction of
+ *                   send[r·recv_elems, (r+1)·recv_elems) over ranks
+ *   all_gather:     recv (size × send_elems) gets rank q's send at [q·send_elems, ...)
+ *   all_reduce:     recv gets the elementwise reduction of every rank's send (send may == recv)
+ *   broadcast:      buffer on every rank gets root's buffer
+ * dtype is a ZERO_DTYPE_*, op a ZERO_OP_*. Bitwise agreement between ranks is the callbacks'
+ * responsibility (every rank must receive the same reduced bits). The engine calls them from its
+ * communication thread, one collective at a time, in issue order. */
+typedef struct zero_comm_callbacks {
+  void* user;
+  int rank;
+  int size;
+  int (*reduce_scatter)(void* user, const void* send, void* recv, size_t recv_elems, int dtype,
+                        int op);
+  int (*all_gather)(void* user, const void* send, void* recv, size_t send_elems, int dtype);
+  int (*all_reduce)(void* user, const void* send, void* recv, size_t elems, int dtype, int op);
+  int (*broadcast)(void* user, void* buffer, size_t elems, int dtype, int root);
+  int (*barrier)(void* user);
+  /* Called once when the communicator is destroyed; may be null. */
+  void (*destroy)(void* user);
+} zero_comm_callbacks;
+
+/* timeout_ms: a collective not complete after this long fails naming the op and the ranks that
+ * did not arrive; 0 means the default (300 s). */
+int zero_comm_create_env(int timeout_ms, zero_comm** out);
+/* Ranks [0, world_size) of one host, each calling this with its own rank and the same `name`
+ * (a file name under /dev/shm, e.g. "zero-job42"; at most 200 characters). Rank 0 creates the
+ * segment; the others wait for it up to timeout_ms. */
+int zero_comm_create_shm(const char* name, int rank, int world_size, int timeout_ms,
+                         zero_comm** out);
+/* MPI_COMM_WORLD (initialises MPI when needed). ZERO_ERR_RUNTIME when built without MPI. */
+int zero_comm_create_mpi(int timeout_ms, zero_comm** out);
+/* The table is copied. REQUIRES: 0 <= rank < size, every function non-null but destroy. */
+int zero_comm_create_callbacks(const zero_comm_callbacks* callbacks, zero_comm** out);
+int zero_comm_rank(const zero_comm* comm, int* rank);
+int zero_comm_size(const zero_comm* comm, int* size);
+/* "shm", "mpi", "callbacks", "inproc". Static storage. */
+int zero_comm_backend(const zero_comm* comm, const char** name);
+/* Collectives of the communicator itself (blocking), e.g. for a trainer's own metrics. */
+int zero_comm_all_reduce(zero_comm* comm, const void* send, void* recv, size_t elems, int dtype,
+                         int op);
+int zero_comm_broadcast(zero_comm* comm, void* buffer, size_t elems, int dtype, int root);
+int zero_comm_barrier(zero_comm* comm);
+/* REQUIRES: no engine created over it is alive. Null is allowed. */
+int zero_comm_destroy(zero_comm* comm);
+
+/* ---------------------------------------------------------------------------------------------
+ * Engines
+ */
 typedef struct zero_engine zero_engine;
 
 typedef struct zero_param_spec {
   const char* name;     /* unique; copied */
   const int64_t* shape; /* ndim extents; copied. May be null when ndim == 0 (a scalar) */
   size_t ndim;
-  int dtype;     /* ZERO_DTYPE_* */
-  int group;     /* param group (own lr / weight decay); 0 unless the config defines more */
+  int dtype;     /* ZERO_DTYPE_F32 / F16 / BF16 */
+  int group;     /* param group (own lr / weight decay); 0 unless options define more */
   int unit;      /* what stage 3 gathers together (a layer); units are 0..U-1 */
   int trainable; /* 0: frozen (no gradient, never updated) */
+  /* Other names of this same tensor (tied weights); copied. May be null when n_tied == 0. */
+  const char* const* tied_names;
+  size_t n_tied;
 } zero_param_spec;
 
-/* Fills out[0..numel) with the initial fp32 value of parameter `index`. Returns 0 on success;
- * any other value fails zero_engine_create with ZERO_ERR_CALLBACK. */
+/* Overrides of the config's optimizer values for one param group; NaN keeps the config's. */
+typedef struct zero_group_options {
+  double lr;
+  double weight_decay;
+} zero_group_options;
+
+typedef struct zero_engine_options {
+  const zero_group_options* groups; /* groups[g] overrides group g; may be null when n_groups 0 */
+  size_t n_groups;
+  int kernel_threads;     /* CPU kernel threads of this rank; 0 = every core it may use */
+  const char* kernel_isa; /* null, "auto", "scalar", "avx2", "avx512" */
+} zero_engine_options;
+
+/* Fills out[0..numel) with the initial fp32 value of parameter `index`. Called on rank 0 only
+ * (the engine broadcasts the values). Returns 0 on success; any other value fails
+ * zero_engine_create with ZERO_ERR_CALLBACK. */
 typedef int (*zero_init_fn)(void* user, size_t index, float* out, size_t numel);
 
 typedef struct zero_step_result {
@@ -76,19 +188,35 @@ typedef struct zero_step_result {
   double loss_scale;     /* the scale this window's gradients were produced with */
 } zero_step_result;
 
-/* The message of the last failure on the calling thread; "" when none. The pointer stays valid
- * until the next failing call on this thread. */
-const char* zero_last_error(void);
+/* What an engine is. */
+typedef struct zero_engine_info {
+  int stage;
+  int rank;
+  int world_size;
+  int dtype; /* training dtype: ZERO_DTYPE_F32 / F16 / BF16 */
+  int64_t train_batch_size;
+  int64_t train_micro_batch_size_per_gpu;
+  int64_t gradient_accumulation_steps;
+  size_t num_params;
+  size_t num_units;
+  size_t num_groups;
+  double gradient_clipping; /* 0: none */
+} zero_engine_info;
 
-/* Loads the ds_config at config_json_path (world size 1; world_size_or_0 must be 0 or 1), checks
- * it can run, registers the n parameters and initialises them through init(user, i, out, numel)
- * (called during this function, in order). On success *out owns a new engine. */
-int zero_engine_create(const char* config_json_path, int world_size_or_0,
-                       const zero_param_spec* specs, size_t n, zero_init_fn init, void* user,
-                       zero_engine** out);
+/* Builds this rank's engine. Collective over `comm` (null: one rank in this process).
+ * `config` is a path to a ds_config file, or the JSON text itself when its first non-blank
+ * character is '{'. Registers the n parameters and initialises them through init (rank 0).
+ * Errors before any collective: a config path that does not exist, a config that cannot run
+ * (values left as "auto" are named), specs that are malformed. On success *out owns a new
+ * engine; REQUIRES comm to outlive it. */
+int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spec* specs,
+                       size_t n, const zero_engine_options* options, zero_init_fn init,
+                       void* user, zero_engine** out);
 
 /* Destroys the engine (null is allowed). Always returns ZERO_OK. */
 int zero_engine_destroy(zero_engine* engine);
+
+int zero_engine_info_get(const zero_engine* engine, zero_engine_info* info);
 
 /* Stage 3: makes the unit's parameters readable; other stages only check the unit id. */
 int zero_engine_gather(zero_engine* engine, int unit);
@@ -96,7 +224,8 @@ int zero_engine_gather(zero_engine* engine, int unit);
 int zero_engine_release(zero_engine* engine, int unit);
 
 /* The model copy of `param`: *data points at *bytes bytes (numel elements of the param's dtype,
- * row-major), valid until the next step or release of its unit. */
+ * row-major). Stages 0–2: the same address for the engine's whole life (each step refreshes the
+ * values in place), so a framework may alias it. Stage 3: valid until the release of its unit. */
 int zero_engine_param(zero_engine* engine, size_t param, const void** data, size_t* bytes);
 
 /* The loss multiplier for backward: loss scale / gradient_accumulation_steps. */
@@ -111,8 +240,48 @@ int zero_engine_grad_ready(zero_engine* engine, size_t param);
 int zero_engine_step(zero_engine* engine, zero_step_result* result);
 
 /* Copies the full fp32 master value of `param` into out[0..numel). numel must equal the
- * parameter's element count. */
+ * parameter's element count. Collective at stages 1–3. */
 int zero_engine_gather_master(zero_engine* engine, size_t param, float* out, size_t numel);
+
+/* The learning rate group `group` uses at the next optimizer step. */
+int zero_engine_lr(const zero_engine* engine, int group, double* lr);
+int zero_engine_global_steps(const zero_engine* engine, int64_t* steps);
+int zero_engine_loss_scale(const zero_engine* engine, double* scale);
+
+/* Writes <dir>/<tag> (tag null: "global_step<N>"), crash-safe. client_state_json: any JSON text
+ * (null: none), returned by load. Collective. */
+int zero_engine_save_checkpoint(zero_engine* engine, const char* dir, const char* tag,
+                                const char* client_state_json);
+/* Loads <dir>/<tag> (tag null: the one <dir>/latest names), a zero or DeepSpeed checkpoint, at
+ * this engine's world size and stage whatever they were at save. On success *client_state_json
+ * (may be null) gets the saved client state as JSON text and *path (may be null) the tag folder
+ * read; free both with zero_free. Collective. */
+int zero_engine_load_checkpoint(zero_engine* engine, const char* dir, const char* tag,
+                                char** client_state_json, char** path);
+
+/* This rank's memory ledger, as JSON: {"rank":0,"kinds":{"host":{"bytes":..,"peak":..,
+ * "tags":{"master_params":{"bytes":..,"peak":..},...}},...}}. Free with zero_free. */
+int zero_engine_memory_json(const zero_engine* engine, char** json);
+/* EngineTimings (zero/engine_timings.h) as JSON: {"pack_s":..,...,"buckets":..}. */
+int zero_engine_timings_json(const zero_engine* engine, char** json);
+int zero_engine_reset_timings(zero_engine* engine);
+
+/* ---------------------------------------------------------------------------------------------
+ * Checkpoint reading (what zero_to_fp32 does, without writing a file)
+ */
+typedef struct zero_checkpoint zero_checkpoint;
+
+/* Opens <dir>/<tag> (tag null: <dir>/latest), zero or DeepSpeed format. */
+int zero_checkpoint_open(const char* dir, const char* tag, zero_checkpoint** out);
+int zero_checkpoint_close(zero_checkpoint* ckpt);
+/* The tensors zero_to_fp32 would write, in its order (tied names are separate entries that read
+ * the same values). */
+int zero_checkpoint_num_tensors(const zero_checkpoint* ckpt, size_t* n);
+/* Name (valid while ckpt is open) and shape of tensor i: *ndim extents into shape[0..max_ndim). */
+int zero_checkpoint_tensor(const zero_checkpoint* ckpt, size_t i, const char** name,
+                           int64_t* shape, size_t max_ndim, size_t* ndim);
+/* Tensor i whole, as fp32, into out[0..numel). */
+int zero_checkpoint_read_fp32(zero_checkpoint* ckpt, size_t i, float* out, size_t numel);
 
 #ifdef __cplusplus
 } /* extern "C" */

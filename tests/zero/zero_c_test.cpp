@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,7 +74,8 @@ zero::DType to_zero_dtype(int d) {
 }
 
 std::vector<zero_param_spec> specs_of(int dtype) {
-  return {{"layer.weight", kShape0, 2, dtype, 0, 0, 1}, {"layer.bias", kShape1, 1, dtype, 0, 1, 1}};
+  return {{"layer.weight", kShape0, 2, dtype, 0, 0, 1, nullptr, 0},
+          {"layer.bias", kShape1, 1, dtype, 0, 1, 1, nullptr, 0}};
 }
 
 // One micro-step through the C ABI; returns the unscaled loss.
@@ -125,8 +127,8 @@ TEST_CASE(
   const std::vector<zero_param_spec> specs = specs_of(dtype);
   int init_calls = 0;
   zero_engine* e = nullptr;
-  const int rc = zero_engine_create(config.path().c_str(), 0, specs.data(), specs.size(),
-                                    init_weights, &init_calls, &e);
+  const int rc = zero_engine_create(config.path().c_str(), nullptr, specs.data(), specs.size(),
+                                    nullptr, init_weights, &init_calls, &e);
   INFO(zero_last_error());
   REQUIRE(rc == ZERO_OK);
   REQUIRE(e != nullptr);
@@ -167,48 +169,49 @@ TEST_CASE("C ABI failures come back as statuses with a message naming the proble
   zero_engine* e = nullptr;
 
   SECTION("an unreadable config file") {
-    CHECK(zero_engine_create("/nonexistent/ds.json", 0, specs.data(), 2, init_weights, &calls,
-                             &e) == ZERO_ERR_IO);
+    CHECK(zero_engine_create("/nonexistent/ds.json", nullptr, specs.data(), 2, nullptr,
+                             init_weights, &calls, &e) == ZERO_ERR_IO);
     CHECK_THAT(zero_last_error(), Catch::Contains("/nonexistent/ds.json"));
     CHECK(e == nullptr);
   }
   SECTION("an invalid config lists the key path") {
     const TempConfig bad(
         "bad", R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 7}})");
-    CHECK(zero_engine_create(bad.path().c_str(), 0, specs.data(), 2, init_weights, &calls, &e) ==
-          ZERO_ERR_CONFIG);
+    CHECK(zero_engine_create(bad.path().c_str(), nullptr, specs.data(), 2, nullptr, init_weights,
+                             &calls, &e) == ZERO_ERR_CONFIG);
     CHECK_THAT(zero_last_error(), Catch::Contains("zero_optimization.stage"));
   }
   SECTION("arguments the caller got wrong") {
-    CHECK(zero_engine_create(config.path().c_str(), 4, specs.data(), 2, init_weights, &calls, &e) ==
-          ZERO_ERR_INVALID_ARGUMENT);
-    CHECK_THAT(zero_last_error(), Catch::Contains("world_size_or_0 is 4"));
-    CHECK(zero_engine_create(config.path().c_str(), 0, specs.data(), 2, init_weights, &calls,
-                             nullptr) == ZERO_ERR_INVALID_ARGUMENT);
+    zero_engine_options options{nullptr, 0, -1, nullptr};
+    CHECK(zero_engine_create(config.path().c_str(), nullptr, specs.data(), 2, &options,
+                             init_weights, &calls, &e) == ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("kernel_threads is -1"));
+    CHECK(zero_engine_create(config.path().c_str(), nullptr, specs.data(), 2, nullptr, init_weights,
+                             &calls, nullptr) == ZERO_ERR_INVALID_ARGUMENT);
     CHECK_THAT(zero_last_error(), Catch::Contains("out is null"));
     std::vector<zero_param_spec> bad = specs;
     bad[1].dtype = 9;
-    CHECK(zero_engine_create(config.path().c_str(), 0, bad.data(), 2, init_weights, &calls, &e) ==
-          ZERO_ERR_INVALID_ARGUMENT);
+    CHECK(zero_engine_create(config.path().c_str(), nullptr, bad.data(), 2, nullptr, init_weights,
+                             &calls, &e) == ZERO_ERR_INVALID_ARGUMENT);
     CHECK_THAT(zero_last_error(), Catch::Contains("specs[1].dtype is 9"));
     CHECK(e == nullptr);
   }
   SECTION("a dtype other than the config's is refused by the engine") {
     const std::vector<zero_param_spec> bf16 = specs_of(ZERO_DTYPE_BF16);
-    CHECK(zero_engine_create(config.path().c_str(), 1, bf16.data(), 2, init_weights, &calls, &e) !=
-          ZERO_OK);
+    CHECK(zero_engine_create(config.path().c_str(), nullptr, bf16.data(), 2, nullptr, init_weights,
+                             &calls, &e) != ZERO_OK);
     CHECK(std::string(zero_last_error()).size() > std::string("zero_engine_create: ").size());
     CHECK(e == nullptr);
   }
   SECTION("an init callback that fails") {
-    CHECK(zero_engine_create(config.path().c_str(), 0, specs.data(), 2, init_fails, nullptr, &e) ==
-          ZERO_ERR_CALLBACK);
+    CHECK(zero_engine_create(config.path().c_str(), nullptr, specs.data(), 2, nullptr, init_fails,
+                             nullptr, &e) == ZERO_ERR_CALLBACK);
     CHECK_THAT(zero_last_error(), Catch::Contains("returned 3 for parameter 0"));
     CHECK(e == nullptr);
   }
   SECTION("misuse of a live engine") {
-    REQUIRE(zero_engine_create(config.path().c_str(), 0, specs.data(), 2, init_weights, &calls,
-                               &e) == ZERO_OK);
+    REQUIRE(zero_engine_create(config.path().c_str(), nullptr, specs.data(), 2, nullptr,
+                               init_weights, &calls, &e) == ZERO_OK);
     const void* data = nullptr;
     std::size_t bytes = 0;
     CHECK(zero_engine_param(e, 99, &data, &bytes) == ZERO_ERR_INVALID_ARGUMENT);
@@ -236,4 +239,96 @@ TEST_CASE("C ABI failures come back as statuses with a message naming the proble
     CHECK(zero_engine_destroy(e) == ZERO_OK);
   }
   CHECK(zero_engine_destroy(nullptr) == ZERO_OK);
+}
+
+TEST_CASE("the C ABI reports versions, info, memory and timings, and saves and reads checkpoints") {
+  CHECK(zero_abi_version() == ZERO_ABI_VERSION);
+  CHECK_THAT(zero_version(), Catch::Matches(R"(\d+\.\d+\.\d+)"));
+  const zero::test::TempDir dir("zero_c_ckpt");
+  // The config as JSON text instead of a path.
+  const std::string text = config_text(2, "fp32");
+  const std::vector<zero_param_spec> specs = specs_of(ZERO_DTYPE_F32);
+  const zero_group_options groups[] = {{0.02, NAN}};
+  const zero_engine_options options{groups, 1, 1, "scalar"};
+  int calls = 0;
+  zero_engine* e = nullptr;
+  REQUIRE(zero_engine_create(text.c_str(), nullptr, specs.data(), specs.size(), &options,
+                             init_weights, &calls, &e) == ZERO_OK);
+  zero_engine_info info{};
+  REQUIRE(zero_engine_info_get(e, &info) == ZERO_OK);
+  CHECK(info.stage == 2);
+  CHECK(info.world_size == 1);
+  CHECK(info.dtype == ZERO_DTYPE_F32);
+  CHECK(info.train_micro_batch_size_per_gpu == 1);
+  CHECK(info.gradient_accumulation_steps == 2);
+  CHECK(info.train_batch_size == 2);
+  CHECK(info.num_params == 2);
+  CHECK(info.num_groups == 1);
+  double lr = 0;
+  REQUIRE(zero_engine_lr(e, 0, &lr) == ZERO_OK);
+  CHECK(lr == 0.02);  // the group override, not the config's 0.05
+
+  zero_step_result r{};
+  for (int k = 0; k < 4; ++k) micro_step(e, ZERO_DTYPE_F32, &r);
+  std::int64_t steps = 0;
+  REQUIRE(zero_engine_global_steps(e, &steps) == ZERO_OK);
+  CHECK(steps == 2);
+
+  char* json = nullptr;
+  REQUIRE(zero_engine_memory_json(e, &json) == ZERO_OK);
+  const nlohmann::json memory = nlohmann::json::parse(json);
+  INFO(memory.dump());
+  zero_free(json);
+  // The CPU device's memory is the "device" kind; partitions are padded to an alignment.
+  const std::size_t master_bytes =
+      memory["kinds"]["device"]["tags"]["master_params"]["bytes"].get<std::size_t>();
+  CHECK(master_bytes >= (kNumel[0] + kNumel[1]) * sizeof(float));
+  CHECK(master_bytes < 2 * (kNumel[0] + kNumel[1]) * sizeof(float));
+  REQUIRE(zero_engine_timings_json(e, &json) == ZERO_OK);
+  const nlohmann::json timings = nlohmann::json::parse(json);
+  zero_free(json);
+  CHECK(timings["optimizer_s"].get<double>() > 0);
+  CHECK(timings["buckets"].get<std::int64_t>() > 0);
+
+  REQUIRE(zero_engine_save_checkpoint(e, dir.path().c_str(), nullptr, R"({"epoch": 3})") ==
+          ZERO_OK);
+  std::vector<float> saved(kNumel[0]);
+  REQUIRE(zero_engine_gather_master(e, 0, saved.data(), saved.size()) == ZERO_OK);
+  micro_step(e, ZERO_DTYPE_F32, &r);
+  micro_step(e, ZERO_DTYPE_F32, &r);
+  char* client = nullptr;
+  char* path = nullptr;
+  REQUIRE(zero_engine_load_checkpoint(e, dir.path().c_str(), nullptr, &client, &path) == ZERO_OK);
+  CHECK(nlohmann::json::parse(client) == nlohmann::json{{"epoch", 3}});
+  CHECK(std::string(path) == (dir.path() / "global_step2").string());
+  zero_free(client);
+  zero_free(path);
+  std::vector<float> loaded(kNumel[0]);
+  REQUIRE(zero_engine_gather_master(e, 0, loaded.data(), loaded.size()) == ZERO_OK);
+  CHECK(loaded == saved);
+  REQUIRE(zero_engine_global_steps(e, &steps) == ZERO_OK);
+  CHECK(steps == 2);
+  CHECK(zero_engine_destroy(e) == ZERO_OK);
+
+  // What zero_to_fp32 would write, in memory.
+  zero_checkpoint* ck = nullptr;
+  REQUIRE(zero_checkpoint_open(dir.path().c_str(), nullptr, &ck) == ZERO_OK);
+  std::size_t n = 0;
+  REQUIRE(zero_checkpoint_num_tensors(ck, &n) == ZERO_OK);
+  REQUIRE(n == 2);
+  const char* name = nullptr;
+  std::int64_t shape[4];
+  std::size_t ndim = 0;
+  REQUIRE(zero_checkpoint_tensor(ck, 0, &name, shape, 4, &ndim) == ZERO_OK);
+  CHECK(std::string(name) == "layer.weight");
+  CHECK(ndim == 2);
+  CHECK(shape[0] == 4);
+  CHECK(shape[1] == 8);
+  std::vector<float> read(kNumel[0]);
+  REQUIRE(zero_checkpoint_read_fp32(ck, 0, read.data(), read.size()) == ZERO_OK);
+  CHECK(read == saved);
+  CHECK(zero_checkpoint_read_fp32(ck, 0, read.data(), 3) == ZERO_ERR_INVALID_ARGUMENT);
+  CHECK_THAT(zero_last_error(), Catch::Contains("has 32 elements, but numel is 3"));
+  CHECK(zero_checkpoint_close(ck) == ZERO_OK);
+  CHECK(zero_checkpoint_open("/nonexistent/ckpt", nullptr, &ck) == ZERO_ERR_IO);
 }

@@ -1,0 +1,126 @@
+"""What the engine needs to know of a torch module: its parameters as specs (names, shapes,
+dtypes, param groups, stage-3 units, frozen and tied names), and the checks that nothing about
+them changed after initialize."""
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ._lib import BF16, F16, F32, ZeroError
+
+TORCH_DTYPES = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}
+DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
+
+
+@dataclass
+class Registered:
+    """One engine parameter: the torch Parameter and everything the engine was told of it."""
+    index: int
+    name: str
+    param: torch.nn.Parameter
+    shape: tuple
+    numel: int
+    unit: int
+    group: int
+    trainable: bool
+    tied_names: list = field(default_factory=list)
+
+
+def training_dtype(config):
+    """The model dtype a DeepSpeed config asks for: bf16 ("bf16" or "bfloat16" enabled), fp16,
+    else fp32."""
+    def enabled(key):
+        block = config.get(key)
+        return isinstance(block, dict) and block.get("enabled") is True
+    if enabled("bf16") or enabled("bfloat16"):
+        return BF16
+    if enabled("fp16"):
+        return F16
+    return F32
+
+
+def param_groups(model, model_parameters):
+    """{id(param): group index} and the groups' overrides [(lr or nan, weight_decay or nan)], from
+    `model_parameters` as DeepSpeed takes it: None (every parameter of the model), an iterable
+    of parameters, or a list of param-group dicts ({"params": [...], "lr": .., ...})."""
+    if model_parameters is None:
+        return {id(p): 0 for p in model.parameters()}, []
+    items = list(model_parameters)
+    if not items:
+        raise ZeroError("model_parameters is empty: pass model.parameters() or param groups")
+    if not isinstance(items[0], dict):
+        return {id(p): 0 for p in items}, []
+    groups, overrides = {}, []
+    for g, group in enumerate(items):
+        if not isinstance(group, dict) or "params" not in group:
+            raise ZeroError(f"model_parameters[{g}] is not a param group dict with 'params'")
+        for p in group["params"]:
+            groups.setdefault(id(p), g)
+        overrides.append((float(group.get("lr", math.nan)),
+                          float(group.get("weight_decay", math.nan))))
+    return groups, overrides
+
+
+def register(model, model_parameters, dtype):
+    """The model's parameters as Registered entries, in named_parameters() order. Each module
+    owning parameters directly is a stage-3 unit; a parameter tied into several modules belongs
+    to the first and lists its other names."""
+    names = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    if not names:
+        raise ZeroError(f"the model ({type(model).__name__}) has no parameters: zero has "
+                        "nothing to optimize")
+    groups, overrides = param_groups(model, model_parameters)
+    unit_of, units = {}, 0
+    for _, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in unit_of]
+        if own:
+            for p in own:
+                unit_of[id(p)] = units
+            units += 1
+    out = []
+    for name, p in model.named_parameters():
+        if not p.dtype.is_floating_point:
+            raise ZeroError(f"parameter '{name}' has dtype {p.dtype}; the config's precision "
+                            f"({DTYPE_NAMES[dtype]}) holds only floating-point parameters: make "
+                            "it a buffer (register_buffer) or a float parameter")
+        trainable = p.requires_grad
+        if trainable and id(p) not in groups:
+            raise ZeroError(f"parameter '{name}' is trainable but not in model_parameters: pass "
+                            "every trainable parameter, or set requires_grad=False on it")
+        out.append(Registered(index=len(out), name=name, param=p, shape=tuple(p.shape),
+                              numel=p.numel(), unit=unit_of[id(p)], group=groups.get(id(p), 0),
+                              trainable=trainable, tied_names=names[id(p)][1:]))
+    return out, overrides, units
+
+
+def snapshot(model):
+    """The module's parameter set, to see later whether it changed: [(name, id)]."""
+    return [(name, id(p)) for name, p in model.named_parameters()]
+
+
+def check_unchanged(model, expected, registered, views):
+    """Raises ZeroError naming the first parameter added, removed or replaced since initialize,
+    or whose .data no longer is the engine's memory (views: index -> expected data_ptr or None
+    when not aliased)."""
+    now = snapshot(model)
+    if now != expected:
+        before, after = dict(expected), dict(now)
+        for name in after.keys() - before.keys():
+            raise ZeroError(f"parameter '{name}' was added to the model after zero.initialize; "
+                            "build the whole model first, then call zero.initialize")
+        for name in before.keys() - after.keys():
+            raise ZeroError(f"parameter '{name}' was removed from the model after "
+                            "zero.initialize")
+        for name in before:
+            if before[name] != after[name]:
+                raise ZeroError(f"parameter '{name}' was replaced after zero.initialize (a new "
+                                "torch.nn.Parameter was assigned); the engine still trains the old "
+                                "one. Modify parameters in place, before zero.initialize")
+    for r in registered:
+        ptr = views.get(r.index)
+        if ptr is not None and r.param.data_ptr() != ptr:
+            raise ZeroError(f"parameter '{r.name}'.data was reassigned after zero.initialize; "
+                            "the engine owns its memory. Modify it in place (param.data.copy_(...))"
+                            " or before zero.initialize")

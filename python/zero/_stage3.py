@@ -1,0 +1,178 @@
+"""Stage 3 in a torch module: parameters are empty placeholders until a module runs.
+
+A forward pre-hook gathers the units of a module's own parameters (tied ones included) and
+points their .data at the gathered copy; the forward hook releases them when no other running
+module needs them. A module may also read another module's parameters without calling it
+(nn.MultiheadAttention reads out_proj.weight): reading a stage-3 parameter as a module
+attribute gathers its unit, which the running module then releases with its own. Autograd would keep the gathered memory alive through what it saves for
+backward (nn.Linear saves weight.t(), a view of it): during the engine's forward a
+saved-tensors hook replaces every saved tensor that views a gathered parameter by a token
+(parameter, size, stride, offset), and backward re-gathers the unit when it unpacks one. Native
+autograd runs unchanged, so stage 3 computes bitwise what stages 0-2 compute. A unit is released
+in backward once every trainable parameter in it has handed its gradient to the engine; whatever
+is still gathered at step() is released then. Persistence
+thresholds, trace prefetch and the live cap are the engine's (gather() prefetches)."""
+import ctypes
+
+import torch
+
+from ._lib import call
+from ._memory import tensor_at
+
+
+class UnitFetcher:
+    def __init__(self, handle, registered, torch_dtype):
+        self.handle = handle
+        self.dtype = torch_dtype
+        self.params_of = {}  # unit -> [Registered]
+        for r in registered:
+            self.params_of.setdefault(r.unit, []).append(r)
+        self.gathered = set()
+        self.forward_refs = {}
+        self.pending = {}  # unit -> trainable params still to hand in their gradient
+        self.by_storage = {}  # storage address of a gathered parameter -> its Registered
+        self.hooks = []
+        self.running = []  # per running module (innermost last): units it borrowed
+        for r in registered:
+            r.param.ds_shape, r.param.ds_numel = r.shape, r.numel
+            r.param._zero_fetcher, r.param._zero_unit = self, r.unit
+            r.param.data = self.placeholder(r)
+
+    def placeholder(self, r):
+        """What a released parameter holds: its shape over one element (stride 0), so that
+        autograd can accumulate its gradient without gathering it. Its values are meaningless."""
+        return torch.zeros(1, dtype=self.dtype).expand(r.shape) if r.shape else torch.zeros(
+            (), dtype=self.dtype)
+
+    # --- units ---
+    def ensure_gathered(self, unit):
+        if unit in self.gathered:
+            return
+        call("zero_engine_gather", self.handle, unit)
+        self.gathered.add(unit)
+        for r in self.params_of.get(unit, []):
+            ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
+            call("zero_engine_param", self.handle, r.index, ctypes.byref(ptr), ctypes.byref(nbytes))
+            r.param.data = tensor_at(ptr.value, nbytes.value, self.dtype, r.shape)
+            if nbytes.value:
+                self.by_storage[r.param.data.untyped_storage().data_ptr()] = r
+        self.pending[unit] = {r.index for r in self.params_of.get(unit, []) if r.trainable}
+
+    def release(self, unit):
+        if unit not in self.gathered:
+            return
+        self.by_storage = {k: r for k, r in self.by_storage.items() if r.unit != unit}
+        for r in self.params_of.get(unit, []):
+            r.param.data = self.placeholder(r)
+        self.gathered.discard(unit)
+        call("zero_engine_release", self.handle, unit)
+
+    def release_all(self):
+        for u in sorted(self.gathered):
+            self.release(u)
+        self.forward_refs.clear()
+        self.running.clear()
+
+    def on_access(self, unit):
+        """A stage-3 parameter of `unit` was read as a module attribute."""
+        if unit in self.gathered:
+            return
+        self.ensure_gathered(unit)
+        if self.running:
+            self.running[-1].append(unit)
+            self.forward_refs[unit] = self.forward_refs.get(unit, 0) + 1
+
+    def grad_done(self, r):
+        """Trainable parameter r handed in its gradient: release its unit once all have."""
+        left = self.pending.get(r.unit)
+        if left is None:
+            return
+        left.discard(r.index)
+        if not left and self.forward_refs.get(r.unit, 0) == 0:
+            self.release(r.unit)
+
+    # --- hooks ---
+    def install(self, model, unit_of_param):
+        _watch_attribute_reads(True)
+        for module in model.modules():
+            units = sorted({unit_of_param[id(p)] for p in module.parameters(recurse=False)})
+            if units:
+                self.hooks.append(module.register_forward_pre_hook(self._pre_hook(units)))
+                self.hooks.append(module.register_forward_hook(self._post_hook(units)))
+
+    def remove_hooks(self):
+        _watch_attribute_reads(False)
+        for h in self.hooks:
+            h.remove()
+        self.hooks.clear()
+        for params in self.params_of.values():
+            for r in params:
+                r.param._zero_fetcher = None
+
+    def _pre_hook(self, units):
+        def hook(module, inputs):
+            self.running.append([])
+            for u in units:
+                self.forward_refs[u] = self.forward_refs.get(u, 0) + 1
+                self.ensure_gathered(u)
+        return hook
+
+    def _post_hook(self, units):
+        def hook(module, inputs, output):
+            borrowed = self.running.pop() if self.running else []
+            for u in list(units) + borrowed:
+                self.forward_refs[u] -= 1
+                if self.forward_refs[u] == 0:
+                    self.release(u)
+        return hook
+
+    # --- what autograd saves ---
+    def saved_tensors_hooks(self):
+        """The context the engine's forward runs in (see the module docstring)."""
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t):
+        if t.layout != torch.strided or t.device.type != "cpu":
+            return t
+        r = self.by_storage.get(t.untyped_storage().data_ptr())
+        if r is None:
+            return t
+        return (_SavedView, r, tuple(t.size()), tuple(t.stride()), t.storage_offset())
+
+    def _unpack(self, packed):
+        if not (isinstance(packed, tuple) and packed and packed[0] is _SavedView):
+            return packed
+        _, r, size, stride, offset = packed
+        self.ensure_gathered(r.unit)
+        return r.param.data.as_strided(size, stride, offset)
+
+
+class _SavedView:
+    """Marks a packed saved tensor: a view of a stage-3 parameter, re-gathered on unpack."""
+
+
+def live_fetcher_of(param):
+    """(the UnitFetcher of the live stage-3 engine holding `param`, its unit) or (None, None)."""
+    fetcher = getattr(param, "_zero_fetcher", None)
+    return (fetcher, param._zero_unit) if fetcher is not None else (None, None)
+
+
+_original_getattr = torch.nn.Module.__getattr__
+_watchers = 0
+
+
+def _getattr_watching_stage3(module, name):
+    value = _original_getattr(module, name)
+    if isinstance(value, torch.nn.Parameter):
+        fetcher = getattr(value, "_zero_fetcher", None)
+        if fetcher is not None:
+            fetcher.on_access(value._zero_unit)
+    return value
+
+
+def _watch_attribute_reads(on):
+    """Routes module attribute reads of parameters through _getattr_watching_stage3 while any
+    stage-3 engine is alive (nn.Module.__getattr__ serves every parameter read)."""
+    global _watchers
+    _watchers += 1 if on else -1
+    torch.nn.Module.__getattr__ = _getattr_watching_stage3 if _watchers > 0 else _original_getattr

@@ -1,0 +1,377 @@
+"""ZeroEngine: the object zero.initialize returns, with DeepSpeed's engine methods.
+
+The model's parameters live in the engine: at stages 0-2 each parameter's .data is a view of the
+engine's model copy (refreshed in place by every optimizer step); at stage 3 they are
+placeholders filled per module (see _stage3). Gradients go to the engine as autograd produces
+them (a post-accumulate-grad hook per parameter), so the engine reduces buckets while backward
+goes on."""
+import ctypes
+import json
+import math
+import os
+import warnings
+
+import torch
+
+from . import _lib
+from ._lib import ZeroError, call, take_string
+from ._memory import tensor_at
+from ._model import (DTYPE_NAMES, TORCH_DTYPES, check_unchanged, register, snapshot,
+                     training_dtype)
+from ._stage3 import UnitFetcher
+
+# The environment variables a launcher sets; any of them present means "launched".
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE",
+                      "PMI_RANK")
+
+
+def _comm_timeout_ms():
+    value = os.environ.get("ZERO_COMM_TIMEOUT_S", "300")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ZeroError(f"ZERO_COMM_TIMEOUT_S={value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ZeroError(f"ZERO_COMM_TIMEOUT_S={value!r}: expected a positive number of seconds")
+    return int(seconds * 1000)
+
+
+class _Comm:
+    """The process's communicator: what the launcher's environment says, or one rank."""
+
+    def __init__(self):
+        self.handle = None
+        if any(v in os.environ for v in LAUNCHER_VARIABLES):
+            h = ctypes.c_void_p()
+            call("zero_comm_create_env", _comm_timeout_ms(), ctypes.byref(h))
+            self.handle = h
+
+    def close(self):
+        if self.handle is not None:
+            _lib.lib.zero_comm_destroy(self.handle)
+            self.handle = None
+
+
+def _load_config(config):
+    """(JSON text, dict) of `config`: a path to a ds_config file or a dict."""
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if not os.path.isfile(path):
+            raise ZeroError(f"config path '{path}' does not exist (or is not a file): pass the "
+                            "path of a ds_config.json or a dict")
+        with open(path) as f:
+            text = f.read()
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ZeroError(f"config '{path}' is not valid JSON: {e}") from None
+        return text, document
+    if isinstance(config, dict):
+        try:
+            return json.dumps(config), config
+        except (TypeError, ValueError) as e:
+            raise ZeroError(f"config dict cannot be written as JSON: {e}") from None
+    raise ZeroError(f"config is a {type(config).__name__}; expected a path or a dict")
+
+
+class ZeroEngine(torch.nn.Module):
+    def __init__(self, model, model_parameters, config, overrides_from_optimizer=None):
+        super().__init__()
+        if not isinstance(model, torch.nn.Module):
+            raise ZeroError(f"model is a {type(model).__name__}; expected a torch.nn.Module")
+        text, document = _load_config(config)
+        self._dtype = training_dtype(document)
+        self._torch_dtype = TORCH_DTYPES[self._dtype]
+        self.module = model
+        registered, overrides, units = register(model, model_parameters, self._dtype)
+        if overrides_from_optimizer is not None:
+            overrides = overrides_from_optimizer
+        if self._dtype != _lib.F32:
+            model.to(self._torch_dtype)  # as DeepSpeed: the model trains in the 16-bit dtype
+        self._registered = registered
+        self._comm = _Comm()
+        self._handle = None
+        self._create(text, registered, overrides)
+
+        info = _lib.EngineInfo()
+        call("zero_engine_info_get", self._handle, ctypes.byref(info))
+        self._info = info
+        self.global_steps = 0
+        self.micro_steps = 0
+        self.skipped_steps = 0
+        self._last_result = None
+        self._snapshot = snapshot(model)
+        self._views = {}
+        self._grad_hooks = []
+        self._fetcher = None
+        if info.stage == 3:
+            self._fetcher = UnitFetcher(self._handle, registered, self._torch_dtype)
+            self._fetcher.install(model, {id(r.param): r.unit for r in registered})
+        else:
+            self._alias_model_copy()
+        for r in registered:
+            if r.trainable:
+                self._grad_hooks.append(r.param.register_post_accumulate_grad_hook(
+                    self._grad_hook(r)))
+
+    # --- construction ---
+    def _create(self, text, registered, overrides):
+        keep = []  # ctypes objects the specs point into, alive until create returns
+        specs = (_lib.ParamSpec * len(registered))()
+        for i, r in enumerate(registered):
+            shape = (ctypes.c_int64 * max(len(r.shape), 1))(*r.shape)
+            tied = (ctypes.c_char_p * max(len(r.tied_names), 1))(
+                *[n.encode() for n in r.tied_names])
+            keep += [shape, tied]
+            specs[i] = _lib.ParamSpec(r.name.encode(), shape, len(r.shape), self._dtype, r.group,
+                                      r.unit, int(r.trainable), tied, len(r.tied_names))
+        groups = (_lib.GroupOptions * max(len(overrides), 1))(
+            *[_lib.GroupOptions(lr, wd) for lr, wd in overrides])
+        options = _lib.EngineOptions(groups, len(overrides), 0, None)
+
+        errors = []
+
+        def init(_user, index, out, numel):
+            try:
+                values = registered[index].param.detach().reshape(-1).float()
+                ctypes.memmove(out, values.data_ptr(), numel * 4)
+                return 0
+            except Exception as e:  # reported through the status, never across the C boundary
+                errors.append(e)
+                return 1
+
+        init_fn = _lib.INIT_FN(init)
+        h = ctypes.c_void_p()
+        try:
+            call("zero_engine_create", text.encode(), self._comm.handle, specs, len(registered),
+                 ctypes.byref(options), init_fn, None, ctypes.byref(h))
+        except ZeroError as e:
+            self._comm.close()
+            if errors:
+                raise ZeroError(f"reading the initial parameter values failed: {errors[0]}")
+            if '"auto"' in str(e):
+                raise ZeroError(f"{e}\nzero.initialize, like deepspeed.initialize, needs concrete "
+                                "values where the config says \"auto\" (Hugging Face's Trainer "
+                                "and Accelerate fill them in before calling DeepSpeed): replace "
+                                "each one named above", e.status) from None
+            raise
+        self._handle = h
+
+    def _alias_model_copy(self):
+        """Stages 0-2: every parameter's .data becomes the engine's model copy (no copy)."""
+        for r in self._registered:
+            ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
+            call("zero_engine_param", self._handle, r.index, ctypes.byref(ptr),
+                 ctypes.byref(nbytes))
+            r.param.data = tensor_at(ptr.value, nbytes.value, self._torch_dtype, r.shape)
+            self._views[r.index] = r.param.data_ptr() if nbytes.value else None
+
+    def _grad_hook(self, r):
+        def hook(param):
+            grad = param.grad
+            if grad is None:
+                return
+            ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
+            call("zero_engine_grad", self._handle, r.index, ctypes.byref(ptr),
+                 ctypes.byref(nbytes))
+            if nbytes.value:
+                slot = tensor_at(ptr.value, nbytes.value, self._torch_dtype, r.shape)
+                slot.copy_(grad)
+            call("zero_engine_grad_ready", self._handle, r.index)
+            param.grad = None
+            if self._fetcher is not None:
+                self._fetcher.grad_done(r)
+        return hook
+
+    # --- training ---
+    def forward(self, *args, **kwargs):
+        self._check_alive()
+        check_unchanged(self.module, self._snapshot, self._registered, self._views)
+        if self._fetcher is None:
+            return self.module(*args, **kwargs)
+        with self._fetcher.saved_tensors_hooks():
+            return self.module(*args, **kwargs)
+
+    def backward(self, loss, retain_graph=False):
+        """loss.backward() with the loss scaled as the engine needs (fp16 loss scale, 1/GAS);
+        gradients reach the engine as autograd produces them."""
+        self._check_alive()
+        if not isinstance(loss, torch.Tensor):
+            raise ZeroError(f"backward(loss): loss is a {type(loss).__name__}; expected a tensor")
+        if loss.grad_fn is None or not loss.requires_grad:
+            raise ZeroError("backward(loss): the loss has no autograd graph (requires_grad is "
+                            "False): compute it from the engine's output with grad enabled, not "
+                            "under torch.no_grad() or after .detach()")
+        if loss.numel() != 1:
+            raise ZeroError(f"backward(loss): the loss has {loss.numel()} elements; expected a "
+                            "scalar (reduce it with .mean() or .sum())")
+        scale = ctypes.c_double()
+        call("zero_engine_backward_scale", self._handle, ctypes.byref(scale))
+        scaled = loss if scale.value == 1.0 else loss.float() * scale.value
+        scaled.backward(retain_graph=retain_graph)
+        return loss
+
+    def step(self, lr_kwargs=None):
+        """Ends the micro-step; at the accumulation boundary the optimizer runs."""
+        self._check_alive()
+        check_unchanged(self.module, self._snapshot, self._registered, self._views)
+        if self._fetcher is not None:
+            self._fetcher.release_all()
+        result = _lib.StepResult()
+        call("zero_engine_step", self._handle, ctypes.byref(result))
+        self.micro_steps += 1
+        self._last_result = result
+        if result.boundary:
+            self.global_steps = result.global_steps
+            self.skipped_steps = result.skipped_steps
+            optimizer = getattr(self, "optimizer", None)
+            if optimizer is not None:
+                optimizer.refresh()
+
+    def zero_grad(self, set_to_none=True):
+        for r in self._registered:
+            r.param.grad = None
+
+    def is_gradient_accumulation_boundary(self):
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def was_step_applied(self):
+        return self._last_result is not None and bool(self._last_result.boundary) and not bool(
+            self._last_result.skipped)
+
+    # --- what the engine is ---
+    def train_batch_size(self):
+        return int(self._info.train_batch_size)
+
+    def train_micro_batch_size_per_gpu(self):
+        return int(self._info.train_micro_batch_size_per_gpu)
+
+    def gradient_accumulation_steps(self):
+        return int(self._info.gradient_accumulation_steps)
+
+    def zero_optimization_stage(self):
+        return int(self._info.stage)
+
+    @property
+    def global_rank(self):
+        return int(self._info.rank)
+
+    @property
+    def world_size(self):
+        return int(self._info.world_size)
+
+    @property
+    def dp_world_size(self):
+        return int(self._info.world_size)
+
+    def get_lr(self):
+        out = []
+        for g in range(self._info.num_groups):
+            lr = ctypes.c_double()
+            call("zero_engine_lr", self._handle, g, ctypes.byref(lr))
+            out.append(lr.value)
+        return out
+
+    def get_global_grad_norm(self):
+        r = self._last_result
+        return None if r is None or not r.boundary else r.grad_norm
+
+    def loss_scale(self):
+        s = ctypes.c_double()
+        call("zero_engine_loss_scale", self._handle, ctypes.byref(s))
+        return s.value
+
+    cur_scale = property(loss_scale)
+
+    def memory(self):
+        """This rank's memory ledger (a dict)."""
+        p = ctypes.c_void_p()
+        call("zero_engine_memory_json", self._handle, ctypes.byref(p))
+        return json.loads(take_string(p))
+
+    def timings(self, reset=False):
+        """Where this rank's engine spent its time (a dict of seconds and counts)."""
+        p = ctypes.c_void_p()
+        call("zero_engine_timings_json", self._handle, ctypes.byref(p))
+        out = json.loads(take_string(p))
+        if reset:
+            call("zero_engine_reset_timings", self._handle)
+        return out
+
+    def gather_master(self, name):
+        """The fp32 master value of parameter `name` (collective at stages 1-3)."""
+        for r in self._registered:
+            if r.name == name or name in r.tied_names:
+                out = torch.empty(r.shape, dtype=torch.float32)
+                call("zero_engine_gather_master", self._handle, r.index,
+                     ctypes.c_void_p(out.data_ptr()), r.numel)
+                return out
+        raise ZeroError(f"gather_master: no parameter named '{name}'")
+
+    # --- checkpoints ---
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True):
+        """Writes save_dir/tag (default global_step<N>); collective. client_state must be JSON
+        (numbers, strings, lists, dicts)."""
+        self._check_alive()
+        try:
+            state = json.dumps(client_state if client_state is not None else {})
+        except (TypeError, ValueError) as e:
+            raise ZeroError(f"save_checkpoint: client_state cannot be stored as JSON ({e}); "
+                            "keep tensors out of it") from None
+        if self._fetcher is not None:
+            self._fetcher.release_all()
+        call("zero_engine_save_checkpoint", self._handle, os.fspath(save_dir).encode(),
+             None if tag is None else str(tag).encode(), state.encode())
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None, **_ignored):
+        """Loads load_dir/tag (tag None: what load_dir/latest names), a zero or DeepSpeed
+        checkpoint, whatever world size and stage it was saved at. Returns (path, client_state);
+        (None, None) when tag is None and there is no `latest` file, as DeepSpeed does."""
+        self._check_alive()
+        load_dir = os.fspath(load_dir)
+        if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):
+            warnings.warn(f"zero: no 'latest' file in {load_dir}; nothing loaded")
+            return None, None
+        if self._fetcher is not None:
+            self._fetcher.release_all()
+        state, path = ctypes.c_void_p(), ctypes.c_void_p()
+        call("zero_engine_load_checkpoint", self._handle, load_dir.encode(),
+             None if tag is None else str(tag).encode(), ctypes.byref(state), ctypes.byref(path))
+        client_state = json.loads(take_string(state))
+        steps = ctypes.c_int64()
+        call("zero_engine_global_steps", self._handle, ctypes.byref(steps))
+        self.global_steps = steps.value
+        self.micro_steps = steps.value * self.gradient_accumulation_steps()
+        return take_string(path), client_state
+
+    # --- lifetime ---
+    def _check_alive(self):
+        if self._handle is None:
+            raise ZeroError("this engine was closed")
+
+    def close(self):
+        """Frees the engine. The model's parameters get their own memory back (a copy of their
+        current values at stages 0-2; stage 3 placeholders stay empty)."""
+        if self._handle is None:
+            return
+        for h in self._grad_hooks:
+            h.remove()
+        self._grad_hooks.clear()
+        if self._fetcher is not None:
+            self._fetcher.remove_hooks()
+        else:
+            for r in self._registered:
+                r.param.data = r.param.data.clone()
+        _lib.lib.zero_engine_destroy(self._handle)
+        self._handle = None
+        self._comm.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+

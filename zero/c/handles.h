@@ -1,0 +1,25 @@
+// The structs behind the C ABI's opaque handles (zero/zero_c.h). Internal to zero/c.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "config/ds_config.h"
+#include "zero/comm/communicator.h"
+#include "zero/device/device.h"
+#include "zero/engine.h"
+
+struct zero_comm {
+  std::unique_ptr<zero::Communicator> comm;
+  const char* backend = "inproc";  // static storage: what zero_comm_backend reports
+};
+
+struct zero_engine {
+  // Declaration order is destruction order reversed: the engine goes first, then what it uses.
+  // `own_comm` is set when the caller passed no communicator (one rank in this process).
+  std::unique_ptr<zero::Communicator> own_comm;
+  std::unique_ptr<zero::Device> device;
+  std::unique_ptr<zero::config::DsConfig> config;
+  std::unique_ptr<zero::Engine> engine;
+  std::size_t num_groups = 1;
+};

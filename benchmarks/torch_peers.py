@@ -179,7 +179,10 @@ def worker(args):
 # --- the driver --------------------------------------------------------------------------------
 
 def importable(module):
-    return subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode == 0
+    # From / and through initialize: run from the repository root, `import zero` alone would find
+    # the C++ sources' zero/ directory as a namespace package.
+    return subprocess.run([sys.executable, "-c", f"import {module}; {module}.initialize"], capture_output=True,
+                          cwd="/").returncode == 0
 
 
 def free_port():

@@ -56,8 +56,8 @@ if [ -n "$unmet" ]; then
   # torch from PyPI brings its CUDA libraries (a few GB): allow for a few minutes.
   "$py" -m pip install --progress-bar off -r "$req"
 else
-  say "requirements satisfied ($(tr '\n' ' ' <<<"$("$py" -m pip list --format=freeze 2>/dev/null \
-      | grep -iE '^(torch|safetensors|numpy|pytest)==' )"))"
+  have=$("$py" -m pip list --format=freeze 2>/dev/null | grep -iE '^(torch|safetensors|numpy|pytest)==' || true)
+  say "requirements satisfied: $(echo $have)"
 fi
 
 # The package depends on python/ and on the C++ sources it builds; a hash of both says when a

@@ -27,6 +27,9 @@ RESUMES = [(("mlp", 2, 1), (3, 3)), (("mlp", 3, 3), (1, 0)),
 def pytest_report_header(config):
     import zero  # a package that does not import fails the whole suite, here and in every test
 
+    if not hasattr(zero, "initialize"):  # e.g. the repository's C++ zero/ taken as a namespace package
+        raise ImportError(f"`import zero` found {list(getattr(zero, '__path__', []))}, not the package: "
+                          "run scripts/python-env.sh")
     return [f"zero {getattr(zero, '__version__', '?')} from {Path(zero.__file__).parent}, torch {torch.__version__}"]
 
 

@@ -20,6 +20,9 @@ BETAS = (0.9, 0.999)
 # transformer's fp32 weights 10x outside the 1e-5 tolerance; 1e-5 keeps them 8x inside it (3 ranks).
 EPS = 1e-5
 WEIGHT_DECAY = 0.01
+# Written in every config (DeepSpeed >= 0.19.3 and zero default to 1.0; older DeepSpeed to off)
+# and applied to the reference: both models' gradient norms exceed it in the first steps.
+GRADIENT_CLIPPING = 1.0
 MODEL_SEED = 5
 
 STAGES = (0, 1, 2, 3)
@@ -124,13 +127,15 @@ def model_input(x, param_dtype):
 # --- configs ----------------------------------------------------------------------------------
 
 def config(stage, dtype, world, fp16_scale=None):
-    """A DeepSpeed config: AdamW, no scheduler, global batch GLOBAL_BATCH, accumulation 1.
+    """A DeepSpeed config: AdamW, gradient clipping, no scheduler, global batch GLOBAL_BATCH,
+    accumulation 1.
 
     fp16_scale: a fixed loss scale, or None for a dynamic one (starting at 2^8).
     """
     cfg = {
         "train_micro_batch_size_per_gpu": GLOBAL_BATCH // world,
         "gradient_accumulation_steps": 1,
+        "gradient_clipping": GRADIENT_CLIPPING,
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
                                                   "weight_decay": WEIGHT_DECAY}},
         # Small buckets and persistence threshold: several buckets, and stage 3 partitions and
@@ -154,7 +159,8 @@ FP16_SCALE = {"mlp": None, "transformer": 128.0}
 # --- the reference ----------------------------------------------------------------------------
 
 def reference(model_name, steps=STEPS):
-    """torch.optim.AdamW in this process on the global batch: (fp32 state dict, losses)."""
+    """torch.optim.AdamW in this process on the global batch, the gradients clipped to a global
+    L2 norm of GRADIENT_CLIPPING first: (fp32 state dict, losses)."""
     model = build(model_name)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     losses = []
@@ -163,6 +169,7 @@ def reference(model_name, steps=STEPS):
         opt.zero_grad()
         loss = loss_fn(model_name, model(x), y)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRADIENT_CLIPPING)
         opt.step()
         losses.append(loss.item())
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses

@@ -91,14 +91,14 @@ class RankResult:
 def spawn_ranks(nproc, script, args, timeout, workdir, env=None):
     """Starts nproc processes with torchrun's worker environment; waits for all, killing any
     still running after `timeout` seconds. Returns one RankResult per rank."""
-    port = free_port()
+    port, run_id = free_port(), uuid.uuid4().hex[:12]
     procs, files = [], []
     for rank in range(nproc):
         rank_env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
                     "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
                     "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(nproc), "ROLE_NAME": "default",
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                    "TORCHELASTIC_RUN_ID": uuid.uuid4().hex[:12], "TORCHELASTIC_RESTART_COUNT": "0",
+                    "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_RESTART_COUNT": "0",
                     "TORCHELASTIC_MAX_RESTARTS": "0"}
         rank_env.update(env or {})
         err = open(Path(workdir) / f"stderr.rank{rank}.txt", "w+")

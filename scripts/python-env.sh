@@ -3,7 +3,7 @@
 # (torch, safetensors, numpy, pytest; minimum versions) and the zero package (pip install ./python,
 # which builds libzero.so through CMake in ${BUILD_DIR:-build}). Idempotent: requirements already
 # satisfied are not reinstalled, and the package is reinstalled only when the sources changed
-# since the last install (a hash of every file but python/tests, kept in .venv).
+# since the last install (a hash of its sources, kept in .venv).
 # Environment: PYTHON (default python3) creates the venv; VENV (default .venv) is where.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,24 +60,26 @@ else
   say "requirements satisfied: $(echo $have)"
 fi
 
-# The package depends on python/ and on the C++ sources it builds; a hash of both says when a
-# reinstall is due. Outside a git checkout there is no list of sources: always reinstall.
+# The package depends on python/ and on the C++ sources it builds; a hash of them (every file but
+# tests, scripts and documents) says when a reinstall is due. Outside a git checkout there is no list of sources: always reinstall.
 stamp=$venv/.zero-package-sources
 sources=""
 if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  sources=$(cd "$root" && { git ls-files -co --exclude-standard -z -- . ':!python/tests' \
+  sources=$(cd "$root" && { git ls-files -co --exclude-standard -z -- . ':!python/tests' ':!tests' \
+      ':!scripts' ':!docs' ':!examples' ':!benchmarks/*.py' ':!.ci' ':!*.md' \
       | xargs -0 sha1sum 2>/dev/null || true; } | sha1sum | cut -d' ' -f1)
 fi
-if [ -n "$sources" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sources" ] \
-    && "$py" -c 'import zero' 2>/dev/null; then
-  say "zero package up to date ($("$py" -c 'import zero, os; print(os.path.dirname(zero.__file__))'))"
+# (importlib.metadata, not `import zero`: that would import torch, seconds each time.)
+installed=$("$py" -c 'from importlib import metadata; print(metadata.version("zero"))' 2>/dev/null || true)
+if [ -n "$sources" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sources" ] && [ -n "$installed" ]; then
+  say "zero package $installed up to date"
   exit 0
 fi
 rm -f "$stamp"
 say "installing the zero package (pip install ./python)"
 start=$(date +%s)
 # setup.py builds libzero.so in ZERO_BUILD_DIR; the build scripts/build.sh made is reused.
-(cd "$root" && ZERO_BUILD_DIR=${BUILD_DIR:-$root/build} "$py" -m pip install --progress-bar off ./python)
+(cd "$root" && ZERO_BUILD_DIR=${BUILD_DIR:-$root/build} "$py" -m pip install -q --progress-bar off ./python)
 "$py" -c 'import zero' || { echo "python-env: the installed package does not import" >&2; exit 1; }
 [ -z "$sources" ] || echo "$sources" >"$stamp"
 say "zero package installed in $(( $(date +%s) - start )) s"

@@ -19,6 +19,7 @@ import gc
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -38,6 +39,7 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
     from zero.utils import get_fp32_state_dict_from_zero_checkpoint
 
     name = f"{stage}-{dtype}" if load is None else f"resume-{stage}-{dtype}"
+    started = time.monotonic()
     model = cases.build(args.model)
     cfg = cases.config(stage, dtype, world, cases.FP16_SCALE[args.model])
     engine, _, _, _ = zero.initialize(model=model, model_parameters=model.parameters(), config=cfg)
@@ -62,7 +64,8 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
         if args.save_mid.get(name) == step + 1:
             engine.save_checkpoint(os.path.join(args.out, "ckpt", name + "-mid"), tag="mid",
                                    client_state={"step": step + 1})
-    info.update(losses=losses, boundaries=boundaries, global_steps=engine.global_steps)
+    info.update(losses=losses, boundaries=boundaries, global_steps=engine.global_steps,
+                train_seconds=time.monotonic() - started)
     ckpt = os.path.join(args.out, "ckpt", name)
     engine.save_checkpoint(ckpt, tag="end", client_state={"step": cases.STEPS})
     params = list(engine.module.parameters())

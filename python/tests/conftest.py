@@ -12,6 +12,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cases  # noqa: E402
 import harness  # noqa: E402
 
+# A package that does not import fails the whole suite here, before any test runs.
+import zero  # noqa: E402
+
+if not hasattr(zero, "initialize"):  # e.g. the repository's C++ zero/ taken as a namespace package
+    raise ImportError(f"`import zero` found {list(getattr(zero, '__path__', []))}, not the package: "
+                      "run scripts/python-env.sh")
+
 torch.set_num_threads(1)  # the reference runs in this process: one thread, as in the workers
 
 # Twelve runs of 20 steps each, plus process start-up; generous, as CI may share its 2 cores.
@@ -24,12 +31,8 @@ MID_STEP = 10
 RESUMES = [(("mlp", 2, 1), (3, 3)), (("mlp", 3, 3), (1, 0)),
            (("transformer", 3, 2), (2, 3)), (("transformer", 1, 3), (3, 1))]
 
-def pytest_report_header(config):
-    import zero  # a package that does not import fails the whole suite, here and in every test
 
-    if not hasattr(zero, "initialize"):  # e.g. the repository's C++ zero/ taken as a namespace package
-        raise ImportError(f"`import zero` found {list(getattr(zero, '__path__', []))}, not the package: "
-                          "run scripts/python-env.sh")
+def pytest_report_header(config):
     return [f"zero {getattr(zero, '__version__', '?')} from {Path(zero.__file__).parent}, torch {torch.__version__}"]
 
 

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""zero against its PyTorch peers: the same model, data and AdamW trained on N processes (CPU,
+torchrun) by zero (ZeRO stages), PyTorch DDP (gloo), PyTorch FSDP2 (fully_shard, gloo) and
+DeepSpeed when it imports. Runs alternate (A B C A B C ...) so that a machine busy with something
+else slows every peer alike; each figure is the median over repeats of a run's median step.
+
+Per run: ms per step; forward and backward ms; the time outside them (the engine's share:
+optimizer step, and whatever communication the peer does not overlap with backward); peak RSS
+per process (getrusage); the last step's loss, checked to agree between peers (fp32: same model
+and data, so the same trajectory up to summation order).
+
+  python benchmarks/torch_peers.py [--model mlp|transformer] [--steps 20] [--repeats 3]
+                                   [--stages 0,1,2,3] [--nproc 2] [--json out.json]
+
+Comparable pairs: zero stage 0 with DDP (both replicate everything), zero stages 1-3 with FSDP2
+(which shards parameters, gradients and optimizer state: stage 3's layout).
+"""
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
+
+
+# --- models: sized so that one run of ~20 steps takes seconds on one CPU core per process ------
+
+class MLP(torch.nn.Sequential):
+    WIDTH, LAYERS, BATCH = 1024, 4, 32  # ~4.2M parameters; BATCH is per process
+
+    def __init__(self):
+        layers = []
+        for _ in range(self.LAYERS):
+            layers += [torch.nn.Linear(self.WIDTH, self.WIDTH), torch.nn.GELU()]
+        super().__init__(*layers, torch.nn.Linear(self.WIDTH, 16))
+
+    def blocks(self):
+        return [m for m in self if isinstance(m, torch.nn.Linear)]
+
+    @classmethod
+    def batch(cls, g):
+        return torch.randn(cls.BATCH, cls.WIDTH, generator=g), torch.randn(cls.BATCH, 16, generator=g)
+
+    @staticmethod
+    def loss(out, y):
+        return torch.nn.functional.mse_loss(out.float(), y)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d, bias=False), torch.nn.Linear(d, d)
+        self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in self.qkv(self.ln1(x)).split(d, dim=-1))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+class Transformer(torch.nn.Module):
+    VOCAB, SEQ, D, HEADS, LAYERS, BATCH = 2048, 64, 256, 4, 4, 8  # ~3.7M parameters, tied head
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(self.VOCAB, self.D)
+        torch.nn.init.normal_(self.embed.weight, std=0.02)
+        self.pos = torch.nn.Parameter(torch.randn(self.SEQ, self.D) * 0.02)
+        self.layers = torch.nn.ModuleList(Block(self.D, self.HEADS) for _ in range(self.LAYERS))
+        self.ln_f = torch.nn.LayerNorm(self.D)
+        self.lm_head = torch.nn.Linear(self.D, self.VOCAB, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.ln_f(x))
+
+    def blocks(self):
+        return list(self.layers)
+
+    @classmethod
+    def batch(cls, g):
+        seq = torch.randint(0, cls.VOCAB, (cls.BATCH, cls.SEQ + 1), generator=g)
+        return seq[:, :-1], seq[:, 1:]
+
+    @classmethod
+    def loss(cls, out, y):
+        return torch.nn.functional.cross_entropy(out.float().reshape(-1, cls.VOCAB), y.reshape(-1))
+
+
+MODELS = {"mlp": MLP, "transformer": Transformer}
+
+
+# --- one rank of one run (under torchrun) ------------------------------------------------------
+
+def zero_config(stage, micro_batch):
+    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
+                                                      "weight_decay": WEIGHT_DECAY}},
+            "zero_optimization": {"stage": stage}}
+
+
+def make_trainer(peer, model, cls):
+    """Returns (forward, backward, step) closures for one peer."""
+    kind, _, stage = peer.partition("-s")
+    if kind in ("zero", "deepspeed"):
+        lib = __import__("zero" if kind == "zero" else "deepspeed")
+        engine, *_ = lib.initialize(model=model, model_parameters=model.parameters(),
+                                    config=zero_config(int(stage), cls.BATCH))
+        return engine, engine.backward, engine.step
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if kind == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
+    elif kind == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks():
+            fully_shard(block)
+        fully_shard(model)
+    else:
+        raise SystemExit(f"unknown peer {peer}")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+
+    def step():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, lambda loss: loss.backward(), step
+
+
+def worker(args):
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cls = MODELS[args.model]
+    torch.manual_seed(0)
+    model = cls()
+    forward, backward, step = make_trainer(args.worker, model, cls)
+    # Each rank its own micro-batches, made before timing starts.
+    g = torch.Generator().manual_seed(1000 + rank)
+    batches = [cls.batch(g) for _ in range(args.warmup + args.steps)]
+    times = []
+    for i, (x, y) in enumerate(batches):
+        t0 = time.perf_counter()
+        loss = cls.loss(forward(x), y)
+        t1 = time.perf_counter()
+        backward(loss)
+        t2 = time.perf_counter()
+        step()
+        t3 = time.perf_counter()
+        if i >= args.warmup:
+            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
+    med = [statistics.median(t[j] for t in times) * 1e3 for j in range(4)]
+    result = {"rank": rank, "world": world, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
+              "ms_outside": med[3], "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              "last_loss": loss.item()}
+    with open(f"{args.out}.rank{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+def importable(module):
+    # From / and through initialize: run from the repository root, `import zero` alone would find
+    # the C++ sources' zero/ directory as a namespace package.
+    return subprocess.run([sys.executable, "-c", f"import {module}; {module}.initialize"], capture_output=True,
+                          cwd="/").returncode == 0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_once(args, peer, workdir, index):
+    out = os.path.join(workdir, f"{peer}.{index}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
+           "--master-port", str(free_port()), os.path.abspath(__file__), "--worker", peer, "--out", out,
+           "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise SystemExit(f"torch_peers: {peer} failed (exit {proc.returncode}):\n{tail}")
+    ranks = [json.load(open(f"{out}.rank{r}.json")) for r in range(args.nproc)]
+    return {"peer": peer, "repeat": index,
+            # Collectives keep the ranks in step: the slowest rank's step is the step.
+            "ms_step": max(r["ms_step"] for r in ranks), "ms_forward": max(r["ms_forward"] for r in ranks),
+            "ms_backward": max(r["ms_backward"] for r in ranks), "ms_outside": max(r["ms_outside"] for r in ranks),
+            "peak_rss_mib": [r["peak_rss_mib"] for r in ranks], "last_loss": sum(r["last_loss"] for r in ranks) / len(ranks)}
+
+
+def summarise(runs, peers):
+    rows = []
+    for peer in peers:
+        mine = [r for r in runs if r["peer"] == peer]
+        row = {"peer": peer}
+        for key in ("ms_step", "ms_forward", "ms_backward", "ms_outside"):
+            row[key] = statistics.median(r[key] for r in mine)
+        row["peak_rss_mib"] = statistics.median(max(r["peak_rss_mib"]) for r in mine)
+        row["last_loss"] = mine[0]["last_loss"]
+        rows.append(row)
+    return rows
+
+
+def markdown(rows, args):
+    kinds = {"zero": "zero", "deepspeed": "DeepSpeed", "ddp": "PyTorch DDP (gloo)", "fsdp2": "PyTorch FSDP2 (gloo)"}
+    lines = [f"{args.model}, {args.nproc} processes, {args.steps} steps after {args.warmup} warm-up, "
+             f"median of {args.repeats} alternating repeats (torch {torch.__version__}, CPU)", "",
+             "| peer | ZeRO stage | ms/step | forward ms | backward ms | outside fwd+bwd ms | peak RSS MiB/process | last loss |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        kind, _, stage = r["peer"].partition("-s")
+        stage = stage or {"ddp": "(0)", "fsdp2": "(3)"}[kind]
+        lines.append(f"| {kinds[kind]} | {stage} | {r['ms_step']:.1f} | {r['ms_forward']:.1f} | {r['ms_backward']:.1f} "
+                     f"| {r['ms_outside']:.1f} | {r['peak_rss_mib']:.0f} | {r['last_loss']:.6f} |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(MODELS), default="mlp")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages for zero (and DeepSpeed)")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--peers", default="zero,ddp,fsdp2,deepspeed",
+                   help="which to run; zero and deepspeed only when they import")
+    p.add_argument("--timeout", type=float, default=600, help="seconds for one run")
+    p.add_argument("--json", help="also write every run and the summary here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+
+    wanted = args.peers.split(",")
+    stages = [int(s) for s in args.stages.split(",") if s]
+    available = {k: k in wanted for k in ("ddp", "fsdp2")}
+    for kind in ("zero", "deepspeed"):
+        available[kind] = kind in wanted and importable(kind)
+        if kind in wanted and not available[kind]:
+            print(f"torch_peers: {kind} does not import with {sys.executable}: left out", file=sys.stderr)
+    peers = ([f"zero-s{s}" for s in stages if available["zero"]] + [k for k in ("ddp", "fsdp2") if available[k]]
+             + [f"deepspeed-s{s}" for s in stages if available["deepspeed"]])
+    if not peers:
+        raise SystemExit("torch_peers: no peer to run")
+    runs = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for index in range(args.repeats):
+            for peer in peers:
+                run = run_once(args, peer, workdir, index)
+                print(f"torch_peers: repeat {index + 1}/{args.repeats} {peer}: {run['ms_step']:.1f} ms/step",
+                      file=sys.stderr)
+                runs.append(run)
+    rows = summarise(runs, peers)
+    losses = [r["last_loss"] for r in rows]
+    spread = (max(losses) - min(losses)) / max(abs(min(losses)), 1e-12)
+    print(markdown(rows, args))
+    if spread > 1e-3:
+        print(f"\nWARNING: the peers' last losses differ by {spread:.2%}: they did not train the same model",
+              file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
+                       "repeats": args.repeats, "torch": torch.__version__, "summary": rows, "runs": runs,
+                       "last_loss_spread": spread}, f, indent=1)
+    return 1 if spread > 1e-3 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Training through zero.initialize under torchrun on 1, 2 and 3 ranks: every stage x dtype of
+each model comes from one launch (conftest.py), compared here with torch.optim.AdamW and with
+each other."""
+import pytest
+import torch
+
+import cases
+import harness
+from harness import assert_bitwise, assert_close, assert_trained
+
+MODELS = ("mlp", "transformer")
+WORLDS = (1, 2, 3)
+DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def test_package_exports_the_deepspeed_style_api():
+    import zero
+    import zero.utils
+
+    assert issubclass(zero.ZeroError, RuntimeError)
+    for name in ("initialize", "GatheredParameters"):
+        assert callable(getattr(zero, name)), name
+    assert callable(zero.utils.get_fp32_state_dict_from_zero_checkpoint)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("model", MODELS)
+def test_fp32_every_stage_matches_adamw_on_the_global_batch(runs, model, world):
+    run = runs.train(model, world)
+    ref, ref_losses = harness.reference_run(model)
+    assert_trained(ref, harness.initial_weights(model), "AdamW reference")
+    for stage in cases.STAGES:
+        what = f"{model}, {world} ranks, stage {stage} fp32 vs AdamW"
+        master = run.master(stage, "fp32")
+        assert_trained(master, harness.initial_weights(model), what)
+        assert_close(master, ref, what)
+        # Each rank's loss is its own micro-batch's mean; their mean is the global batch's.
+        losses = torch.tensor([run.info(stage, "fp32", r)["losses"] for r in range(world)]).mean(0)
+        assert_close({"loss": losses}, {"loss": torch.tensor(ref_losses)}, what + " (losses)")
+
+
+@pytest.mark.parametrize("dtype", cases.DTYPES)
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("model", MODELS)
+def test_stages_0_to_3_are_bitwise_equal(runs, model, world, dtype):
+    run = runs.train(model, world)
+    stage0 = run.master(0, dtype)
+    assert_trained(stage0, harness.initial_weights(model), f"{model}, {world} ranks, stage 0 {dtype}")
+    losses0 = [run.info(0, dtype, r)["losses"] for r in range(world)]
+    for stage in (1, 2, 3):
+        what = f"{model}, {world} ranks, {dtype}: stage {stage} vs stage 0"
+        assert_bitwise(run.master(stage, dtype), stage0, what)
+        assert [run.info(stage, dtype, r)["losses"] for r in range(world)] == losses0, what + " (losses)"
+
+
+@pytest.mark.parametrize("world", (1, 3))
+@pytest.mark.parametrize("model", MODELS)
+def test_module_parameters_are_the_master_weights_in_the_config_dtype(runs, model, world):
+    run = runs.train(model, world)
+    for dtype in cases.DTYPES:
+        for stage in cases.STAGES:
+            what = f"{model}, {world} ranks, stage {stage} {dtype}: engine.module"
+            assert run.info(stage, dtype)["param_dtypes"] == [str(DTYPE[dtype])], what
+            # Rounded to nearest even from the fp32 master, tied names included (GatheredParameters
+            # gives stage 3 its whole parameters).
+            expected = {k: v.to(DTYPE[dtype]) for k, v in run.master(stage, dtype).items()}
+            assert_bitwise(run.module(stage, dtype), expected, what)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("model", MODELS)
+def test_mixed_precision_trains_like_fp32(runs, model, world):
+    run = runs.train(model, world)
+    fp32 = torch.tensor(run.info(0, "fp32")["losses"])
+    for dtype in ("bf16", "fp16"):
+        losses = torch.tensor(run.info(0, dtype)["losses"])
+        assert torch.isfinite(losses).all(), f"{model}, {world} ranks, {dtype}: losses {losses.tolist()}"
+        # Loose: the same trajectory up to 16-bit rounding (a loss scale left in the gradients,
+        # or an update skipped for good, would be far off).
+        assert torch.allclose(losses, fp32, rtol=0.05, atol=0.02), \
+            f"{model}, {world} ranks, {dtype} losses {losses.tolist()} vs fp32 {fp32.tolist()}"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_engine_reports_batch_sizes_steps_and_lr(runs, world):
+    run = runs.train("mlp", world)
+    for dtype in cases.DTYPES:
+        for stage in cases.STAGES:
+            for rank in range(world):
+                info = run.info(stage, dtype, rank)
+                what = f"mlp, {world} ranks, stage {stage} {dtype}, rank {rank}"
+                assert info["train_batch_size"] == cases.GLOBAL_BATCH, what
+                assert info["micro_batch"] == cases.GLOBAL_BATCH // world, what
+                assert info["accumulation"] == 1, what
+                assert info["global_steps"] == cases.STEPS, what
+                assert info["boundaries"] == [True] * cases.STEPS, what
+                assert info["lr"] == pytest.approx([cases.LR]), what
+
+
+def test_plain_python_is_one_rank(runs, tmp_path):
+    """`python script.py` without a launcher trains as one rank: the same weights as torchrun -n 1."""
+    launched = runs.train("mlp", 1)
+    result = harness.one_process("worker_train.py", ["--model", "mlp", "--out", tmp_path,
+                                                     "--runs", "3:fp32"], timeout=120)
+    assert result.returncode == 0 and not result.timed_out, repr(result)
+    assert_bitwise(harness.load_st(tmp_path / "3-fp32.master.safetensors"), launched.master(3, "fp32"),
+                   "mlp stage 3 fp32: plain python vs torchrun --nproc-per-node 1")

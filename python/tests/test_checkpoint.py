@@ -1,5 +1,6 @@
 """Checkpoints: resumed at another world size and stage, consolidated by zero_to_fp32 and by
 zero.utils.get_fp32_state_dict_from_zero_checkpoint into tensors that load into the model."""
+import json
 import subprocess
 
 import pytest
@@ -66,6 +67,15 @@ def test_zero_to_fp32_output_loads_into_the_model(runs, tmp_path, model, world, 
     what = f"zero_to_fp32 of {model}, {world} ranks, stage {stage} {dtype}"
     tensors = safetensors.torch.load_file(str(out))
     assert all(v.dtype == torch.float32 for v in tensors.values()), what
+    # Tied parameters are stored once (as DeepSpeed's safetensors output stores shared tensors);
+    # the file's "aliases" metadata maps each other name to the stored one.
+    with safetensors.safe_open(str(out), "pt") as f:
+        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    if model == "transformer":
+        assert aliases == {"lm_head.weight": "embed.weight"}, what + f": aliases {aliases}"
+        assert "lm_head.weight" not in tensors, what + ": a tied tensor stored twice"
+    for alias, name in aliases.items():
+        tensors[alias] = tensors[name]
     expected = run.master(stage, dtype)  # get_fp32_state_dict_from_zero_checkpoint, same checkpoint
     assert_trained(expected, harness.initial_weights(model), what)
     load_into_model(model, tensors, what)

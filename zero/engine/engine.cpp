@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -40,13 +41,48 @@ namespace zero::engine_detail {
 
 namespace {
 
+std::string spec_fingerprint(const ParamSpec& p) {
+  return fmt::format("{}|{}|{}|{}|{}|{}|{};", p.name, fmt::join(p.shape, "x"), dtype_name(p.dtype),
+                     p.group, p.unit, p.trainable, fmt::join(p.tied_names, ","));
+}
+
 std::string specs_fingerprint(std::span<const ParamSpec> specs) {
   std::string s;
-  for (const ParamSpec& p : specs) {
-    s += fmt::format("{}|{}|{}|{}|{}|{}|{};", p.name, fmt::join(p.shape, "x"), dtype_name(p.dtype),
-                     p.group, p.unit, p.trainable, fmt::join(p.tied_names, ","));
-  }
+  for (const ParamSpec& p : specs) s += spec_fingerprint(p);
   return s;
+}
+
+// Collective: every rank registered the same specs. When they did not, the error on every rank
+// also names the first parameter that differs, as this rank registered it (one more agreement
+// check per parameter up to it: the failure path only).
+void check_specs_agree(Communicator& comm, std::span<const ParamSpec> specs) {
+  constexpr std::string_view kWhat =
+      "the parameter specs (name, shape, dtype, group, unit, trainable)";
+  try {
+    check_agreement(comm, kWhat, specs_fingerprint(specs));
+    return;
+  } catch (const CommError& e) {
+    std::array<double, 2> counts{static_cast<double>(specs.size()),
+                                 -static_cast<double>(specs.size())};
+    comm.all_reduce(counts.data(), counts.data(), counts.size(), DType::F64, ReduceOp::Max).wait();
+    const auto common = static_cast<std::size_t>(-counts[1]);
+    for (std::size_t i = 0; i < common; ++i) {
+      try {
+        check_agreement(comm, "a parameter spec", spec_fingerprint(specs[i]));
+      } catch (const CommError&) {
+        const ParamSpec& p = specs[i];
+        throw CommError(fmt::format(
+            "{}. The first that differs is parameter {}, on rank {} '{}' of shape [{}], {}{}: "
+            "build the same model on every rank",
+            e.what(), i, comm.rank(), p.name, fmt::join(p.shape, ", "), dtype_name(p.dtype),
+            p.trainable ? "" : ", frozen"));
+      }
+    }
+    throw CommError(fmt::format(
+        "{}. Ranks register different numbers of parameters (this rank, "
+        "{}, has {}; between {} and {} across ranks)",
+        e.what(), comm.rank(), specs.size(), common, static_cast<std::size_t>(counts[0])));
+  }
 }
 
 kernels::CpuExec exec_of(const EngineOptions& options) {
@@ -81,8 +117,7 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   read_options(options);
   register_specs(options);
   check_agreement(comm_, "the resolved ds_config", cfg_.to_json().dump());
-  check_agreement(comm_, "the parameter specs (name, shape, dtype, group, unit, trainable)",
-                  specs_fingerprint(specs_));
+  check_specs_agree(comm_, specs_);
   init_state(init);
   if (stage_ == 3) {
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,

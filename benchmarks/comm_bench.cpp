@@ -1,7 +1,9 @@
 // zero-bench comm: bus bandwidth of reduce_scatter, all_gather and all_reduce, fp32 and bf16, for
-// InProcComm (W ranks as threads of this process) and, when launched by mpirun, MpiComm (the
-// job's processes). Each figure is validated (a sum over ranks of known values) before it is
-// timed: best of R single ops after a warm-up, the slowest rank's time.
+// InProcComm (W ranks as threads of this process), ShmComm (W processes this command forks, over
+// shared memory) and, when launched by mpirun, MpiComm (the job's processes). Each figure is
+// validated (a sum over ranks of known values) before it is timed: best of R single ops after a
+// warm-up, the slowest rank's time. ShmComm rows also give their ratio to InProcComm's figure
+// for the same op, dtype and size ("vs inproc"), the target being 0.8 or more.
 //
 // Figures follow nccl-tests (comm_bandwidth.h): with S the bytes of the full buffer per rank
 // (reduce_scatter's input, all_gather's output, all_reduce's buffer), algbw = S / t; busbw =
@@ -15,6 +17,11 @@
 // The figure the issue quotes: OpenMPI 4.1's reduce_scatter_block (MPI_Ireduce_scatter_block,
 // which MpiComm uses) reached about 0.4 GB/s bus bandwidth on this machine for 64 MB per rank
 // between 2 processes; a shared-memory collective should be an order of magnitude faster.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -25,6 +32,7 @@
 #include <exception>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,17 +44,18 @@
 #include "zero/base/timer.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
+#include "zero/comm/shm_comm.h"
 #include "zero/device/device.h"
 
 namespace zero::bench {
 
 namespace {
 
-enum class BackendChoice { Inproc, Mpi, All };
+enum class BackendChoice { Inproc, Shm, Mpi, All };
 
 struct CommArgs {
   bool json = false;
-  int world_size = 2;  // inproc only; under mpirun the job's size
+  int world_size = 2;  // inproc and shm; under mpirun the job's size
   std::vector<std::size_t> sizes_bytes = {std::size_t{1} << 20, std::size_t{16} << 20,
                                           std::size_t{64} << 20};
   BackendChoice backend = BackendChoice::All;
@@ -54,7 +63,8 @@ struct CommArgs {
 };
 
 constexpr std::string_view kUsage =
-    "usage: zero-bench comm [--json] [--world-size N] [--sizes LIST] [--backend inproc|mpi|all] "
+    "usage: zero-bench comm [--json] [--world-size N] [--sizes LIST] [--backend "
+    "inproc|shm|mpi|all] "
     "[--reps R]";
 
 // "64K", "1M", "2G" (binary units) or a plain byte count.
@@ -123,12 +133,14 @@ CommArgs parse_args(std::span<const std::string> args) {
       const std::string b = value(arg);
       if (b == "inproc") {
         r.backend = BackendChoice::Inproc;
+      } else if (b == "shm") {
+        r.backend = BackendChoice::Shm;
       } else if (b == "mpi") {
         r.backend = BackendChoice::Mpi;
       } else if (b == "all") {
         r.backend = BackendChoice::All;
       } else {
-        ZERO_CHECK(false, "--backend {}: expected inproc, mpi or all", b);
+        ZERO_CHECK(false, "--backend {}: expected inproc, shm, mpi or all", b);
       }
     } else {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
@@ -175,36 +187,48 @@ struct Figure {
   int world_size = 0;
   CollectiveTiming timing;
   double memcpy_gbps = 0;
+  std::string transport;       // ShmComm's ("cma" or "segment"), else empty
+  double inproc_bus_gbps = 0;  // InProcComm's figure for the same op, dtype and size, 0 if none
 };
 
 void print_header(const CommArgs& args) {
   if (args.json) return;
   std::printf(
       "zero-bench comm: bus bandwidth (nccl-tests convention), best of %d single ops; "
-      "limit: memcpy of the same bytes on every rank at once\n",
+      "limit: memcpy of the same bytes on every rank at once; vs inproc: busbw / inproc's\n",
       args.repetitions);
-  std::printf("%-7s %-15s %-5s %5s %9s %10s %11s %11s %12s %7s\n", "backend", "op", "dtype",
-              "ranks", "per rank", "time ms", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "ratio");
+  std::printf("%-7s %-15s %-5s %5s %9s %10s %11s %11s %12s %7s %9s\n", "backend", "op", "dtype",
+              "ranks", "per rank", "time ms", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "ratio",
+              "vs inproc");
 }
 
 void print_figure(const CommArgs& args, const Figure& f) {
   const std::string op(collective_name(f.op));
   const std::string dtype(dtype_name(f.dtype));
   const double ratio = f.timing.bus_gbps / f.memcpy_gbps;
+  const bool compared = f.inproc_bus_gbps > 0;
+  const double vs_inproc = compared ? f.timing.bus_gbps / f.inproc_bus_gbps : 0;
   if (args.json) {
+    std::string extra;
+    if (!f.transport.empty()) extra += ",\"transport\":\"" + f.transport + "\"";
+    if (compared) {
+      extra += fmt::format(",\"inproc_busbw_gb_per_s\":{:.4g},\"ratio_to_inproc\":{:.3f}",
+                           f.inproc_bus_gbps, vs_inproc);
+    }
     std::printf(
         "{\"bench\":\"comm\",\"backend\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\","
         "\"world_size\":%d,\"bytes_per_rank\":%zu,\"reps\":%d,\"time_s\":%.6g,"
         "\"algbw_gb_per_s\":%.4g,\"busbw_gb_per_s\":%.4g,\"limit\":\"memcpy\","
-        "\"limit_gb_per_s\":%.4g,\"ratio\":%.3f}\n",
+        "\"limit_gb_per_s\":%.4g,\"ratio\":%.3f%s}\n",
         f.backend.c_str(), op.c_str(), dtype.c_str(), f.world_size, f.timing.bytes_per_rank,
         args.repetitions, f.timing.seconds_per_op, f.timing.algorithm_gbps, f.timing.bus_gbps,
-        f.memcpy_gbps, ratio);
+        f.memcpy_gbps, ratio, extra.c_str());
   } else {
-    std::printf("%-7s %-15s %-5s %5d %9s %10.3f %11.2f %11.2f %12.2f %7.3f\n", f.backend.c_str(),
-                op.c_str(), dtype.c_str(), f.world_size,
+    const std::string vs = compared ? fmt::format("{:.3f}", vs_inproc) : "";
+    std::printf("%-7s %-15s %-5s %5d %9s %10.3f %11.2f %11.2f %12.2f %7.3f %9s\n",
+                f.backend.c_str(), op.c_str(), dtype.c_str(), f.world_size,
                 size_label(f.timing.bytes_per_rank).c_str(), f.timing.seconds_per_op * 1e3,
-                f.timing.algorithm_gbps, f.timing.bus_gbps, f.memcpy_gbps, ratio);
+                f.timing.algorithm_gbps, f.timing.bus_gbps, f.memcpy_gbps, ratio, vs.c_str());
   }
   std::fflush(stdout);
 }
@@ -222,10 +246,14 @@ void check_sizes(const CommArgs& args, int world_size) {
              bad_sizes, world, 4 * world);
 }
 
-// Every figure for one backend. Collective over `comm`; rank 0 prints.
-void measure(Communicator& comm, const CommArgs& args) {
+// Every figure for one backend, in a fixed order. Collective over `comm`; rank 0 prints, each
+// row with its ratio to the same row of `baseline` when given (InProcComm's figures).
+std::vector<Figure> measure(Communicator& comm, const CommArgs& args,
+                            const std::vector<Figure>* baseline = nullptr) {
   check_sizes(args, comm.size());
   const auto device = make_device("cpu", comm.rank());
+  const std::optional<ShmTransport> transport = shm_transport(comm);
+  std::vector<Figure> figures;
   for (std::size_t bytes : args.sizes_bytes) {
     const double memcpy_gbps =
         static_cast<double>(bytes) / memcpy_seconds(comm, *device, bytes, args.repetitions) / 1e9;
@@ -234,19 +262,68 @@ void measure(Communicator& comm, const CommArgs& args) {
            {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
         // Single ops, each after its own validated warm-up run; every rank gets the same
         // figures, so every rank keeps the same best.
-        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps};
+        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, {}, 0};
+        if (transport) f.transport = shm_transport_name(*transport);
         for (int r = 0; r < args.repetitions; ++r) {
           const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype);
           if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
         }
+        if (baseline != nullptr && figures.size() < baseline->size()) {
+          f.inproc_bus_gbps = (*baseline)[figures.size()].timing.bus_gbps;
+        }
         if (comm.rank() == 0) print_figure(args, f);
+        figures.push_back(f);
       }
     }
   }
+  return figures;
 }
 
-void measure_inproc(const CommArgs& args) {
-  run_ranks(args.world_size, [&](Communicator& comm) { measure(comm, args); });
+std::vector<Figure> measure_inproc(const CommArgs& args) {
+  std::vector<Figure> figures;
+  run_ranks(args.world_size, [&](Communicator& comm) {
+    auto mine = measure(comm, args);
+    if (comm.rank() == 0) figures = std::move(mine);
+  });
+  return figures;
+}
+
+// Forks --world-size processes, each a ShmComm rank measuring the same figures; rank 0 prints.
+// The children inherit `inproc` (InProcComm's figures, if measured) for the ratio column.
+void measure_shm(const CommArgs& args, const std::vector<Figure>& inproc) {
+  const std::string name = fmt::format("zero-bench-comm-{}-{}", ::getpid(),
+                                       std::chrono::steady_clock::now().time_since_epoch().count());
+  std::fflush(nullptr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < args.world_size; ++r) {
+    const pid_t pid = ::fork();
+    ZERO_CHECK(pid >= 0, "zero-bench comm: fork of shm rank {} failed", r);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        const auto comm =
+            make_shm_communicator(name, r, args.world_size, CommOptions{std::chrono::minutes(10)});
+        measure(*comm, args, inproc.empty() ? nullptr : &inproc);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "zero-bench comm: shm rank %d: %s\n", r, e.what());
+        code = 1;
+      }
+      std::fflush(nullptr);
+      ::_exit(code);  // never return into the parent's stack
+    }
+    pids.push_back(pid);
+  }
+  std::vector<std::string> failed;
+  for (int r = 0; r < args.world_size; ++r) {
+    int status = 0;
+    ::waitpid(pids[static_cast<std::size_t>(r)], &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    failed.push_back(WIFSIGNALED(status)
+                         ? fmt::format("rank {} killed by signal {}", r, WTERMSIG(status))
+                         : fmt::format("rank {} exited with status {}", r, WEXITSTATUS(status)));
+  }
+  ZERO_CHECK(failed.empty(), "zero-bench comm: the shm ranks failed: {}",
+             fmt::format("{}", fmt::join(failed, "; ")));
 }
 
 }  // namespace
@@ -265,21 +342,33 @@ int run_comm(std::span<const std::string> argv) {
              "launched by mpirun, but this build has no MPI to coordinate the processes; run "
              "zero-bench comm without mpirun for the inproc figures");
 
-  const bool run_inproc = args.backend != BackendChoice::Mpi;
-  if (run_inproc) check_sizes(args, args.world_size);
+  const bool run_inproc =
+      args.backend == BackendChoice::Inproc || args.backend == BackendChoice::All;
+  const bool run_shm = args.backend == BackendChoice::Shm || args.backend == BackendChoice::All;
+  ZERO_CHECK(!under_mpirun || args.backend != BackendChoice::Shm,
+             "--backend shm: zero-bench forks its own shm ranks; run it without mpirun");
+  if (run_inproc || run_shm) check_sizes(args, args.world_size);
   if (!under_mpirun) {
     print_header(args);
-    measure_inproc(args);
+    std::vector<Figure> inproc;
+    if (run_inproc) inproc = measure_inproc(args);
+    if (run_shm) measure_shm(args, inproc);
     if (args.backend == BackendChoice::All) {
       std::fprintf(stderr, "zero-bench comm: mpi skipped (not launched by mpirun)\n");
     }
     return 0;
   }
+  if (args.backend == BackendChoice::All) {
+    std::fprintf(stderr,
+                 "zero-bench comm: shm skipped (it forks its own ranks; run without "
+                 "mpirun)\n");
+  }
 
   const auto mpi = make_communicator("mpi");
   ZERO_CHECK(mpi->size() >= 2 || args.backend != BackendChoice::Mpi,
              "--backend mpi: the job has 1 process; run it with mpirun -np 2 or more");
-  const bool run_mpi = args.backend != BackendChoice::Inproc && mpi->size() >= 2;
+  const bool run_mpi = (args.backend == BackendChoice::Mpi || args.backend == BackendChoice::All) &&
+                       mpi->size() >= 2;
   if (run_mpi) check_sizes(args, mpi->size());
   if (!run_mpi && args.backend == BackendChoice::All && mpi->rank() == 0) {
     std::fprintf(stderr, "zero-bench comm: mpi skipped (the job has 1 process)\n");
@@ -293,7 +382,7 @@ int run_comm(std::span<const std::string> argv) {
     std::exception_ptr failure;
     if (mpi->rank() == 0) {
       try {
-        measure_inproc(args);
+        (void)measure_inproc(args);
       } catch (...) {
         failure = std::current_exception();
       }

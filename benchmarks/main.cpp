@@ -19,7 +19,7 @@ struct Subcommand {
 constexpr Subcommand kSubcommands[] = {
     {"comm",
      "collective bus bandwidth vs memcpy  [--json] [--world-size N] [--sizes LIST] [--backend "
-     "inproc|mpi|all] [--reps R]",
+     "inproc|shm|mpi|all] [--reps R]",
      zero::bench::run_comm},
     {"kernels",
      "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] "

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "zero/comm/callback_comm.h"
+
 namespace zero::c_abi {
 namespace {
 thread_local std::string last_error;
@@ -24,6 +26,7 @@ const char* last_error_message() noexcept {
 
 int status_of(const std::exception& e) noexcept {
   if (dynamic_cast<const CallbackError*>(&e)) return ZERO_ERR_CALLBACK;
+  if (dynamic_cast<const CommCallbackError*>(&e)) return ZERO_ERR_CALLBACK;
   if (dynamic_cast<const ArgumentError*>(&e)) return ZERO_ERR_INVALID_ARGUMENT;
   if (dynamic_cast<const ConfigError*>(&e)) return ZERO_ERR_CONFIG;
   if (dynamic_cast<const IoError*>(&e)) return ZERO_ERR_IO;

@@ -98,7 +98,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // "inproc", "mpi", "faulty(...)".
+  // "inproc", "shm", "mpi", "faulty(...)".
   virtual std::string backend_name() const = 0;
 
   // Out of place: `send` holds size() × recv_elems elements; rank r's `recv` (recv_elems) gets
@@ -154,7 +154,9 @@ inline void check_agreement(Communicator& comm, std::string_view what, std::stri
 }
 
 // The process-level communicator of `backend`: "mpi" (MPI_COMM_WORLD; initialises MPI if
-// needed) or "nccl". Throws zero::Error naming the backend when this build lacks it. In-process
+// needed), "nccl", or "shm" / "env" (both make_env_communicator(): the ranks of the launcher
+// that started this process, over shared memory when they share a host; zero/comm/
+// launcher_env.h). Throws zero::Error naming the backend when this build lacks it. In-process
 // ranks come from InProcWorld / run_ranks (zero/comm/inproc_comm.h) instead.
 std::unique_ptr<Communicator> make_communicator(std::string_view backend,
                                                 const CommOptions& options = {});

@@ -7,15 +7,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "zero/base/error.h"
+#include "zero/comm/comm_thread.h"
 #include "zero/comm/reduce_math.h"
-#include "zero/comm/work_state.h"
 
 namespace zero {
 namespace comm_detail {
@@ -121,16 +120,6 @@ bool same_call(const Slot& a, const Slot& b) {
   return true;
 }
 
-// [begin, end) of chunk q when `elems` are split as evenly as possible over `n` ranks.
-std::pair<std::size_t, std::size_t> chunk_bounds(std::size_t elems, int n, int q) {
-  const auto nn = static_cast<std::size_t>(n);
-  const auto qq = static_cast<std::size_t>(q);
-  const std::size_t base = elems / nn;
-  const std::size_t extra = elems % nn;
-  const std::size_t begin = qq * base + std::min(qq, extra);
-  return {begin, begin + base + (qq < extra ? 1 : 0)};
-}
-
 const char* bytes_at(const void* p, std::size_t offset) {
   return static_cast<const char*>(p) + offset;
 }
@@ -141,24 +130,18 @@ char* bytes_at(void* p, std::size_t offset) {
 class InProcComm final : public Communicator {
  public:
   InProcComm(std::shared_ptr<InProcGroup> group, int rank, const CommOptions& options)
-      : Communicator(options), group_(std::move(group)), rank_(rank) {
-    worker_ = std::thread([this] { run(); });
-  }
+      : Communicator(options), group_(std::move(group)), rank_(rank) {}
 
+  // Aborting first makes whatever is still queued fail fast; thread_, the last member, then runs
+  // it and joins before the rest of this object goes away.
   ~InProcComm() override {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    const std::size_t outstanding = outstanding_.load();
+    const std::size_t outstanding = thread_.outstanding();
     if (outstanding > 0) {
       group_->abort(
           fmt::format("rank {} of {} destroyed its communicator with {} collectives "
                       "outstanding",
                       rank_, group_->label, outstanding));
     }
-    work_cv_.notify_all();
-    worker_.join();
   }
 
   int rank() const override { return rank_; }
@@ -167,36 +150,14 @@ class InProcComm final : public Communicator {
 
  protected:
   Work start_impl(const CollectiveArgs& args) override {
-    auto promise = std::make_shared<PromiseWork>();
     const auto limit = timeout();
-    enqueue([this, args, limit, promise] {
-      try {
-        run_collective(args, limit);
-        --outstanding_;
-        promise->complete();
-      } catch (...) {
-        --outstanding_;
-        promise->fail(std::current_exception());
-      }
-    });
-    return Work(promise);
+    return thread_.submit([this, args, limit] { run_collective(args, limit); });
   }
 
   std::unique_ptr<Communicator> split_impl(int color, int key) override {
-    auto promise = std::make_shared<PromiseWork>();
     std::unique_ptr<Communicator> result;
     const auto limit = timeout();
-    enqueue([&, promise] {
-      try {
-        result = run_split(color, key, limit);
-        --outstanding_;
-        promise->complete();
-      } catch (...) {
-        --outstanding_;
-        promise->fail(std::current_exception());
-      }
-    });
-    promise->wait();
+    thread_.submit([&] { result = run_split(color, key, limit); }).wait();
     return result;
   }
 
@@ -207,28 +168,6 @@ class InProcComm final : public Communicator {
     std::chrono::steady_clock::time_point deadline;
     std::chrono::milliseconds timeout;
   };
-
-  void enqueue(std::function<void()> task) {
-    ++outstanding_;
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(std::move(task));
-    }
-    work_cv_.notify_one();
-  }
-
-  void run() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-      work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      auto task = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-    }
-  }
 
   std::string failure_reason(InProcGroup& g) {
     if (g.aborted) return g.reason;
@@ -430,15 +369,7 @@ class InProcComm final : public Communicator {
   const std::shared_ptr<InProcGroup> group_;
   const int rank_;
   std::uint64_t seq_ = 0;  // communication thread only
-
-  std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  // Issued and not yet completed (counted down before the Work completes, so a rank that
-  // waited for everything and then destroys its communicator never counts as abandoning one).
-  std::atomic<std::size_t> outstanding_{0};
-  std::thread worker_;
+  CommThread thread_;      // last: joined before the members its ops use go away
 };
 
 }  // namespace

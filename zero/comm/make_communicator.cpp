@@ -3,6 +3,7 @@
 
 #include "zero/base/error.h"
 #include "zero/comm/communicator.h"
+#include "zero/comm/launcher_env.h"
 
 #if ZERO_WITH_MPI
 #include "zero/comm/mpi_comm.h"
@@ -31,17 +32,18 @@ std::unique_ptr<Communicator> make_communicator(std::string_view backend,
         "NCCL at configure time)");
 #endif
   }
+  if (backend == "shm" || backend == "env") return make_env_communicator(options);
   if (backend == "inproc") {
     throw Error(
         "make_communicator: in-process ranks are threads of one process; create them with "
         "InProcWorld::comm(rank) or run_ranks() (zero/comm/inproc_comm.h)");
   }
   throw Error("make_communicator: unknown backend \"" + std::string(backend) +
-              "\"; expected \"mpi\" or \"nccl\"");
+              "\"; expected \"mpi\", \"nccl\", \"shm\" or \"env\"");
 }
 
 bool communicator_available(std::string_view backend) {
-  if (backend == "inproc") return true;
+  if (backend == "inproc" || backend == "shm" || backend == "env") return true;
   if (backend == "mpi") return ZERO_WITH_MPI != 0;
   return false;
 }

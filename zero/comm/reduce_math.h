@@ -5,8 +5,10 @@
 // propagates NaN. Summation order is the order of `srcs`, so callers fix it (rank order).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "zero/base/dtype.h"
 #include "zero/comm/communicator.h"
@@ -18,6 +20,17 @@ namespace zero::comm_detail {
 // is read before it is written. REQUIRES: nsrc >= 1.
 void reduce_elements(void* dst, const void* const* srcs, int nsrc, std::size_t elems, DType dtype,
                      ReduceOp op, int avg_divisor);
+
+// [begin, end) of chunk q when `elems` are split as evenly as possible over `n` ranks (the first
+// elems % n chunks are one longer): who reduces which part of an all_reduce.
+inline std::pair<std::size_t, std::size_t> chunk_bounds(std::size_t elems, int n, int q) {
+  const auto nn = static_cast<std::size_t>(n);
+  const auto qq = static_cast<std::size_t>(q);
+  const std::size_t base = elems / nn;
+  const std::size_t extra = elems % nn;
+  const std::size_t begin = qq * base + std::min(qq, extra);
+  return {begin, begin + base + (qq < extra ? 1 : 0)};
+}
 
 // 16-bit <-> fp32 conversion of whole buffers (MpiComm widens 16-bit sums through fp32).
 void widen_to_f32(const void* src, float* dst, std::size_t elems, DType dtype);

@@ -1,0 +1,65 @@
+# cmake -DLIBRARY=libzero.so -DHEADER=zero/zero_c.h -DNM=nm -P check_exports.cmake
+# Fails unless the library's dynamic symbol table defines exactly the functions HEADER declares:
+# nothing that does not start with zero_ (a leaked C++ or static dependency symbol), nothing
+# starting with zero_ that the header does not declare, and every declared function (so an empty
+# or broken export list cannot pass).
+cmake_minimum_required(VERSION 3.25)
+foreach(var LIBRARY HEADER NM)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "check_exports.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+
+execute_process(COMMAND ${NM} -D --defined-only ${LIBRARY}
+  OUTPUT_VARIABLE nm_out ERROR_VARIABLE nm_err RESULT_VARIABLE nm_rc)
+if(NOT nm_rc EQUAL 0)
+  message(FATAL_ERROR "${NM} -D --defined-only ${LIBRARY} failed (${nm_rc}): ${nm_err}")
+endif()
+string(REPLACE "\n" ";" nm_lines "${nm_out}")
+set(exported "")
+foreach(line IN LISTS nm_lines)
+  if(line MATCHES "^[0-9a-fA-F]* *[A-Za-z] +([^ @]+)")
+    list(APPEND exported ${CMAKE_MATCH_1})
+  endif()
+endforeach()
+
+# Function declarations start a line with their return type (comments start with / or *).
+file(STRINGS ${HEADER} declarations REGEX "^[A-Za-z_][A-Za-z0-9_ *]*[ *]zero_[a-z0-9_]+\\(")
+set(declared "")
+foreach(line IN LISTS declarations)
+  if(line MATCHES "^typedef")
+    continue()
+  endif()
+  string(REGEX MATCH "zero_[a-z0-9_]+\\(" name "${line}")
+  string(REPLACE "(" "" name "${name}")
+  list(APPEND declared ${name})
+endforeach()
+
+set(problems "")
+foreach(required IN ITEMS zero_engine_create zero_last_error)
+  if(NOT required IN_LIST declared)
+    list(APPEND problems "${HEADER} does not declare ${required}: the header scan is broken")
+  endif()
+endforeach()
+foreach(name IN LISTS declared)
+  if(NOT name IN_LIST exported)
+    list(APPEND problems "declared in the header but not exported: ${name}")
+  endif()
+endforeach()
+foreach(name IN LISTS exported)
+  if(NOT name MATCHES "^zero_")
+    list(APPEND problems "exported without the zero_ prefix: ${name}")
+  elseif(NOT name IN_LIST declared)
+    list(APPEND problems "exported but not declared in the header: ${name}")
+  endif()
+endforeach()
+
+list(LENGTH exported n_exported)
+list(LENGTH declared n_declared)
+if(problems)
+  list(LENGTH problems n_problems)
+  list(JOIN problems "\n  " text)
+  message(FATAL_ERROR "${LIBRARY}: ${n_problems} problems with its ${n_exported} exported "
+                      "symbols (${n_declared} functions declared in ${HEADER}):\n  ${text}")
+endif()
+message(STATUS "${LIBRARY}: exports exactly the ${n_declared} functions of ${HEADER}")

@@ -1,0 +1,246 @@
+// ShmComm: ranks as forked processes must give exactly InProcComm's bits, on both transports,
+// and fail fast and clean up when a rank goes missing or dies.
+#include "zero/comm/shm_comm.h"
+
+#include <stdlib.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tests/zero/comm/comm_test_util.h"
+#include "tests/zero/comm/forked_ranks.h"
+#include "zero/base/error.h"
+#include "zero/comm/communicator.h"
+#include "zero/comm/inproc_comm.h"
+
+using namespace std::chrono_literals;
+using zero::Collective;
+using zero::CommError;
+using zero::CommOptions;
+using zero::Communicator;
+using zero::DType;
+using zero::ReduceOp;
+using zero::ShmTransport;
+using zero::ShmTuning;
+namespace zt = zero::test;
+
+namespace {
+
+// Small pieces and windows, so that even the test's sizes take many pieces and rounds.
+ShmTuning small_steps(ShmTransport transport) {
+  ShmTuning t;
+  t.transport = transport;
+  t.piece_bytes = 4096;
+  t.window_bytes = 8192;
+  return t;
+}
+
+std::size_t output_elems(const zt::Case& c, int world) {
+  const auto w = static_cast<std::size_t>(world);
+  const bool whole =
+      c.kind == Collective::AllGather || (c.kind == Collective::ReduceScatter && c.in_place);
+  return whole ? w * c.elems : c.elems;
+}
+
+// Runs one case on `comm` the way comm_test_util's run_case does, and copies this rank's output
+// bytes to `out`.
+void run_case_into(Communicator& comm, const zt::Case& c, char* out) {
+  const int world = comm.size();
+  const int me = comm.rank();
+  const std::size_t n = c.elems;
+  const std::size_t in_elems =
+      c.kind == Collective::ReduceScatter ? static_cast<std::size_t>(world) * n : n;
+  zt::Bytes send = zt::make_input(c.id, c.dtype, me, in_elems);
+  zt::Bytes result(c.dtype, output_elems(c, world));
+  for (std::size_t i = 0; i < result.elems(); ++i) result.set(i, -99.0);  // sentinel
+  switch (c.kind) {
+    case Collective::ReduceScatter:
+      if (c.in_place) {
+        result = send;
+        comm.reduce_scatter_in_place(result.data(), n, c.dtype, c.op).wait();
+      } else {
+        comm.reduce_scatter(send.data(), result.data(), n, c.dtype, c.op).wait();
+      }
+      break;
+    case Collective::AllGather:
+      if (c.in_place) {
+        for (std::size_t i = 0; i < n; ++i)
+          result.set(static_cast<std::size_t>(me) * n + i, send.get(i));
+        comm.all_gather_in_place(result.data(), n, c.dtype).wait();
+      } else {
+        comm.all_gather(send.data(), result.data(), n, c.dtype).wait();
+      }
+      break;
+    case Collective::AllReduce:
+      if (c.in_place) {
+        result = send;
+        comm.all_reduce(result.data(), result.data(), n, c.dtype, c.op).wait();
+      } else {
+        comm.all_reduce(send.data(), result.data(), n, c.dtype, c.op).wait();
+      }
+      break;
+    case Collective::Broadcast:
+      result = send;
+      comm.broadcast(result.data(), n, c.dtype, c.root).wait();
+      break;
+    case Collective::Barrier: comm.barrier().wait(); break;
+  }
+  std::memcpy(out, result.data(), result.size_bytes());
+}
+
+// Where each case's output lives in one rank's part of a flat buffer.
+struct OutputPlan {
+  std::vector<zt::Case> cases;
+  std::vector<std::size_t> offsets;
+  std::size_t bytes_per_rank = 0;
+
+  OutputPlan(int world, const std::vector<std::size_t>& sizes)
+      : cases(zt::all_cases(world, sizes)) {
+    for (const auto& c : cases) {
+      offsets.push_back(bytes_per_rank);
+      bytes_per_rank += (output_elems(c, world) * dtype_size(c.dtype) + 7) / 8 * 8;
+    }
+  }
+};
+
+// Every case on InProcComm threads: rank r's outputs at [r·bytes_per_rank, ...).
+std::vector<char> inproc_outputs(int world, const OutputPlan& plan) {
+  std::vector<char> out(static_cast<std::size_t>(world) * plan.bytes_per_rank);
+  zero::run_ranks(world, [&](Communicator& comm) {
+    char* mine = out.data() + static_cast<std::size_t>(comm.rank()) * plan.bytes_per_rank;
+    for (std::size_t i = 0; i < plan.cases.size(); ++i)
+      run_case_into(comm, plan.cases[i], mine + plan.offsets[i]);
+  });
+  return out;
+}
+
+// Forks `world` ShmComm ranks running every case; returns their outputs laid out as above.
+std::vector<char> shm_outputs(int world, const OutputPlan& plan, const ShmTuning& tuning,
+                              std::vector<zt::RankOutcome>& outcomes) {
+  zt::SharedRegion region(static_cast<std::size_t>(world) * plan.bytes_per_rank);
+  const std::string name = zt::unique_shm_name("bitwise");
+  zt::ForkedRanks ranks(world, [&](int r) {
+    auto comm = zero::make_shm_communicator(name, r, world, CommOptions{30s}, tuning);
+    const ShmTransport expected = tuning.transport;
+    if (zero::shm_transport(*comm) != expected) throw std::runtime_error("wrong transport");
+    char* mine = region.data() + static_cast<std::size_t>(r) * plan.bytes_per_rank;
+    for (std::size_t i = 0; i < plan.cases.size(); ++i)
+      run_case_into(*comm, plan.cases[i], mine + plan.offsets[i]);
+  });
+  outcomes = ranks.wait();
+  REQUIRE(zt::shm_files_with_prefix(name).empty());
+  return std::vector<char>(region.data(), region.data() + region.size());
+}
+
+std::string failures(const std::vector<zt::RankOutcome>& outcomes) {
+  std::string out;
+  for (std::size_t r = 0; r < outcomes.size(); ++r) {
+    const auto& o = outcomes[r];
+    if (o.exit_code != 0) {
+      out += fmt::format("\n  rank {}: exit {} signal {}: {}", r, o.exit_code, o.signal, o.error);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ShmComm gives InProcComm's bits for every collective, dtype and op at world sizes 1-4") {
+  const std::vector<std::size_t> sizes = {0, 1, 7, 1031, 20011};
+  for (int world : {1, 2, 3, 4}) {
+    const OutputPlan plan(world, sizes);
+    const std::vector<char> expected = inproc_outputs(world, plan);
+    // Guard against a vacuous pass: every case with elements has an output that is not zero.
+    std::size_t nonzero = 0, with_elems = 0;
+    for (std::size_t i = 0; i < plan.cases.size(); ++i) {
+      if (plan.cases[i].elems == 0) continue;
+      ++with_elems;
+      const char* p = expected.data() + plan.offsets[i];
+      const std::size_t len = output_elems(plan.cases[i], world) * dtype_size(plan.cases[i].dtype);
+      nonzero += std::any_of(p, p + len, [](char b) { return b != 0; });
+    }
+    REQUIRE(with_elems > 200);
+    REQUIRE(nonzero == with_elems);
+
+    for (ShmTransport transport : {ShmTransport::CrossMemoryAttach, ShmTransport::Segment}) {
+      INFO("world " << world << ", transport " << zero::shm_transport_name(transport) << ", "
+                    << plan.cases.size() << " cases of sizes 0, 1, 7, 1031, 20011");
+      std::vector<zt::RankOutcome> outcomes;
+      const std::vector<char> got = shm_outputs(world, plan, small_steps(transport), outcomes);
+      INFO("rank failures:" << failures(outcomes));
+      for (const auto& o : outcomes) REQUIRE(o.exit_code == 0);
+      std::vector<std::string> differ;
+      for (int r = 0; r < world; ++r) {
+        for (std::size_t i = 0; i < plan.cases.size(); ++i) {
+          const std::size_t at =
+              static_cast<std::size_t>(r) * plan.bytes_per_rank + plan.offsets[i];
+          const std::size_t len =
+              output_elems(plan.cases[i], world) * dtype_size(plan.cases[i].dtype);
+          if (std::memcmp(got.data() + at, expected.data() + at, len) != 0 && differ.size() < 10)
+            differ.push_back(fmt::format("rank {}: {}", r, plan.cases[i].name(world)));
+        }
+      }
+      INFO("cases that differ: " << fmt::format("{}", fmt::join(differ, "; ")));
+      REQUIRE(differ.empty());
+    }
+  }
+}
+
+TEST_CASE("ShmComm with default tuning matches InProcComm on buffers of several MB") {
+  // Default pieces (256 KiB per peer) and windows (1 MiB): sizes that take several of each.
+  const std::vector<std::size_t> sizes = {(std::size_t{3} << 20) + 5};
+  for (int world : {2, 3}) {
+    OutputPlan plan(world, sizes);
+    // Only fp32 and bf16 sums and out-of-place calls: the others share their code paths.
+    std::vector<zt::Case> picked;
+    for (const auto& c : plan.cases) {
+      const bool wanted = (c.dtype == DType::F32 || c.dtype == DType::BF16) && !c.in_place &&
+                          c.op == ReduceOp::Sum && c.kind != Collective::Broadcast;
+      if (wanted) picked.push_back(c);
+    }
+    REQUIRE(picked.size() == 6);
+    plan = OutputPlan(world, {});
+    for (const auto& c : picked) {
+      plan.offsets.push_back(plan.bytes_per_rank);
+      plan.bytes_per_rank += (output_elems(c, world) * dtype_size(c.dtype) + 7) / 8 * 8;
+      plan.cases.push_back(c);
+    }
+    const std::vector<char> expected = inproc_outputs(world, plan);
+    for (ShmTransport transport : {ShmTransport::CrossMemoryAttach, ShmTransport::Segment}) {
+      INFO("world " << world << ", transport " << zero::shm_transport_name(transport));
+      ShmTuning tuning;
+      tuning.transport = transport;
+      std::vector<zt::RankOutcome> outcomes;
+      const std::vector<char> got = shm_outputs(world, plan, tuning, outcomes);
+      INFO("rank failures:" << failures(outcomes));
+      for (const auto& o : outcomes) REQUIRE(o.exit_code == 0);
+      REQUIRE(std::memcmp(got.data(), expected.data(), expected.size()) == 0);
+    }
+  }
+}
+
+TEST_CASE("ShmComm picks cross-memory attach when it works, and the segment when told to") {
+  for (const char* env : {"", "segment"}) {
+    INFO("ZERO_SHM_TRANSPORT=" << env);
+    const std::string name = zt::unique_shm_name("auto");
+    zt::ForkedRanks ranks(2, [&](int r) {
+      ::setenv("ZERO_SHM_TRANSPORT", env, 1);
+      auto comm = zero::make_shm_communicator(name, r, 2, CommOptions{20s});
+      // This machine allows cross-memory attach between sibling processes (as the
+      // "InProcComm's bits" test relies on), so Auto must choose it unless told otherwise.
+      const ShmTransport expected =
+          *env == '\0' ? ShmTransport::CrossMemoryAttach : ShmTransport::Segment;
+      if (zero::shm_transport(*comm) != expected) throw std::runtime_error("wrong transport");
+      std::vector<float> v(100000, static_cast<float>(r + 1));
+      comm->all_reduce(v.data(), v.data(), v.size(), DType::F32, ReduceOp::Sum).wait();
+      if (v.front() != 3.0f || v.back() != 3.0f) throw std::runtime_error("wrong sum");
+    });
+    for (const auto& o : ranks.wait()) {
+      INFO(o.error);
+      REQUIRE(o.exit_code == 0);
+    }
+  }
+}

@@ -128,7 +128,9 @@ class ZeroEngine(torch.nn.Module):
                                       r.unit, int(r.trainable), tied, len(r.tied_names))
         groups = (_lib.GroupOptions * max(len(overrides), 1))(
             *[_lib.GroupOptions(lr, wd) for lr, wd in overrides])
-        options = _lib.EngineOptions(groups, len(overrides), 0, None)
+        # As many kernel threads as torch computes with: torchrun and mpirun set OMP_NUM_THREADS
+        # (1 per process by default), so ranks sharing a host do not oversubscribe its cores.
+        options = _lib.EngineOptions(groups, len(overrides), max(torch.get_num_threads(), 1), None)
 
         errors = []
 

@@ -157,52 +157,18 @@ zero::CommCallbacks table(Delegate& d) {
 // Runs one case and returns what the contract specifies of the output (for an in-place
 // reduce_scatter only the rank's own chunk; the other chunks are unspecified).
 zt::Bytes perform(Communicator& comm, const zt::Case& c) {
-  const auto w = static_cast<std::size_t>(comm.size());
-  const auto me = static_cast<std::size_t>(comm.rank());
+  zt::Bytes out = zt::perform_case(comm, c);
+  if (c.kind != Collective::ReduceScatter || !c.in_place) return out;
   const std::size_t n = c.elems;
-  const std::size_t in_elems = c.kind == Collective::ReduceScatter ? w * n : n;
-  zt::Bytes send = zt::make_input(c.id, c.dtype, comm.rank(), in_elems);
-  const bool whole =
-      c.kind == Collective::AllGather || (c.kind == Collective::ReduceScatter && c.in_place);
-  zt::Bytes out(c.dtype, whole ? w * n : n);
-  for (std::size_t i = 0; i < out.elems(); ++i) out.set(i, -99.0);
-  switch (c.kind) {
-    case Collective::ReduceScatter:
-      if (c.in_place) {
-        out = send;
-        comm.reduce_scatter_in_place(out.data(), n, c.dtype, c.op).wait();
-        zt::Bytes chunk(c.dtype, n);
-        if (n > 0) {
-          const std::size_t bytes = n * zero::dtype_size(c.dtype);
-          std::memcpy(chunk.data(), static_cast<const char*>(out.data()) + me * bytes, bytes);
-        }
-        return chunk;
-      }
-      comm.reduce_scatter(send.data(), out.data(), n, c.dtype, c.op).wait();
-      break;
-    case Collective::AllGather:
-      if (c.in_place) {
-        for (std::size_t i = 0; i < n; ++i) out.set(me * n + i, send.get(i));
-        comm.all_gather_in_place(out.data(), n, c.dtype).wait();
-      } else {
-        comm.all_gather(send.data(), out.data(), n, c.dtype).wait();
-      }
-      break;
-    case Collective::AllReduce:
-      if (c.in_place) {
-        out = send;
-        comm.all_reduce(out.data(), out.data(), n, c.dtype, c.op).wait();
-      } else {
-        comm.all_reduce(send.data(), out.data(), n, c.dtype, c.op).wait();
-      }
-      break;
-    case Collective::Broadcast:
-      out = send;
-      comm.broadcast(out.data(), n, c.dtype, c.root).wait();
-      break;
-    case Collective::Barrier: comm.barrier().wait(); break;
+  zt::Bytes chunk(c.dtype, n);
+  if (n > 0) {
+    const std::size_t bytes = n * zero::dtype_size(c.dtype);
+    std::memcpy(
+        chunk.data(),
+        static_cast<const char*>(out.data()) + static_cast<std::size_t>(comm.rank()) * bytes,
+        bytes);
   }
-  return out;
+  return chunk;
 }
 
 // Runs fn(rank, delegate, callback communicator) on `world` threads; each rank's callbacks

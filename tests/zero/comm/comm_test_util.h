@@ -193,27 +193,25 @@ inline std::vector<Case> all_cases(int world, const std::vector<std::size_t>& si
   return out;
 }
 
-// Runs one case on `comm` and checks the result against the reference. With `bitwise`, results
-// must match bit for bit (InProcComm); otherwise within `rel_tol` of the reference magnitude
-// (MpiComm: MPI's reduction order).
-inline void run_case(Communicator& comm, const Case& c, Tally& tally, bool bitwise,
-                     double rel_tol) {
+// Elements of a case's output buffer on one rank: world × elems for all_gather and an in-place
+// reduce_scatter (the whole buffer), elems otherwise.
+inline std::size_t output_elems(const Case& c, int world) {
+  const bool whole =
+      c.kind == Collective::AllGather || (c.kind == Collective::ReduceScatter && c.in_place);
+  return whole ? static_cast<std::size_t>(world) * c.elems : c.elems;
+}
+
+// Issues case `c` on `comm` with this rank's input (make_input) and waits: the output buffer
+// (output_elems) as the collective left it, -99 where it wrote nothing.
+inline Bytes perform_case(Communicator& comm, const Case& c) {
   const int world = comm.size();
   const int me = comm.rank();
-  const auto w = static_cast<std::size_t>(world);
   const std::size_t n = c.elems;
-  const std::string name = fmt::format("rank {}: {}", me, c.name(world));
-  const std::size_t in_elems = c.kind == Collective::ReduceScatter ? w * n : n;
-
-  std::vector<Bytes> inputs;
-  for (int q = 0; q < world; ++q) inputs.push_back(make_input(c.id, c.dtype, q, in_elems));
-
-  const std::size_t out_elems =
-      c.kind == Collective::AllGather || (c.kind == Collective::ReduceScatter && c.in_place) ? w * n
-                                                                                             : n;
-  Bytes out(c.dtype, out_elems);
-  for (std::size_t i = 0; i < out_elems; ++i) out.set(i, -99.0);  // sentinel
-  Bytes send = inputs[static_cast<std::size_t>(me)];
+  const std::size_t in_elems =
+      c.kind == Collective::ReduceScatter ? static_cast<std::size_t>(world) * n : n;
+  Bytes send = make_input(c.id, c.dtype, me, in_elems);
+  Bytes out(c.dtype, output_elems(c, world));
+  for (std::size_t i = 0; i < out.elems(); ++i) out.set(i, -99.0);  // sentinel
   Work work;
   switch (c.kind) {
     case Collective::ReduceScatter:
@@ -248,6 +246,25 @@ inline void run_case(Communicator& comm, const Case& c, Tally& tally, bool bitwi
     case Collective::Barrier: work = comm.barrier(); break;
   }
   work.wait();
+  return out;
+}
+
+// Runs one case on `comm` and checks the result against the reference. With `bitwise`, results
+// must match bit for bit (InProcComm); otherwise within `rel_tol` of the reference magnitude
+// (MpiComm: MPI's reduction order).
+inline void run_case(Communicator& comm, const Case& c, Tally& tally, bool bitwise,
+                     double rel_tol) {
+  const int world = comm.size();
+  const int me = comm.rank();
+  const auto w = static_cast<std::size_t>(world);
+  const std::size_t n = c.elems;
+  const std::string name = fmt::format("rank {}: {}", me, c.name(world));
+  const std::size_t in_elems = c.kind == Collective::ReduceScatter ? w * n : n;
+
+  std::vector<Bytes> inputs;
+  for (int q = 0; q < world; ++q) inputs.push_back(make_input(c.id, c.dtype, q, in_elems));
+
+  const Bytes out = perform_case(comm, c);
 
   auto compare = [&](std::size_t out_index, const Bytes& expected, std::size_t exp_index) {
     bool ok;

@@ -38,56 +38,11 @@ ShmTuning small_steps(ShmTransport transport) {
   return t;
 }
 
-std::size_t output_elems(const zt::Case& c, int world) {
-  const auto w = static_cast<std::size_t>(world);
-  const bool whole =
-      c.kind == Collective::AllGather || (c.kind == Collective::ReduceScatter && c.in_place);
-  return whole ? w * c.elems : c.elems;
-}
+using zt::output_elems;
 
-// Runs one case on `comm` the way comm_test_util's run_case does, and copies this rank's output
-// bytes to `out`.
+// Runs one case on `comm` and copies this rank's output bytes to `out`.
 void run_case_into(Communicator& comm, const zt::Case& c, char* out) {
-  const int world = comm.size();
-  const int me = comm.rank();
-  const std::size_t n = c.elems;
-  const std::size_t in_elems =
-      c.kind == Collective::ReduceScatter ? static_cast<std::size_t>(world) * n : n;
-  zt::Bytes send = zt::make_input(c.id, c.dtype, me, in_elems);
-  zt::Bytes result(c.dtype, output_elems(c, world));
-  for (std::size_t i = 0; i < result.elems(); ++i) result.set(i, -99.0);  // sentinel
-  switch (c.kind) {
-    case Collective::ReduceScatter:
-      if (c.in_place) {
-        result = send;
-        comm.reduce_scatter_in_place(result.data(), n, c.dtype, c.op).wait();
-      } else {
-        comm.reduce_scatter(send.data(), result.data(), n, c.dtype, c.op).wait();
-      }
-      break;
-    case Collective::AllGather:
-      if (c.in_place) {
-        for (std::size_t i = 0; i < n; ++i)
-          result.set(static_cast<std::size_t>(me) * n + i, send.get(i));
-        comm.all_gather_in_place(result.data(), n, c.dtype).wait();
-      } else {
-        comm.all_gather(send.data(), result.data(), n, c.dtype).wait();
-      }
-      break;
-    case Collective::AllReduce:
-      if (c.in_place) {
-        result = send;
-        comm.all_reduce(result.data(), result.data(), n, c.dtype, c.op).wait();
-      } else {
-        comm.all_reduce(send.data(), result.data(), n, c.dtype, c.op).wait();
-      }
-      break;
-    case Collective::Broadcast:
-      result = send;
-      comm.broadcast(result.data(), n, c.dtype, c.root).wait();
-      break;
-    case Collective::Barrier: comm.barrier().wait(); break;
-  }
+  const zt::Bytes result = zt::perform_case(comm, c);
   std::memcpy(out, result.data(), result.size_bytes());
 }
 

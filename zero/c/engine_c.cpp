@@ -2,7 +2,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,6 +9,7 @@
 
 #include "zero/c/handles.h"
 #include "zero/c/status.h"
+#include "zero/checkpoint/checkpoint.h"
 #include "zero/comm/inproc_comm.h"
 
 namespace {
@@ -118,10 +118,8 @@ void check_param(const zero::Engine& engine, std::size_t param) {
 std::string tag_folder(const char* dir, const char* tag) {
   const std::filesystem::path d(dir);
   if (tag != nullptr && *tag != '\0') return (d / tag).string();
-  std::ifstream latest(d / "latest");
-  std::string name;
-  if (!(latest >> name)) return d.string();
-  return (d / name).string();
+  if (!std::filesystem::exists(d / "latest")) return d.string();
+  return (d / zero::ckpt::read_latest(dir)).string();
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ class ZeroEngine(torch.nn.Module):
         if not isinstance(model, torch.nn.Module):
             raise ZeroError(f"model is a {type(model).__name__}; expected a torch.nn.Module")
         text, document = _load_config(config)
+        self.config = document  # the ds_config as a dict
         self._dtype = training_dtype(document)
         self._torch_dtype = TORCH_DTYPES[self._dtype]
         self.module = model

@@ -104,10 +104,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     zero_optimizer = ZeroOptimizer(engine, groups)
     engine.optimizer = zero_optimizer
 
-    scheduler = None
-    from .engine import _load_config
-    if "scheduler" in _load_config(config)[1]:
-        scheduler = ZeroLRScheduler(engine)
+    scheduler = ZeroLRScheduler(engine) if "scheduler" in engine.config else None
     engine.lr_scheduler = scheduler
 
     dataloader = None

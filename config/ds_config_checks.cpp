@@ -54,9 +54,10 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
           fmt::format("must be a multiple of 2 (DeepSpeed asserts), got {}",
                       z.allgather_bucket_elems));
   }
-  if (z.offload_optimizer && z.offload_optimizer->ratio < 1.0 && stage != 3) {
-    error("zero_optimization.offload_optimizer.ratio",
-          fmt::format("a ratio below 1 needs ZeRO stage 3 (stage is {})", stage));
+  if (z.offload_optimizer && z.offload_optimizer->ratio < 1.0 && (stage == 1 || stage == 2)) {
+    add(Severity::Note, "zero_optimization.offload_optimizer.ratio",
+        "DeepSpeed honours a partial offload only at stage 3; zero offloads that share of the "
+        "sub-groups at every stage");
   }
   const std::pair<const char*, bool> nvme_blocks[] = {
       {"zero_optimization.offload_param", z.offload_param &&
@@ -115,8 +116,8 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
   if (z.offload_optimizer && z.offload_optimizer->device == OffloadDevice::Nvme &&
       (stage == 1 || stage == 2)) {
     add(Severity::Note, "zero_optimization.offload_optimizer.device",
-        "stages 1 and 2 keep optimizer states in CPU memory for \"nvme\", exactly like \"cpu\" (as "
-        "DeepSpeed does)");
+        "DeepSpeed keeps optimizer states in CPU memory for \"nvme\" at stages 1 and 2; zero "
+        "swaps them to nvme_path at every stage");
   }
   if (stage == 3 && z.elastic_checkpoint) {
     add(Severity::Warning, "zero_optimization.elastic_checkpoint",

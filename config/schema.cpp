@@ -754,9 +754,6 @@ bool above_one(const json& v) {
 bool above_zero(const json& v) {
   return v.is_number() && v.get<double>() > 0;
 }
-bool below_one(const json& v) {
-  return v.is_number() && v.get<double>() < 1;
-}
 bool is_false(const json& v) {
   return v.is_boolean() && !v.get<bool>();
 }
@@ -813,13 +810,7 @@ const std::vector<UnsupportedRule> kUnsupported = {
     {"zero_optimization.round_robin_gradients", is_true, "round-robin gradient partitioning"},
     {"zero_optimization.pipeline_loading_checkpoint", is_true, "serial checkpoint loading"},
     {"zero_optimization.offload_optimizer.super_offload", is_true, "SuperOffload"},
-    {"zero_optimization.offload_optimizer.ratio", below_one,
-     "partial optimizer offload (ratio < 1)"},
     {"zero_optimization.offload_optimizer.fast_init", is_true, "NVMe fast init"},
-    {"zero_optimization.offload_optimizer.device", is_nvme,
-     "NVMe optimizer-state offload at stage 3 (\"cpu\" works; stages 1 and 2 treat \"nvme\" as "
-     "\"cpu\")",
-     stage_3},
     {"zero_optimization.offload_param.device", is_nvme, "NVMe parameter offload (\"cpu\" works)",
      stage_3},
     {"torch_autocast.enabled", is_true, "torch.autocast mixed precision"},

@@ -442,15 +442,22 @@ TEST_CASE("allgather_bucket_size must be even in stages 1 and 2") {
                   "zero_optimization.allgather_bucket_size", "multiple of 2"));
 }
 
-TEST_CASE("offload_optimizer.ratio below 1 needs stage 3 and is not supported yet") {
+TEST_CASE("offload_optimizer.ratio is a share in [0, 1], honoured at every stage") {
   CHECK(has_problem(
       problems_of(
-          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})"),
-      "zero_optimization.offload_optimizer.ratio", "needs ZeRO stage 3"));
-  const DsConfig c = load(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}})"),
+      "zero_optimization.offload_optimizer.ratio", "must be between 0 and 1"));
+  const DsConfig two = load(
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
+  CHECK(two.zero_optimization.offload_optimizer->ratio == 0.5);
+  CHECK(has_finding(two.findings, Severity::Note, "zero_optimization.offload_optimizer.ratio",
+                    "only at stage 3"));
+  const DsConfig three = load(
       R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})");
-  CHECK(
-      has_finding(c.findings, Severity::Unsupported, "zero_optimization.offload_optimizer.ratio"));
+  CHECK_FALSE(
+      has_finding(three.findings, Severity::Unsupported, "zero_optimization.offload_optimizer.ratio"));
+  CHECK_FALSE(
+      has_finding(three.findings, Severity::Note, "zero_optimization.offload_optimizer.ratio"));
 }
 
 TEST_CASE("dynamic loss scaling needs a positive loss_scale_window") {
@@ -510,7 +517,7 @@ TEST_CASE("offload settings DeepSpeed ignores at a stage are warned about") {
       load(
           R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})")
           .findings,
-      Severity::Note, "zero_optimization.offload_optimizer.device", "like \"cpu\""));
+      Severity::Note, "zero_optimization.offload_optimizer.device", "swaps them to nvme_path"));
 }
 
 // ---- optimizer and scheduler --------------------------------------------------------------------

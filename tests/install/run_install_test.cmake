@@ -108,3 +108,7 @@ endif()
 if("cpp" IN_LIST PARTS)
   cmake_consumer(cpp_consumer)
 endif()
+
+# Passed: the temporary prefix goes, so no stale copy of the tools sits in the build tree next to
+# the real ones (a failed run keeps it for inspection).
+file(REMOVE_RECURSE ${WORK_DIR})

@@ -120,11 +120,21 @@ json memory_json(const MemorySnapshot& s) {
     by_kind[std::string(memory_kind_name(kind))] = {{"current_bytes", s.total(kind).current_bytes},
                                                     {"peak_bytes", s.total(kind).peak_bytes}};
   }
-  return {{"rank", s.rank},
-          {"by_tag", by_tag},
-          {"by_kind", by_kind},
-          {"total_current_bytes", total_current(s)},
-          {"total_peak_bytes", total_peak(s)}};
+  json out = {{"rank", s.rank},
+              {"by_tag", by_tag},
+              {"by_kind", by_kind},
+              {"total_current_bytes", total_current(s)},
+              {"total_peak_bytes", total_peak(s)}};
+  // Per-tier totals, flat: device_bytes, host_pinned_bytes, host_bytes, nvme_bytes (+ _peak_).
+  const std::pair<MemoryKind, const char*> tiers[] = {{MemoryKind::Device, "device"},
+                                                      {MemoryKind::PinnedHost, "host_pinned"},
+                                                      {MemoryKind::Host, "host"},
+                                                      {MemoryKind::Nvme, "nvme"}};
+  for (const auto& [kind, name] : tiers) {
+    out[fmt::format("{}_bytes", name)] = s.total(kind).current_bytes;
+    out[fmt::format("{}_peak_bytes", name)] = s.total(kind).peak_bytes;
+  }
+  return out;
 }
 
 json estimate_json(const EstimateInput& in, const EstimateResult& r) {

@@ -216,6 +216,7 @@ void EngineImpl::init_state(const InitFn& init) {
       combine(units_[u].model.data(), model_dtype_, flat.data(), DType::F32, ul.padded_elems);
     }
   }
+  optimizer_->store().flush();  // the last NVMe sub-group set, to its swap file
   reducer_ = std::make_unique<GradientReducer>(comm_, device_, compute_, *layout_, parts_.reducer,
                                                slices, timings_);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -411,13 +412,29 @@ StepResult EngineImpl::step() {
   if (stage_ <= 1) reducer_->reduce_window();
   const StepPlan plan = plan_step();
 
+  // A new window starts whatever happens below: a failed step discards its gradients.
+  micro_in_window_ = 0;
+  reducer_->start_window();
+  reset_micro_step();
+  if (!plan.overflow) {
+    ScopedTimer timer(timings_.optimizer_s);
+    // Ranks agree that every NVMe write went through before any of them commits; an IoError
+    // leaves parameters, master, states, scaler, counters and schedule at the previous step.
+    offload::SubgroupStore::Agree agree;
+    if (world_ > 1 && optimizer_->store().nvme_count() > 0) {
+      agree = [this](bool ok) {
+        float failed = ok ? 0.0f : 1.0f;
+        comm_.all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
+        return failed == 0.0f;
+      };
+    }
+    optimizer_->step(plan.hypers, plan.scalars, agree);
+  }
+
   // Commit.
   const double prev_scale = scaler_->scale();
   *scaler_ = *plan.scaler_after;
   ++global_steps_;
-  micro_in_window_ = 0;
-  reducer_->start_window();
-  reset_micro_step();
   result.global_steps = global_steps_;
   result.grad_norm = plan.norm / prev_scale;
   if (plan.overflow) {
@@ -428,10 +445,6 @@ StepResult EngineImpl::step() {
     return result;
   }
   result.lr = plan.scalars[0].lr;
-  {
-    ScopedTimer timer(timings_.optimizer_s);
-    optimizer_->step(plan.hypers, plan.scalars);
-  }
   ++applied_steps_;
   ++last_batch_iteration_;
   all_gather_model();
@@ -493,17 +506,23 @@ std::vector<float> EngineImpl::gather_master(std::size_t param) {
   const DType master_dtype = optimizer_->master_dtype();
   std::vector<std::byte> flat(ul.padded_elems * dtype_size(master_dtype));
   const std::size_t slice_bytes = ul.slice_elems * dtype_size(master_dtype);
-  const std::size_t unit_offset_bytes = ul.partition_offset * dtype_size(master_dtype);
+  // Domain d's slice of the unit, from whichever tier holds it.
+  auto read_slice = [&](int d, std::byte* dst) {
+    optimizer_->read_tensor(0, d, ul.partition_offset, ul.slice_elems,
+                            [&](const std::byte* data, std::size_t n) {
+                              const std::size_t bytes = n * dtype_size(master_dtype);
+                              std::memcpy(dst, data, bytes);
+                              dst += bytes;
+                            });
+  };
   if (stage_ == 0) {
     for (int d = 0; d < world_; ++d) {
-      std::memcpy(flat.data() + static_cast<std::size_t>(d) * slice_bytes,
-                  optimizer_->tensor_data(0, d) + unit_offset_bytes, slice_bytes);
+      read_slice(d, flat.data() + static_cast<std::size_t>(d) * slice_bytes);
     }
   } else if (ul.slice_elems > 0) {
-    comm_
-        .all_gather(optimizer_->tensor_data(0, 0) + unit_offset_bytes, flat.data(), ul.slice_elems,
-                    master_dtype)
-        .wait();
+    std::vector<std::byte> mine(slice_bytes);
+    read_slice(0, mine.data());
+    comm_.all_gather(mine.data(), flat.data(), ul.slice_elems, master_dtype).wait();
   }
   combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype), master_dtype,
           ps.numel);

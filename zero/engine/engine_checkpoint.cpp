@@ -192,20 +192,24 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     io::SafetensorsStreamWriter w((tmp_dir / mine.file).string(), decls,
                                   {{"format", "zero-checkpoint-rank"}});
     // Checkpoints hold fp32 (exact for 16-bit master weights or states), converted in tiles.
-    auto append_f32 = [&](const std::byte* data, DType dtype) {
+    auto append_f32 = [&](const std::byte* data, DType dtype, std::size_t n) {
       if (dtype == DType::F32) {
-        w.append(data, P * sizeof(float));
+        w.append(data, n * sizeof(float));
         return;
       }
-      std::vector<float> tile(std::min<std::size_t>(P, 1 << 20));
-      for (std::size_t b = 0; b < P; b += tile.size()) {
-        const std::size_t m = std::min(tile.size(), P - b);
+      std::vector<float> tile(std::min<std::size_t>(n, 1 << 20));
+      for (std::size_t b = 0; b < n; b += tile.size()) {
+        const std::size_t m = std::min(tile.size(), n - b);
         combine(tile.data(), DType::F32, data + b * dtype_size(dtype), dtype, m);
         w.append(tile.data(), m * sizeof(float));
       }
     };
-    for (int t = 0; t < optimizer_->tensors(); ++t)
-      append_f32(optimizer_->tensor_data(t, own), optimizer_->tensor_dtype(t));
+    // Straight from each sub-group's tier: no second copy of the partition.
+    for (int t = 0; t < optimizer_->tensors(); ++t) {
+      optimizer_->read_tensor(t, own, 0, P, [&](const std::byte* data, std::size_t n) {
+        append_f32(data, optimizer_->tensor_dtype(t), n);
+      });
+    }
     for (std::size_t i : frozen) w.append(params_[i].frozen.data(), params_[i].frozen.size_bytes());
     w.finish();
     for (std::size_t k = 0; k < decls.size(); ++k) {

@@ -77,10 +77,31 @@ PartOptions part_options(const config::DsConfig& cfg, int rank, int world,
   po.grad_dtype = ro.accum_dtype;
   po.model_dtype = cfg.model_dtype;
   po.exec = exec;
-  // Offload: "cpu" (and "nvme" at stages 1/2, as DeepSpeed) puts the optimizer's partition in
-  // host memory; on a CpuDevice both are host memory and the ledger says which.
+  // Offload (stages 1-3): the first `ratio` of the sub-groups of master weights and states go to
+  // host memory ("cpu") or to swap files under nvme_path ("nvme"); the rest stays on the device.
+  // Stage 0 keeps everything on the device, as DeepSpeed does.
+  offload::StoreOptions& so = po.store;
+  so.sub_group_elems = std::max<std::size_t>(elems(zo.sub_group_elems), 1);
   if (offloaded(zo.offload_optimizer) && stage > 0) {
-    po.kind = zo.offload_optimizer->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
+    const config::OffloadOptimizer& oo = *zo.offload_optimizer;
+    so.ratio = oo.ratio;
+    so.offload_kind = oo.pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
+    if (oo.device == config::OffloadDevice::Nvme) {
+      offload::NvmeTier t;
+      t.paths = {oo.nvme_path};
+      t.key = "zero_optimization.offload_optimizer.nvme_path";
+      t.buffer_count = static_cast<int>(oo.buffer_count);
+      t.pipeline_read = oo.pipeline_read;
+      t.pipeline_write = oo.pipeline_write;
+      t.aio.block_size = elems(cfg.aio.block_size_bytes);
+      t.aio.queue_depth = static_cast<int>(cfg.aio.queue_depth);
+      t.aio.threads = static_cast<int>(cfg.aio.intra_op_parallelism);
+      t.aio.single_submit = cfg.aio.single_submit;
+      t.aio.overlap_events = cfg.aio.overlap_events;
+      so.nvme = std::move(t);
+    } else if (oo.ratio >= 1.0) {
+      po.kind = so.offload_kind;  // everything on the host: gradients too
+    }
   }
   if (offloaded(zo.offload_param) && stage == 3) {
     out.param_kind = zo.offload_param->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;

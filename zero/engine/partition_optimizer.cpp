@@ -1,6 +1,7 @@
 #include "zero/engine/partition_optimizer.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "zero/base/error.h"
 
@@ -25,25 +26,22 @@ PartitionOptimizer::PartitionOptimizer(Device& device, const kernels::ComputeKer
   ZERO_CHECK(options.rank >= 0 && options.rank < layout.world_size(),
              "PartitionOptimizer: rank {} outside the layout's {} ranks", options.rank,
              layout.world_size());
-  const std::size_t total = static_cast<std::size_t>(domains()) * partition_elems_;
-  master_ = alloc(total, options_.master_dtype, MemoryTag::MasterParams);
-  if (options_.own_gradients) {
-    gradients_ = alloc(partition_elems_, options_.grad_dtype, MemoryTag::Gradients);
-    compute_.fill_zero(gradients_.data(), options_.grad_dtype, partition_elems_, options_.exec);
-  }
+  std::vector<offload::StoreTensor> tensors{{options_.master_dtype, MemoryTag::MasterParams, 0.0f}};
   const int nstates = kernels::optimizer_state_count(options_.optimizer);
   for (int k = 0; k < nstates; ++k) {
-    states_.push_back(alloc(total, options_.state_dtype, MemoryTag::OptimizerStates));
-    const std::vector<float> init(total,
-                                  kernels::optimizer_state_initial_value(options_.optimizer, k));
-    compute_.combine(states_.back().data(), options_.state_dtype, init.data(), DType::F32, total,
-                     1.0f, false, options_.exec);
+    tensors.push_back({options_.state_dtype, MemoryTag::OptimizerStates,
+                       kernels::optimizer_state_initial_value(options_.optimizer, k)});
+  }
+  offload::StoreOptions so = options_.store;
+  so.total_elems = static_cast<std::size_t>(domains()) * partition_elems_;
+  so.resident_kind = options_.kind;
+  store_ = std::make_unique<offload::SubgroupStore>(device_, std::move(tensors), so);
+  if (options_.own_gradients) {
+    gradients_ = device_.allocate(partition_elems_ * dtype_size(options_.grad_dtype),
+                                  options_.kind, MemoryTag::Gradients);
+    compute_.fill_zero(gradients_.data(), options_.grad_dtype, partition_elems_, options_.exec);
   }
   build_runs();
-}
-
-Buffer PartitionOptimizer::alloc(std::size_t elems, DType dtype, MemoryTag tag) {
-  return device_.allocate(elems * dtype_size(dtype), options_.kind, tag);
 }
 
 std::size_t PartitionOptimizer::partition_offset(int domain, int unit) const {
@@ -57,13 +55,16 @@ void PartitionOptimizer::build_runs() {
       const std::size_t S = layout_.unit(static_cast<int>(u)).slice_elems;
       if (S == 0) continue;
       const std::vector<SliceSegment> segs = layout_.segments(static_cast<int>(u), r);
-      Run run{d, static_cast<int>(u), 0, 0, segs.empty() ? 0 : layout_.param(segs[0].param).group};
+      const std::size_t base = partition_offset(d, static_cast<int>(u));
+      Run run{d, static_cast<int>(u), 0, 0, segs.empty() ? 0 : layout_.param(segs[0].param).group,
+              base};
       for (const SliceSegment& s : segs) {
         const int g = layout_.param(s.param).group;
         if (g != run.group) {
           run.end = s.slice_offset;
           if (run.end > run.begin) runs_.push_back(run);
           run.begin = s.slice_offset;
+          run.flat = base + s.slice_offset;
           run.group = g;
         }
       }
@@ -73,15 +74,33 @@ void PartitionOptimizer::build_runs() {
   }
 }
 
+void PartitionOptimizer::for_runs(
+    const offload::SubgroupStore::View& view,
+    const std::function<void(const Run&, std::size_t, std::size_t)>& fn) const {
+  // Runs are in ascending store order: the first that ends after the view begins.
+  auto it = std::partition_point(runs_.begin(), runs_.end(), [&](const Run& r) {
+    return r.flat + (r.end - r.begin) <= view.begin;
+  });
+  for (; it != runs_.end() && it->flat < view.end; ++it) {
+    const std::size_t lo = std::max(view.begin, it->flat);
+    const std::size_t hi = std::min(view.end, it->flat + (it->end - it->begin));
+    if (hi > lo) fn(*it, it->begin + (lo - it->flat), it->begin + (hi - it->flat));
+  }
+}
+
 void PartitionOptimizer::set_master(int unit, std::span<const float> unit_flat) {
   const UnitLayout& ul = layout_.unit(unit);
   ZERO_ASSERT(unit_flat.size() == ul.padded_elems);
   const std::size_t S = ul.slice_elems;
+  const DType dt = options_.master_dtype;
   for (int d = 0; d < domains(); ++d) {
-    const std::size_t src = static_cast<std::size_t>(domain_rank(d)) * S;
-    compute_.combine(element_at(master_, options_.master_dtype, partition_offset(d, unit)),
-                     options_.master_dtype, unit_flat.data() + src, DType::F32, S, 1.0f, false,
-                     options_.exec);
+    const std::size_t base = partition_offset(d, unit);
+    const float* src = unit_flat.data() + static_cast<std::size_t>(domain_rank(d)) * S;
+    store_->modify(base, base + S, [&](const offload::SubgroupStore::View& v) {
+      const std::size_t lo = std::max(base, v.begin), hi = std::min(base + S, v.end);
+      compute_.combine(v.tensors[0] + (lo - v.begin) * dtype_size(dt), dt, src + (lo - base),
+                       DType::F32, hi - lo, 1.0f, false, options_.exec);
+    });
   }
 }
 
@@ -115,22 +134,39 @@ double PartitionOptimizer::squared_norm() const {
 }
 
 void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
-                              std::span<const kernels::StepScalars> scalars) {
-  for (const Run& run : runs_) {
-    const auto g = static_cast<std::size_t>(run.group);
-    ZERO_ASSERT(g < hypers.size() && g < scalars.size());
-    step_run(run, hypers[g], scalars[g]);
+                              std::span<const kernels::StepScalars> scalars,
+                              const offload::SubgroupStore::Agree& agree) {
+  // The model copy of stepped NVMe sub-groups, kept until the store commits (see the header).
+  std::vector<std::pair<std::byte*, std::vector<std::byte>>> undo;
+  const std::size_t msize = dtype_size(options_.model_dtype);
+  try {
+    store_->update_all([&](const offload::SubgroupStore::View& view) {
+      for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
+        const auto g = static_cast<std::size_t>(run.group);
+        ZERO_ASSERT(g < hypers.size() && g < scalars.size());
+        if (view.nvme) {
+          std::byte* model = slices_.model(run.domain, run.unit, first);
+          undo.emplace_back(model, std::vector<std::byte>(model, model + (last - first) * msize));
+        }
+        step_part(run, first, last, view, hypers[g], scalars[g]);
+      });
+    }, agree);
+  } catch (const IoError&) {
+    for (auto& [model, bytes] : undo) std::memcpy(model, bytes.data(), bytes.size());
+    throw;
   }
 }
 
-void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper& hyper,
-                                  const kernels::StepScalars& scalars) {
+void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_t last,
+                                   const offload::SubgroupStore::View& view,
+                                   const kernels::OptimizerHyper& hyper,
+                                   const kernels::StepScalars& scalars) {
   const DType master_dtype = options_.master_dtype;
   const DType model_dtype = options_.model_dtype;
-  const std::size_t off = partition_offset(run.domain, run.unit) + run.begin;
-  const std::size_t n = run.end - run.begin;
-  std::byte* model_out = slices_.model(run.domain, run.unit, run.begin);
-  const std::byte* grad = slices_.gradient(run.domain, run.unit, run.begin);
+  const std::size_t off = run.flat + (first - run.begin) - view.begin;  // inside the sub-group
+  const std::size_t n = last - first;
+  std::byte* model_out = slices_.model(run.domain, run.unit, first);
+  const std::byte* grad = slices_.gradient(run.domain, run.unit, first);
   kernels::OptimizerTensors t;
   t.grad_dtype = options_.grad_dtype;
   t.state_dtype = options_.state_dtype;
@@ -138,9 +174,10 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
   if (model_dtype != DType::F32) t.param_out_dtype = model_dtype;
   const std::size_t tile =
       master_dtype == DType::F32 ? std::max<std::size_t>(n, 1) : kMasterTileElems;
+  const std::size_t ssize = dtype_size(options_.state_dtype);
   for (std::size_t b = 0; b < n; b += tile) {
     const std::size_t m = std::min(tile, n - b);
-    std::byte* master = element_at(master_, master_dtype, off + b);
+    std::byte* master = view.tensors[0] + (off + b) * dtype_size(master_dtype);
     if (master_dtype == DType::F32) {
       t.master = reinterpret_cast<float*>(master);
     } else {
@@ -150,8 +187,8 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
       t.master = master_tile_.data();
     }
     t.grad = grad + b * dtype_size(options_.grad_dtype);
-    if (!states_.empty()) t.state0 = element_at(states_[0], options_.state_dtype, off + b);
-    if (states_.size() > 1) t.state1 = element_at(states_[1], options_.state_dtype, off + b);
+    if (view.tensors.size() > 1) t.state0 = view.tensors[1] + (off + b) * ssize;
+    if (view.tensors.size() > 2) t.state1 = view.tensors[2] + (off + b) * ssize;
     if (model_dtype != DType::F32) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
@@ -168,30 +205,42 @@ void PartitionOptimizer::step_run(const Run& run, const kernels::OptimizerHyper&
 }
 
 void PartitionOptimizer::write_model() {
-  for (const Run& run : runs_) {
-    const std::size_t off = partition_offset(run.domain, run.unit) + run.begin;
-    compute_.combine(slices_.model(run.domain, run.unit, run.begin), options_.model_dtype,
-                     element_at(master_, options_.master_dtype, off), options_.master_dtype,
-                     run.end - run.begin, 1.0f, false, options_.exec);
-  }
+  const DType dt = options_.master_dtype;
+  store_->read(0, store_->total_elems(), [&](const offload::SubgroupStore::View& view) {
+    for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
+      const std::size_t off = run.flat + (first - run.begin) - view.begin;
+      compute_.combine(slices_.model(run.domain, run.unit, first), options_.model_dtype,
+                       view.tensors[0] + off * dtype_size(dt), dt, last - first, 1.0f, false,
+                       options_.exec);
+    });
+  });
 }
 
 DType PartitionOptimizer::tensor_dtype(int tensor) const {
   return tensor == 0 ? options_.master_dtype : options_.state_dtype;
 }
 
-const std::byte* PartitionOptimizer::tensor_data(int tensor, int domain) const {
+void PartitionOptimizer::read_tensor(int tensor, int domain, std::size_t offset,
+                                     std::size_t count, const TensorVisit& visit) {
   ZERO_ASSERT(tensor >= 0 && tensor < tensors() && domain >= 0 && domain < domains());
-  const Buffer& b = tensor == 0 ? master_ : states_[static_cast<std::size_t>(tensor - 1)];
-  return element_at(b, tensor_dtype(tensor), static_cast<std::size_t>(domain) * partition_elems_);
+  ZERO_ASSERT(offset + count <= partition_elems_);
+  const std::size_t begin = static_cast<std::size_t>(domain) * partition_elems_ + offset;
+  const std::size_t esize = dtype_size(tensor_dtype(tensor));
+  store_->read(begin, begin + count, [&](const offload::SubgroupStore::View& v) {
+    const std::size_t lo = std::max(begin, v.begin), hi = std::min(begin + count, v.end);
+    visit(v.tensors[static_cast<std::size_t>(tensor)] + (lo - v.begin) * esize, hi - lo);
+  });
 }
 
 void PartitionOptimizer::assign(int tensor, std::span<const float> values) {
   ZERO_ASSERT(tensor >= 0 && tensor < tensors());
   ZERO_ASSERT(values.size() == static_cast<std::size_t>(domains()) * partition_elems_);
-  const Buffer& b = tensor == 0 ? master_ : states_[static_cast<std::size_t>(tensor - 1)];
-  compute_.combine(b.data(), tensor_dtype(tensor), values.data(), DType::F32, values.size(), 1.0f,
-                   false, options_.exec);
+  const DType dt = tensor_dtype(tensor);
+  store_->modify(0, values.size(), [&](const offload::SubgroupStore::View& v) {
+    compute_.combine(v.tensors[static_cast<std::size_t>(tensor)], dt, values.data() + v.begin,
+                     DType::F32, v.end - v.begin, 1.0f, false, options_.exec);
+  });
+  store_->flush();
 }
 
 }  // namespace zero::engine_detail

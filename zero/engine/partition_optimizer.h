@@ -3,8 +3,9 @@
 //
 // Owns the master weights (fp32, or bf16 with bf16.bf16_master_weights_and_grads), the optimizer
 // states (fp32, or bf16 with bf16.bf16_optimizer_states) and, at stages 1–3, the reduced gradient
-// partition (accumulation dtype), and decides where they live (the device, or pinned/pageable host
-// memory under offload_optimizer). A partition is one rank's slice of every unit in unit order
+// partition (accumulation dtype). Master and states live in an offload::SubgroupStore, which
+// decides per sub-group where they are (the device, pinned/pageable host memory or NVMe under
+// offload_optimizer); the gradient partition stays in memory of the store's resident kind. A partition is one rank's slice of every unit in unit order
 // (FlatLayout); at stage 0 the optimizer holds every rank's partition (domains = world size), which
 // is what makes stages 0–3 bitwise comparable.
 //
@@ -12,7 +13,10 @@
 // parameters share a param group (alignment gaps and padding join a neighbouring run; their master
 // and gradient values are zero and stay zero). step() runs the optimizer kernel once per run with
 // its group's coefficients and writes the low-precision model copy in the same pass (the fused
-// write); with 16-bit master weights it steps fp32 tiles and stores them rounded. The overflow
+// write); with 16-bit master weights it steps fp32 tiles and stores them rounded. Runs are cut at
+// sub-group edges (the kernels are elementwise, so the bits do not depend on where). When the
+// store throws IoError mid-step, the model copy of the sub-groups already stepped is restored
+// from an undo copy, so master, states and model copy all stay at the previous step. The overflow
 // check and the squared norm walk the rank's own slices unit by unit, so every stage sums the same
 // numbers in the same order.
 //
@@ -21,11 +25,14 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/compute.h"
+#include "offload/subgroup_store.h"
 #include "zero/base/dtype.h"
 #include "zero/device/device.h"
 #include "zero/engine/slice_map.h"
@@ -41,7 +48,10 @@ struct PartitionOptions {
   DType state_dtype = DType::F32;
   DType grad_dtype = DType::F32;         // the accumulation dtype
   DType model_dtype = DType::F32;        // the low-precision copy step() writes
-  MemoryKind kind = MemoryKind::Device;  // where master, states and gradients live
+  MemoryKind kind = MemoryKind::Device;  // where gradients and resident sub-groups live
+  // Sub-groups, ratio, host offload kind and NVMe tier of master and states (total_elems is
+  // filled in here).
+  offload::StoreOptions store;
   // The optimizer of every group (param groups share a kind, so its state count and initial
   // values come from here); hyper-parameters of each step come with step().
   kernels::OptimizerHyper optimizer;
@@ -62,7 +72,8 @@ class PartitionOptimizer {
   int own_domain() const { return domains_.own(); }
   std::size_t partition_elems() const { return partition_elems_; }
   DType master_dtype() const { return options_.master_dtype; }
-  int state_count() const { return static_cast<int>(states_.size()); }
+  int state_count() const { return static_cast<int>(store_->tensors().size()) - 1; }
+  offload::SubgroupStore& store() { return *store_; }
 
   // Sets every domain's slice of `unit` from the unit's whole flat fp32 value
   // (layout.unit(unit).padded_elems elements).
@@ -78,8 +89,11 @@ class PartitionOptimizer {
 
   // One optimizer step of every run: hypers[g] and scalars[g] for param group g (validated by
   // the caller). Writes the master weights, states and the model copy.
+  // `agree` is the store's (offload::SubgroupStore::update_all): ranks agree that every NVMe
+  // write succeeded before anything is committed. Throws IoError with nothing changed.
   void step(std::span<const kernels::OptimizerHyper> hypers,
-            std::span<const kernels::StepScalars> scalars);
+            std::span<const kernels::StepScalars> scalars,
+            const offload::SubgroupStore::Agree& agree = nullptr);
   // The model copy ← master weights, rounded (after a checkpoint load).
   void write_model();
 
@@ -87,7 +101,11 @@ class PartitionOptimizer {
   // domains() × partition_elems() elements, domain after domain, in tensor_dtype(t).
   int tensors() const { return 1 + state_count(); }
   DType tensor_dtype(int tensor) const;
-  const std::byte* tensor_data(int tensor, int domain) const;
+  // Visits elements [offset, offset + count) of domain `domain` of a tensor in order, as
+  // stretches of tensor_dtype(tensor) values (from whichever tier holds them).
+  using TensorVisit = std::function<void(const std::byte* data, std::size_t elems)>;
+  void read_tensor(int tensor, int domain, std::size_t offset, std::size_t count,
+                   const TensorVisit& visit);
   // Replaces tensor `tensor` (domains() × partition_elems() fp32 values, rounded to its dtype).
   void assign(int tensor, std::span<const float> values);
 
@@ -98,12 +116,17 @@ class PartitionOptimizer {
     std::size_t begin = 0;  // inside the unit's slice
     std::size_t end = 0;
     int group = 0;
+    std::size_t flat = 0;  // the store element of `begin`
   };
   void build_runs();
   std::size_t partition_offset(int domain, int unit) const;
-  Buffer alloc(std::size_t elems, DType dtype, MemoryTag tag);
-  void step_run(const Run& run, const kernels::OptimizerHyper& hyper,
-                const kernels::StepScalars& scalars);
+  // Calls fn(run, first, last) for the part [first, last) (inside the unit's slice) of every run
+  // overlapping the sub-group `view`.
+  void for_runs(const offload::SubgroupStore::View& view,
+                const std::function<void(const Run&, std::size_t, std::size_t)>& fn) const;
+  void step_part(const Run& run, std::size_t first, std::size_t last,
+                 const offload::SubgroupStore::View& view, const kernels::OptimizerHyper& hyper,
+                 const kernels::StepScalars& scalars);
 
   Device& device_;
   const kernels::ComputeKernels& compute_;
@@ -112,8 +135,7 @@ class PartitionOptimizer {
   SliceMap& slices_;
   const Domains domains_;
   const std::size_t partition_elems_;
-  Buffer master_;
-  std::vector<Buffer> states_;
+  std::unique_ptr<offload::SubgroupStore> store_;
   Buffer gradients_;  // own_gradients only
   std::vector<Run> runs_;
   std::vector<float> master_tile_;  // 16-bit master weights are stepped in fp32 tiles

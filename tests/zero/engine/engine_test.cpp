@@ -81,11 +81,7 @@ std::vector<std::vector<float>> reference_fp32(const json& config, int world, in
 }
 
 TrainResult run(const json& config, int world, int steps = 5) {
-  TrainSpec spec;
-  spec.config = config;
-  spec.world = world;
-  spec.steps = steps;
-  return train(spec);
+  return train_config(config, world, steps);
 }
 
 TEST_CASE("stages 0-3 give bitwise identical parameters with accumulation 1", "[engine]") {
@@ -318,9 +314,10 @@ TEST_CASE(
         CHECK(m.at(MemoryKind::Host, MemoryTag::LowPrecisionParams).current_bytes > 0);
     }
   }
-  // NVMe at stage 3 is not there yet, and says so.
+  // NVMe parameter offload at stage 3 is not there yet, and says so (tests/zero/engine/
+  // offload_test.cpp covers NVMe optimizer state).
   json nvme = base_config(3, "bf16", 1);
-  nvme["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", "/tmp"}};
+  nvme["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", "/tmp"}};
   CHECK_THROWS_WITH(run(nvme, 1), Catch::Contains("not supported yet") && Catch::Contains("NVMe"));
 }
 

@@ -171,6 +171,17 @@ inline TrainResult train(const TrainSpec& spec) {
   return result;
 }
 
+// train() with only a config, a world size, a step count and a model.
+inline TrainResult train_config(const nlohmann::json& config, int world, int steps,
+                                const std::string& model = TrainSpec{}.model) {
+  TrainSpec spec;
+  spec.config = config;
+  spec.world = world;
+  spec.steps = steps;
+  spec.model = model;
+  return train(spec);
+}
+
 // Bitwise equality of two runs' final parameters, with a guard against a vacuous pass (the
 // parameters moved away from their initial values).
 inline void require_bitwise_equal(const TrainResult& a, const TrainResult& b) {

@@ -17,6 +17,22 @@
 namespace zero::engine_detail {
 namespace {
 
+// Domains [first, last) of tensor `t` as fp32, domain after domain, read through the store.
+std::vector<float> tensor_f32(PartitionOptimizer& opt, int t, int first, int last) {
+  std::vector<float> out;
+  for (int d = first; d < last; ++d) {
+    opt.read_tensor(t, d, 0, opt.partition_elems(), [&](const std::byte* data, std::size_t n) {
+      const std::size_t at = out.size();
+      out.resize(at + n);
+      kernels::cast_cpu(data, opt.tensor_dtype(t), out.data() + at, DType::F32, n);
+    });
+  }
+  return out;
+}
+std::vector<float> tensor_f32(PartitionOptimizer& opt, int t) {
+  return tensor_f32(opt, t, 0, opt.domains());
+}
+
 constexpr int kWorld = 3;
 
 // Two units; group 1 (e.g. biases without decay) interleaves with group 0 inside unit 0.
@@ -139,9 +155,7 @@ void check_against_reference(const Setup& s) {
   const float tolerance = s.master_dtype == DType::F32 ? 0.0f : 1e-2f;
   for (int d = 0; d < opt.domains(); ++d) {
     const int r = opt.domain_rank(d);
-    std::vector<float> master(opt.partition_elems());
-    kernels::cast_cpu(opt.tensor_data(0, d), opt.master_dtype(), master.data(), DType::F32,
-                      master.size());
+    const std::vector<float> master = tensor_f32(opt, 0, d, d + 1);
     for (std::size_t u = 0; u < layout.num_units(); ++u) {
       const int unit = static_cast<int>(u);
       const UnitLayout& ul = layout.unit(unit);
@@ -260,21 +274,19 @@ TEST_CASE(
   REQUIRE(opt.tensors() == 2);
   REQUIRE(opt.tensor_dtype(1) == DType::BF16);
   const std::size_t n = static_cast<std::size_t>(opt.domains()) * opt.partition_elems();
-  std::vector<float> state(n);
-  kernels::cast_cpu(opt.tensor_data(1, 0), DType::BF16, state.data(), DType::F32, n);
+  std::vector<float> state = tensor_f32(opt, 1);
+  REQUIRE(state.size() == n);
   for (float v : state) REQUIRE(v == 0.25f);
   std::vector<float> values(n);
   for (std::size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i % 97) * 0.5f;
   opt.assign(0, values);
   opt.assign(1, values);
-  std::vector<float> master(n);
-  std::memcpy(master.data(), opt.tensor_data(0, 0), n * sizeof(float));
-  REQUIRE(master == values);
-  kernels::cast_cpu(opt.tensor_data(1, 0), DType::BF16, state.data(), DType::F32, n);
-  REQUIRE(state == values);  // multiples of 0.5 below 48 are exact in bf16
+  REQUIRE(tensor_f32(opt, 0) == values);
+  REQUIRE(tensor_f32(opt, 1) == values);  // multiples of 0.5 below 48 are exact in bf16
   // Domain d's tensor starts d partitions in.
-  REQUIRE(opt.tensor_data(0, 2) ==
-          opt.tensor_data(0, 0) + 2 * opt.partition_elems() * sizeof(float));
+  const std::vector<float> two = tensor_f32(opt, 0, 2, 3);
+  REQUIRE(std::equal(two.begin(), two.end(),
+                     values.begin() + static_cast<std::ptrdiff_t>(2 * opt.partition_elems())));
 }
 
 }  // namespace

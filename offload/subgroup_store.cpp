@@ -1,0 +1,264 @@
+#include "offload/subgroup_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <exception>
+
+#include "zero/base/error.h"
+#include "zero/base/half.h"
+
+namespace zero::offload {
+namespace {
+
+std::size_t align_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+void fill_value(std::byte* out, DType dtype, std::size_t n, float value) {
+  switch (dtype) {
+    case DType::F32: std::fill_n(reinterpret_cast<float*>(out), n, value); return;
+    case DType::BF16:
+      std::fill_n(reinterpret_cast<std::uint16_t*>(out), n, half::float_to_bf16(value));
+      return;
+    case DType::F16:
+      std::fill_n(reinterpret_cast<std::uint16_t*>(out), n, half::float_to_f16(value));
+      return;
+    case DType::F64: std::fill_n(reinterpret_cast<double*>(out), n, double{value}); return;
+  }
+}
+
+}  // namespace
+
+SubgroupStore::SubgroupStore(Device& device, std::vector<StoreTensor> tensors,
+                             const StoreOptions& options)
+    : device_(device), tensors_(std::move(tensors)), options_(options) {
+  ZERO_CHECK(!tensors_.empty(), "SubgroupStore: no tensors");
+  ZERO_CHECK(options.ratio >= 0.0 && options.ratio <= 1.0,
+             "offload_optimizer.ratio must be in [0, 1], got {}", options.ratio);
+  const std::size_t G = std::max<std::size_t>(options.sub_group_elems, 1);
+  for (std::size_t b = 0; b < options.total_elems; b += G) {
+    Group g;
+    g.begin = b;
+    g.end = std::min(options.total_elems, b + G);
+    groups_.push_back(std::move(g));
+  }
+  const auto offloaded = static_cast<std::size_t>(
+      std::llround(options.ratio * static_cast<double>(groups_.size())));
+  const bool nvme = options.nvme.has_value();
+  if (nvme) {
+    const NvmeTier& t = *options.nvme;
+    ZERO_CHECK(!t.paths.empty(), "{}: no NVMe path", t.key);
+    ZERO_CHECK(t.buffer_count >= 1, "offload_optimizer.buffer_count must be at least 1, got {}",
+               t.buffer_count);
+    for (const std::string& p : t.paths) {
+      dirs_.push_back(std::make_unique<SwapDir>(p, t.key));
+      align_ = std::max(align_, dirs_.back()->alignment());
+      file_names_.push_back((dirs_.back()->path() / "optimizer.swp").string());
+      fds_.push_back(dirs_.back()->open("optimizer.swp"));
+    }
+    for (const StoreTensor& st : tensors_) {
+      tensor_offset_.push_back(record_bytes_);
+      record_bytes_ += align_up(G * dtype_size(st.dtype), align_);
+    }
+    io_ = make_async_io(t.aio);
+  }
+  std::vector<std::size_t> per_file(dirs_.size(), 0);
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    Group& g = groups_[i];
+    const std::size_t n = g.end - g.begin;
+    const bool off = i < offloaded;
+    if (off && nvme) {
+      g.nvme = true;
+      g.file = static_cast<int>(i % dirs_.size());
+      g.record = per_file[static_cast<std::size_t>(g.file)]++;
+      for (const StoreTensor& st : tensors_) {
+        device_.ledger().reserve(MemoryKind::Nvme, st.tag, 2 * n * dtype_size(st.dtype));
+      }
+      continue;
+    }
+    const MemoryKind kind = off ? options.offload_kind : options.resident_kind;
+    for (const StoreTensor& st : tensors_) {
+      g.memory.push_back(device_.allocate(n * dtype_size(st.dtype), kind, st.tag));
+      fill_value(static_cast<std::byte*>(g.memory.back().data()), st.dtype, n, st.initial);
+    }
+  }
+  if (nvme_count() > 0) {
+    cache_ = alloc_staged();
+    for (int b = 0; b < options.nvme->buffer_count; ++b) buffers_.push_back(alloc_staged());
+  }
+}
+
+SubgroupStore::~SubgroupStore() {
+  for (const Group& g : groups_) {
+    if (!g.nvme) continue;
+    for (const StoreTensor& st : tensors_) {
+      device_.ledger().release(MemoryKind::Nvme, st.tag,
+                               2 * (g.end - g.begin) * dtype_size(st.dtype));
+    }
+  }
+  io_.reset();  // waits for anything in flight before the buffers go
+}
+
+int SubgroupStore::nvme_count() const {
+  return static_cast<int>(std::count_if(groups_.begin(), groups_.end(),
+                                        [](const Group& g) { return g.nvme; }));
+}
+
+std::string_view SubgroupStore::io_name() const { return io_ ? io_->name() : ""; }
+
+SubgroupStore::Staged SubgroupStore::alloc_staged() {
+  Staged s;
+  s.memory = device_.allocate(record_bytes_ + align_, MemoryKind::PinnedHost, MemoryTag::Staging);
+  const auto addr = reinterpret_cast<std::uintptr_t>(s.memory.data());
+  s.data = static_cast<std::byte*>(s.memory.data()) + (align_up(addr, align_) - addr);
+  return s;
+}
+
+SubgroupStore::View SubgroupStore::memory_view(Group& g, int index) {
+  View v{index, g.begin, g.end, false, {}};
+  for (Buffer& b : g.memory) v.tensors.push_back(static_cast<std::byte*>(b.data()));
+  return v;
+}
+
+SubgroupStore::View SubgroupStore::staged_view(const Group& g, int index,
+                                               std::byte* record) const {
+  View v{index, g.begin, g.end, true, {}};
+  for (std::size_t k = 0; k < tensors_.size(); ++k) v.tensors.push_back(record + tensor_offset_[k]);
+  return v;
+}
+
+void SubgroupStore::fill_initial(const Group& g, std::byte* record) const {
+  for (std::size_t k = 0; k < tensors_.size(); ++k) {
+    fill_value(record + tensor_offset_[k], tensors_[k].dtype, g.end - g.begin,
+               tensors_[k].initial);
+  }
+}
+
+IoRequest SubgroupStore::request(const Group& g, int slot, IoOp op, std::byte* record) const {
+  const auto f = static_cast<std::size_t>(g.file);
+  const std::uint64_t offset = (2 * g.record + static_cast<std::size_t>(slot)) * record_bytes_;
+  return {op, fds_[f], record, record_bytes_, offset, file_names_[f]};
+}
+
+// The cached record of NVMe sub-group `index`, loaded (or initialised) on a miss.
+std::byte* SubgroupStore::load(int index, bool for_write) {
+  if (cache_index_ != index) {
+    flush();
+    cache_index_ = -1;
+    const Group& g = groups_[static_cast<std::size_t>(index)];
+    if (g.written) {
+      io_->wait(io_->submit({request(g, g.active, IoOp::Read, cache_.data)}));
+    } else {
+      fill_initial(g, cache_.data);
+    }
+    cache_index_ = index;
+  }
+  cache_dirty_ = cache_dirty_ || for_write;
+  return cache_.data;
+}
+
+void SubgroupStore::flush() {
+  if (cache_index_ < 0 || !cache_dirty_) return;
+  Group& g = groups_[static_cast<std::size_t>(cache_index_)];
+  // Into the spare slot, then flip: a failed write leaves the committed slot as it was.
+  const int spare = g.written ? 1 - g.active : 0;
+  io_->wait(io_->submit({request(g, spare, IoOp::Write, cache_.data)}));
+  g.active = spare;
+  g.written = true;
+  cache_dirty_ = false;
+}
+
+void SubgroupStore::visit_range(std::size_t begin, std::size_t end, bool for_write,
+                                const Visit& visit) {
+  const std::size_t G = std::max<std::size_t>(options_.sub_group_elems, 1);
+  for (std::size_t i = begin / G; i < groups_.size() && groups_[i].begin < end; ++i) {
+    Group& g = groups_[i];
+    const int index = static_cast<int>(i);
+    visit(g.nvme ? staged_view(g, index, load(index, for_write)) : memory_view(g, index));
+  }
+}
+
+void SubgroupStore::read(std::size_t begin, std::size_t end, const Visit& visit) {
+  visit_range(begin, end, false, visit);
+}
+
+void SubgroupStore::modify(std::size_t begin, std::size_t end, const Visit& visit) {
+  visit_range(begin, end, true, visit);
+}
+
+void SubgroupStore::update_all(const Visit& visit, const Agree& agree) {
+  flush();
+  cache_index_ = -1;
+  std::vector<int> nv;
+  std::exception_ptr failure;
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    if (groups_[i].nvme) nv.push_back(static_cast<int>(i));
+  }
+  if (!nv.empty()) {
+    const NvmeTier& t = *options_.nvme;
+    const std::size_t B = buffers_.size();
+    // Sub-groups read ahead of the one being stepped: every buffer but the one stepping (and,
+    // with pipeline_write, the one writing behind).
+    const std::size_t ahead =
+        t.pipeline_read ? (B > (t.pipeline_write ? 2u : 1u) ? B - (t.pipeline_write ? 2 : 1) : 0)
+                        : 0;
+    std::vector<std::optional<AsyncIo::Ticket>> reading(nv.size()), writing(B);
+    auto settle = [&](std::optional<AsyncIo::Ticket>& ticket) {
+      if (!ticket) return;
+      const AsyncIo::Ticket tk = *ticket;
+      ticket.reset();
+      try {
+        io_->wait(tk);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+    };
+    std::size_t issued = 0;  // reads issued for nv[0, issued)
+    for (std::size_t k = 0; k < nv.size() && !failure; ++k) {
+      for (; issued < nv.size() && issued <= k + ahead; ++issued) {
+        const std::size_t b = issued % B;
+        settle(writing[b]);  // the buffer's last write-back must finish before it is reused
+        if (failure) break;
+        const Group& g = groups_[static_cast<std::size_t>(nv[issued])];
+        if (g.written) {
+          reading[issued] = io_->submit({request(g, g.active, IoOp::Read, buffers_[b].data)});
+        } else {
+          fill_initial(g, buffers_[b].data);
+        }
+      }
+      if (failure) break;
+      settle(reading[k]);
+      if (failure) break;
+      const std::size_t b = k % B;
+      const Group& g = groups_[static_cast<std::size_t>(nv[k])];
+      try {
+        visit(staged_view(g, nv[k], buffers_[b].data));
+      } catch (...) {
+        failure = std::current_exception();
+        break;
+      }
+      const int spare = g.written ? 1 - g.active : 0;
+      writing[b] = io_->submit({request(g, spare, IoOp::Write, buffers_[b].data)});
+      if (!t.pipeline_write) settle(writing[b]);
+    }
+    for (auto& r : reading) settle(r);
+    for (auto& w : writing) settle(w);
+  }
+  const bool all_ok = agree ? agree(!failure) : !failure;
+  if (failure) std::rethrow_exception(failure);
+  if (!all_ok) {
+    throw IoError("the optimizer step failed on another rank (NVMe I/O); this rank's step is "
+                  "undone too");
+  }
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    if (!groups_[i].nvme) visit(memory_view(groups_[i], static_cast<int>(i)));
+  }
+  // Every write succeeded: the new values become the committed ones.
+  for (int i : nv) {
+    Group& g = groups_[static_cast<std::size_t>(i)];
+    g.active = g.written ? 1 - g.active : 0;
+    g.written = true;
+  }
+}
+
+}  // namespace zero::offload

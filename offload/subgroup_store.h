@@ -1,0 +1,149 @@
+// Where a rank's optimizer tensors (fp32 master weights and optimizer states) live, sub-group by
+// sub-group (DESIGN.md §3, offload tiers; SPEC_DEEPSPEED.md §1.9).
+//
+// The tensors share one element range [0, total); it is cut into sub-groups of `sub_group_elems`
+// (DeepSpeed's sub_group_size). The first round(ratio × count) sub-groups are *offloaded* — to
+// NVMe when a tier is given, else to `offload_kind` host memory — and the rest stay in
+// `resident_kind` memory (ZeRO-Offload++'s ratio). A resident or host sub-group is a buffer per
+// tensor; an NVMe sub-group is a record in a swap file (every tensor of the sub-group, each at an
+// aligned offset) with two slots: updates go to the spare slot and the slots flip only once every
+// write of the update has succeeded, so a failed step never overwrites the only good copy.
+// Sub-groups are striped over the NVMe paths.
+//
+// Three ways in:
+//   read()/modify()  any range, sub-group by sub-group; NVMe sub-groups pass through a one-record
+//                    cache that modify() dirties and flush() (or the next miss) writes back.
+//                    A sub-group never written is not read: it starts from the tensors' initial
+//                    values.
+//   update_all()     the optimizer step: every sub-group once, the NVMe ones first, streamed
+//                    through `buffer_count` buffers — read sub-group i+1.. ahead (pipeline_read),
+//                    step i, write i−1.. behind (pipeline_write). On an I/O error it waits for
+//                    every request in flight and throws IoError; no slot has flipped and no
+//                    resident sub-group has been visited, so the caller only has to undo what its
+//                    callback did outside the store (the model copy). Ranks agree on the outcome
+//                    before anything is committed.
+// The ledger counts NVMe bytes (both slots) under MemoryKind::Nvme by tensor tag, and the swap
+// buffers as pinned staging.
+//
+// Thread safety: the rank's thread only (I/O runs on the AsyncIo's threads).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "offload/async_io.h"
+#include "offload/swap_dir.h"
+#include "zero/base/dtype.h"
+#include "zero/device/device.h"
+
+namespace zero::offload {
+
+struct StoreTensor {
+  DType dtype = DType::F32;
+  MemoryTag tag = MemoryTag::OptimizerStates;
+  float initial = 0.0f;  // the value of a sub-group never written
+};
+
+struct NvmeTier {
+  std::vector<std::string> paths;  // nvme_path (one or more folders, striped)
+  std::string key;                 // the config key the paths came from, for errors
+  AioOptions aio;
+  int buffer_count = 4;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+};
+
+struct StoreOptions {
+  std::size_t total_elems = 0;
+  std::size_t sub_group_elems = 1'000'000'000;
+  MemoryKind resident_kind = MemoryKind::Device;
+  MemoryKind offload_kind = MemoryKind::Device;  // host offload (no NVMe tier)
+  double ratio = 1.0;                            // share of sub-groups offloaded
+  std::optional<NvmeTier> nvme;
+};
+
+class SubgroupStore {
+ public:
+  struct View {
+    int index = 0;
+    std::size_t begin = 0;  // the sub-group's elements [begin, end) of the whole range
+    std::size_t end = 0;
+    bool nvme = false;
+    std::vector<std::byte*> tensors;  // tensor k's element `begin`
+  };
+  using Visit = std::function<void(const View&)>;
+
+  // Allocates the resident and host sub-groups with their initial values and opens the swap
+  // files (nothing is written to them yet). Throws ConfigError for a bad nvme path.
+  SubgroupStore(Device& device, std::vector<StoreTensor> tensors, const StoreOptions& options);
+  ~SubgroupStore();
+  SubgroupStore(const SubgroupStore&) = delete;
+  SubgroupStore& operator=(const SubgroupStore&) = delete;
+
+  int count() const { return static_cast<int>(groups_.size()); }
+  int nvme_count() const;
+  std::size_t total_elems() const { return options_.total_elems; }
+  const std::vector<StoreTensor>& tensors() const { return tensors_; }
+  // The I/O backend in use ("io_uring", "threads"), or "" without an NVMe tier.
+  std::string_view io_name() const;
+  // The NVMe I/O object (null without an NVMe tier): tests install faults through it.
+  AsyncIo* io() { return io_.get(); }
+
+  // Visits the sub-groups overlapping [begin, end), in order.
+  void read(std::size_t begin, std::size_t end, const Visit& visit);
+  void modify(std::size_t begin, std::size_t end, const Visit& visit);
+  // Writes the cached NVMe sub-group back if modify() changed it.
+  void flush();
+  // `agree` (collective runs: every rank calls it once per update, between the NVMe part and the
+  // rest) gets whether this rank's I/O succeeded and returns whether every rank's did; when not,
+  // this rank throws IoError too, before changing anything.
+  using Agree = std::function<bool(bool ok)>;
+  void update_all(const Visit& visit, const Agree& agree = nullptr);
+
+ private:
+  struct Group {
+    std::size_t begin = 0;
+    std::size_t end = 0;
+    bool nvme = false;
+    std::vector<Buffer> memory;  // resident and host groups: one buffer per tensor
+    int file = 0;                // NVMe: which swap file
+    std::size_t record = 0;      // NVMe: the record's index in its file
+    int active = 0;              // NVMe: the slot holding the committed values
+    bool written = false;        // NVMe: a slot holds values
+  };
+  struct Staged {  // one aligned swap buffer
+    Buffer memory;
+    std::byte* data = nullptr;
+  };
+
+  View memory_view(Group& g, int index);
+  View staged_view(const Group& g, int index, std::byte* record) const;
+  void fill_initial(const Group& g, std::byte* record) const;
+  IoRequest request(const Group& g, int slot, IoOp op, std::byte* record) const;
+  std::byte* load(int index, bool for_write);
+  void visit_range(std::size_t begin, std::size_t end, bool for_write, const Visit& visit);
+  Staged alloc_staged();
+
+  Device& device_;
+  const std::vector<StoreTensor> tensors_;
+  const StoreOptions options_;
+  std::vector<Group> groups_;
+  // NVMe tier.
+  std::vector<std::unique_ptr<SwapDir>> dirs_;
+  std::vector<int> fds_;
+  std::vector<std::string> file_names_;
+  std::unique_ptr<AsyncIo> io_;
+  std::size_t align_ = 4096;
+  std::vector<std::size_t> tensor_offset_;  // inside a record
+  std::size_t record_bytes_ = 0;            // aligned
+  Staged cache_;
+  int cache_index_ = -1;
+  bool cache_dirty_ = false;
+  std::vector<Staged> buffers_;  // update_all's pipeline
+};
+
+}  // namespace zero::offload

@@ -1,0 +1,165 @@
+// The sub-group store: every tier holds the same values; an NVMe update that fails at any I/O
+// call leaves every committed value as it was, and the next update succeeds; no swap file
+// outlives the store.
+#include "offload/subgroup_store.h"
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <filesystem>
+#include <vector>
+
+#include "tests/temp_dir.h"
+#include "zero/base/error.h"
+#include "zero/device/cpu_device.h"
+
+namespace zero::offload {
+namespace {
+
+constexpr std::size_t kTotal = 10'000;
+
+std::vector<StoreTensor> tensors() {
+  return {{DType::F32, MemoryTag::MasterParams, 0.0f},
+          {DType::F32, MemoryTag::OptimizerStates, 0.5f},
+          {DType::BF16, MemoryTag::OptimizerStates, 0.25f}};
+}
+
+StoreOptions nvme_options(const std::string& path, double ratio, int buffers, bool pipelined) {
+  StoreOptions o;
+  o.total_elems = kTotal;
+  o.sub_group_elems = 1'500;  // 7 sub-groups, the last one short
+  o.ratio = ratio;
+  NvmeTier t;
+  t.paths = {path};
+  t.key = "nvme_path";
+  t.buffer_count = buffers;
+  t.pipeline_read = t.pipeline_write = pipelined;
+  t.aio.block_size = 4096;
+  t.aio.queue_depth = 3;
+  o.nvme = t;
+  return o;
+}
+
+// Every tensor as floats, read through the store.
+std::vector<std::vector<float>> contents(SubgroupStore& s) {
+  std::vector<std::vector<float>> out(s.tensors().size(), std::vector<float>(kTotal));
+  s.read(0, kTotal, [&](const SubgroupStore::View& v) {
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      for (std::size_t i = v.begin; i < v.end; ++i) {
+        const std::byte* p = v.tensors[k] + (i - v.begin) * dtype_size(s.tensors()[k].dtype);
+        float x;
+        if (s.tensors()[k].dtype == DType::F32) {
+          std::memcpy(&x, p, 4);
+        } else {
+          std::uint16_t h;
+          std::memcpy(&h, p, 2);
+          const std::uint32_t bits = std::uint32_t{h} << 16;
+          std::memcpy(&x, &bits, 4);
+        }
+        out[k][i] = x;
+      }
+    }
+  });
+  return out;
+}
+
+// master[i] = i; every update adds 1 to master and to the fp32 state.
+void set_master(SubgroupStore& s) {
+  s.modify(0, kTotal, [](const SubgroupStore::View& v) {
+    auto* m = reinterpret_cast<float*>(v.tensors[0]);
+    for (std::size_t i = v.begin; i < v.end; ++i) m[i - v.begin] = static_cast<float>(i);
+  });
+  s.flush();
+}
+void add_one(const SubgroupStore::View& v) {
+  auto* m = reinterpret_cast<float*>(v.tensors[0]);
+  auto* s1 = reinterpret_cast<float*>(v.tensors[1]);
+  for (std::size_t i = 0; i < v.end - v.begin; ++i) {
+    m[i] += 1.0f;
+    s1[i] += 1.0f;
+  }
+}
+
+TEST_CASE("every tier, ratio and pipeline holds the same values") {
+  test::TempDir tmp("zero_store");
+  CpuDevice device(0);
+  StoreOptions host;
+  host.total_elems = kTotal;
+  host.sub_group_elems = 1'500;
+  host.offload_kind = MemoryKind::PinnedHost;
+  host.ratio = 0.4;
+  SubgroupStore reference(device, tensors(), host);
+  set_master(reference);
+  for (int u = 0; u < 3; ++u) reference.update_all(add_one);
+  const auto expected = contents(reference);
+  REQUIRE(expected[0][kTotal - 1] == static_cast<float>(kTotal - 1 + 3));
+  REQUIRE(expected[2][7] == 0.25f);
+  for (double ratio : {1.0, 0.4, 0.0}) {
+    for (int buffers : {1, 2, 4}) {
+      for (bool pipelined : {false, true}) {
+        INFO("ratio " << ratio << " buffers " << buffers << " pipelined " << pipelined);
+        SubgroupStore s(device, tensors(), nvme_options(tmp.str(), ratio, buffers, pipelined));
+        CHECK(s.nvme_count() == static_cast<int>(std::llround(ratio * 7)));
+        if (ratio > 0) {
+          CHECK(device.ledger().total(MemoryKind::Nvme).current_bytes > 0);
+        }
+        set_master(s);
+        for (int u = 0; u < 3; ++u) s.update_all(add_one);
+        REQUIRE(contents(s) == expected);
+      }
+    }
+  }
+  CHECK(device.ledger().total(MemoryKind::Nvme).current_bytes == 0);
+  CHECK(std::filesystem::is_empty(tmp.path()));  // every swap folder removed
+}
+
+TEST_CASE("an update failing at any I/O call changes nothing, and the next one succeeds") {
+  test::TempDir tmp("zero_store");
+  CpuDevice device(0);
+  for (bool pipelined : {false, true}) {
+    for (Fault::Kind kind : {Fault::Kind::Error, Fault::Kind::Short}) {
+      // Count the I/O calls of one update.
+      SubgroupStore probe(device, tensors(), nvme_options(tmp.str(), 0.6, 3, pipelined));
+      set_master(probe);
+      probe.update_all(add_one);
+      const std::uint64_t before = probe.io()->calls();
+      probe.update_all(add_one);
+      const std::uint64_t per_update = probe.io()->calls() - before;
+      REQUIRE(per_update > 10);
+      for (std::uint64_t k = 0; k < per_update; ++k) {
+        INFO("pipelined " << pipelined << " fault at call " << k);
+        SubgroupStore s(device, tensors(), nvme_options(tmp.str(), 0.6, 3, pipelined));
+        set_master(s);
+        s.update_all(add_one);
+        const auto committed = contents(s);
+        const std::uint64_t at = s.io()->calls() + k;
+        s.io()->set_fault([&](std::uint64_t call, const IoRequest&) {
+          return call == at ? Fault{kind, EIO} : Fault{};
+        });
+        bool agreed_failure = false;
+        CHECK_THROWS_AS(s.update_all(add_one,
+                                     [&](bool ok) {
+                                       agreed_failure = !ok;
+                                       return ok;
+                                     }),
+                        IoError);
+        s.io()->set_fault(nullptr);
+        CHECK(agreed_failure);
+        REQUIRE(contents(s) == committed);
+        s.update_all(add_one);
+        const auto after = contents(s);
+        REQUIRE(after[0][0] == committed[0][0] + 1.0f);
+        REQUIRE(after[0][kTotal - 1] == committed[0][kTotal - 1] + 1.0f);
+      }
+    }
+  }
+  // Another rank's failure undoes this rank's step too.
+  SubgroupStore s(device, tensors(), nvme_options(tmp.str(), 1.0, 2, true));
+  set_master(s);
+  const auto committed = contents(s);
+  CHECK_THROWS_WITH(s.update_all(add_one, [](bool) { return false; }),
+                    Catch::Contains("another rank"));
+  REQUIRE(contents(s) == committed);
+}
+
+}  // namespace
+}  // namespace zero::offload

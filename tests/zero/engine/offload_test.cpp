@@ -1,0 +1,103 @@
+// Offload tiers change where the optimizer state lives, never the numbers: NVMe, host and a
+// partial (ratio) offload, at stages 1-3, fp32 and bf16, on 1-3 ranks, give bitwise the
+// parameters of the same run without offload; the ledger shows the NVMe bytes; a checkpoint
+// saved from NVMe resumes bitwise; no swap file outlives the engine.
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "tests/temp_dir.h"
+#include "tests/zero/engine/engine_test_util.h"
+
+namespace zero::test {
+namespace {
+
+using nlohmann::json;
+
+json with_offload(json c, const std::string& kind, const std::string& nvme_path) {
+  json& z = c["zero_optimization"];
+  z["sub_group_size"] = 100;  // several sub-groups per rank on the small MLP
+  if (kind == "cpu") {
+    z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+    return c;
+  }
+  z["offload_optimizer"] = {{"device", "nvme"},       {"nvme_path", nvme_path},
+                            {"buffer_count", 3},      {"pipeline_read", true},
+                            {"pipeline_write", true}};
+  if (kind == "ratio") z["offload_optimizer"]["ratio"] = 0.4;
+  c["aio"] = {{"block_size", 4096}, {"queue_depth", 4}};
+  return c;
+}
+
+constexpr const char* kModel = "mlp:8,48,32,4";
+
+TrainResult run_world(const json& config, int world, int steps = 4) {
+  return train_config(config, world, steps, kModel);
+}
+
+TEST_CASE("NVMe, host and partial offload give bitwise the run without offload", "[offload]") {
+  TempDir nvme("zero_nvme");
+  for (const char* precision : {"fp32", "bf16"}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      for (int world : {1, 3}) {
+        const json plain = base_config(stage, precision, 1);
+        const TrainResult a = run_world(plain, world);
+        for (const char* kind : {"nvme", "cpu", "ratio"}) {
+          INFO(precision << " stage " << stage << " world " << world << " " << kind);
+          const TrainResult b = run_world(with_offload(plain, kind, nvme.str()), world);
+          require_bitwise_equal(a, b);
+          const std::size_t on_nvme =
+              b.memory[0].total(MemoryKind::Nvme).current_bytes;
+          if (std::string(kind) == "cpu") {
+            CHECK(on_nvme == 0);
+          } else {
+            CHECK(on_nvme > 0);
+            CHECK(b.memory[0].at(MemoryKind::Nvme, MemoryTag::OptimizerStates).current_bytes > 0);
+          }
+        }
+      }
+    }
+  }
+  CHECK(std::filesystem::is_empty(nvme.path()));  // no swap folder left behind
+}
+
+TEST_CASE("gradient accumulation with NVMe offload stays bitwise", "[offload]") {
+  TempDir nvme("zero_nvme");
+  const json plain = base_config(2, "bf16", 3);
+  require_bitwise_equal(run_world(plain, 2), run_world(with_offload(plain, "nvme", nvme.str()), 2));
+}
+
+TEST_CASE("a checkpoint saved from NVMe resumes bitwise, into NVMe or into memory", "[offload]") {
+  TempDir nvme("zero_nvme");
+  TempDir ckpt("zero_nvme_ckpt");
+  const json plain = base_config(3, "fp32", 1);
+  const json off = with_offload(plain, "nvme", nvme.str());
+  const TrainResult whole = run_world(plain, 2, 6);
+  TrainSpec save;
+  save.config = off;
+  save.world = 2;
+  save.steps = 3;
+  save.model = kModel;
+  save.save_dir = ckpt.str();
+  save.save_after = 3;
+  train(save);
+  for (const json& c : {off, plain}) {
+    TrainSpec resume = save;
+    resume.config = c;
+    resume.steps = 6;
+    resume.save_dir.clear();
+    resume.save_after = -1;
+    resume.load_dir = ckpt.str();
+    require_bitwise_equal(whole, train(resume));
+  }
+}
+
+TEST_CASE("a bad nvme_path is a config error naming the key and the path", "[offload]") {
+  json c = with_offload(base_config(2, "fp32", 1), "nvme", "/nonexistent/zero-swap");
+  CHECK_THROWS_WITH(run_world(c, 1, 1),
+                    Catch::Contains("zero_optimization.offload_optimizer.nvme_path") &&
+                        Catch::Contains("/nonexistent/zero-swap") &&
+                        Catch::Contains("does not exist"));
+}
+
+}  // namespace
+}  // namespace zero::test

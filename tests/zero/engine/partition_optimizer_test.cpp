@@ -5,6 +5,7 @@
 #include "zero/engine/partition_optimizer.h"
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,6 +13,8 @@
 
 #include "kernels/cast.h"
 #include "kernels/optimizer.h"
+#include "tests/temp_dir.h"
+#include "zero/base/error.h"
 #include "zero/device/cpu_device.h"
 
 namespace zero::engine_detail {
@@ -96,7 +99,23 @@ struct Setup {
   DType master_dtype = DType::F32;
   bool every_domain = false;
   int rank = 1;
+  std::string nvme_path;  // non-empty: master and states in small sub-groups, some on NVMe
 };
+
+// Sub-groups of 8 elements, the first half of them in swap files under `path`.
+offload::StoreOptions nvme_store(const std::string& path) {
+  offload::StoreOptions so;
+  so.sub_group_elems = 8;
+  so.ratio = 0.5;
+  offload::NvmeTier t;
+  t.paths = {path};
+  t.key = "nvme_path";
+  t.buffer_count = 3;
+  t.pipeline_read = t.pipeline_write = true;
+  t.aio.block_size = 4096;
+  so.nvme = t;
+  return so;
+}
 
 kernels::OptimizerHyper adamw(double weight_decay) {
   kernels::OptimizerHyper h;
@@ -119,8 +138,10 @@ void check_against_reference(const Setup& s) {
   o.model_dtype = s.model_dtype;
   o.optimizer = adamw(0.01);
   o.exec.threads = 1;
+  if (!s.nvme_path.empty()) o.store = nvme_store(s.nvme_path);
   PartitionOptimizer opt(device, device.compute(), layout, o, slices);
   slices.attach(&opt);
+  if (!s.nvme_path.empty()) REQUIRE(opt.store().nvme_count() > 1);
   REQUIRE(opt.domains() == (s.every_domain ? kWorld : 1));
   REQUIRE(opt.state_count() == 2);
 
@@ -208,24 +229,24 @@ void check_against_reference(const Setup& s) {
 TEST_CASE(
     "the partition steps each param group's elements exactly as the kernel steps them alone") {
   SECTION("fp32 model, rank 0") {
-    check_against_reference({DType::F32, DType::F32, false, 0});
+    check_against_reference({DType::F32, DType::F32, false, 0, ""});
   }
   SECTION("fp32 model, last rank") {
-    check_against_reference({DType::F32, DType::F32, false, kWorld - 1});
+    check_against_reference({DType::F32, DType::F32, false, kWorld - 1, ""});
   }
   SECTION("bf16 model: the fused low-precision write") {
-    check_against_reference({DType::BF16, DType::F32, false, 1});
+    check_against_reference({DType::BF16, DType::F32, false, 1, ""});
   }
   SECTION("fp16 model") {
-    check_against_reference({DType::F16, DType::F32, false, 1});
+    check_against_reference({DType::F16, DType::F32, false, 1, ""});
   }
   SECTION("stage 0: every rank's partition") {
-    check_against_reference({DType::F32, DType::F32, true, 1});
+    check_against_reference({DType::F32, DType::F32, true, 1, ""});
   }
 }
 
 TEST_CASE("16-bit master weights are stepped in fp32 and stored rounded") {
-  check_against_reference({DType::BF16, DType::BF16, false, 2});
+  check_against_reference({DType::BF16, DType::BF16, false, 2, ""});
 }
 
 TEST_CASE("the overflow check and the norm walk only the rank's own gradients") {
@@ -287,6 +308,74 @@ TEST_CASE(
   const std::vector<float> two = tensor_f32(opt, 0, 2, 3);
   REQUIRE(std::equal(two.begin(), two.end(),
                      values.begin() + static_cast<std::ptrdiff_t>(2 * opt.partition_elems())));
+}
+
+TEST_CASE("master and states on NVMe in small sub-groups step exactly like in memory") {
+  test::TempDir nvme("zero_po_nvme");
+  for (bool every : {false, true}) {
+    for (DType model : {DType::F32, DType::BF16}) {
+      Setup s;
+      s.model_dtype = model;
+      s.every_domain = every;
+      s.nvme_path = nvme.str();
+      check_against_reference(s);
+    }
+  }
+}
+
+TEST_CASE("a step whose NVMe I/O fails at any call changes neither state nor model copy") {
+  test::TempDir nvme("zero_po_nvme");
+  const FlatLayout layout = FlatLayout::build(model_params(DType::BF16), {kWorld, 1, 4});
+  CpuDevice device(1);
+  TestSlices slices(layout, DType::BF16, false);
+  PartitionOptions o;
+  o.rank = 1;
+  o.model_dtype = DType::BF16;
+  o.optimizer = adamw(0.01);
+  o.exec.threads = 1;
+  o.store = nvme_store(nvme.str());
+  PartitionOptimizer opt(device, device.compute(), layout, o, slices);
+  slices.attach(&opt);
+  for (std::size_t u = 0; u < layout.num_units(); ++u) {
+    const int unit = static_cast<int>(u);
+    std::vector<float> flat(layout.unit(unit).padded_elems, 0.1f);
+    opt.set_master(unit, flat);
+    for (const SliceSegment& seg : layout.segments(unit, 1)) {
+      auto* g = reinterpret_cast<float*>(slices.gradient(0, unit, seg.slice_offset));
+      for (std::size_t j = 0; j < seg.numel; ++j) g[j] = gradient_value(unit, seg.slice_offset + j);
+    }
+  }
+  opt.store().flush();
+  const std::vector<kernels::OptimizerHyper> hypers{adamw(0.01), adamw(0.0)};
+  const std::vector<kernels::StepScalars> scalars{{1e-2, 1, 1.0}, {3e-2, 1, 1.0}};
+  auto snapshot = [&] {
+    std::vector<std::vector<float>> out{tensor_f32(opt, 0), tensor_f32(opt, 1), tensor_f32(opt, 2)};
+    for (std::size_t u = 0; u < layout.num_units(); ++u)
+      out.push_back(slices.model_f32(static_cast<int>(u)));
+    return out;
+  };
+  opt.step(hypers, scalars);
+  const auto before = snapshot();
+  offload::AsyncIo& io = *opt.store().io();
+  const std::uint64_t start = io.calls();
+  opt.step(hypers, scalars);
+  const std::uint64_t per_step = io.calls() - start;
+  REQUIRE(per_step >= 4);
+  const auto after_one = snapshot();
+  REQUIRE(after_one[0] != before[0]);  // a step moves the master
+  // Back to `before` is not possible, so the faults are judged against `after_one`.
+  for (std::uint64_t k = 0; k < per_step; ++k) {
+    INFO("fault at I/O call " << k << " of " << per_step);
+    const std::uint64_t at = io.calls() + k;
+    io.set_fault([at](std::uint64_t call, const offload::IoRequest&) {
+      return call == at ? offload::Fault{offload::Fault::Kind::Error, EIO} : offload::Fault{};
+    });
+    CHECK_THROWS_AS(opt.step(hypers, scalars), IoError);
+    io.set_fault(nullptr);
+    REQUIRE(snapshot() == after_one);
+  }
+  opt.step(hypers, scalars);  // and the next step goes through
+  CHECK(snapshot()[0] != after_one[0]);
 }
 
 }  // namespace

@@ -9,6 +9,11 @@ if(NOT ZERO_XXHASH_INCLUDE OR NOT ZERO_XXHASH_LIBRARY)
   message(FATAL_ERROR "xxHash not found: apt-get install libxxhash-dev (scripts/install-deps.sh does)")
 endif()
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+# yaml-cpp (Debian libyaml-cpp-dev): Accelerate configs for zero-config from-fsdp / to-fsdp.
+find_package(yaml-cpp QUIET)
+if(NOT TARGET yaml-cpp)
+  message(FATAL_ERROR "yaml-cpp not found: apt-get install libyaml-cpp-dev (scripts/install-deps.sh does)")
+endif()
 
 # libzip reads PyTorch's zip checkpoints (.pt) for zero/dscheckpoint. Exposed as zero_libzip.
 find_package(PkgConfig QUIET)

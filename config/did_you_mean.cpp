@@ -64,6 +64,7 @@ std::optional<std::string> nearest(std::string_view word,
   std::optional<std::string> best;
   std::size_t best_distance = std::max<std::size_t>(2, word.size() / 4) + 1;
   std::size_t best_prefix = 0;
+  std::size_t best_length_gap = 0;
   for (std::string_view c : candidates) {
     if (c == word) continue;
     const std::string c_lower = lower(c);
@@ -74,9 +75,16 @@ std::optional<std::string> nearest(std::string_view word,
     while (prefix < word_lower.size() && prefix < c_lower.size() &&
            word_lower[prefix] == c_lower[prefix])
       ++prefix;
-    if (dist < best_distance || (best && dist == best_distance && prefix > best_prefix)) {
+    // Then to the length nearest the word's: "AdamX" is AdamW with one letter wrong rather than
+    // Adam with one too many.
+    const std::size_t length_gap =
+        c.size() > word.size() ? c.size() - word.size() : word.size() - c.size();
+    const bool tie = best && dist == best_distance;
+    if (dist < best_distance || (tie && prefix > best_prefix) ||
+        (tie && prefix == best_prefix && length_gap < best_length_gap)) {
       best_distance = dist;
       best_prefix = prefix;
+      best_length_gap = length_gap;
       best = std::string(c);
     }
   }

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <set>
+#include <span>
+#include <string_view>
+#include <vector>
 
 #include "config/did_you_mean.h"
 #include "config/ds_config_impl.h"
@@ -13,6 +16,35 @@
 namespace zero::config {
 
 using namespace detail;
+
+namespace {
+
+bool is_one_of(std::string_view word, std::span<const std::string_view> names) {
+  return std::find(names.begin(), names.end(), word) != names.end();
+}
+
+// DeepSpeed builds a type it does not implement itself by looking it up in a torch module
+// (getattr on torch.optim or torch.optim.lr_scheduler), so any other name fails
+// deepspeed.initialize; zero refuses it while reading the config.
+std::string unknown_type_message(const std::string& type, std::string_view deepspeed_what,
+                                 std::string_view torch_module,
+                                 std::span<const std::string_view> deepspeed_names,
+                                 std::span<const std::string_view> torch_names) {
+  std::vector<std::string_view> candidates(deepspeed_names.begin(), deepspeed_names.end());
+  candidates.insert(candidates.end(), torch_names.begin(), torch_names.end());
+  std::string hint = did_you_mean(type, candidates);
+  if (hint.empty()) {
+    hint = "; DeepSpeed's own are";
+    for (std::size_t i = 0; i < deepspeed_names.size(); ++i)
+      hint += (i == 0 ? " " : ", ") + std::string(deepspeed_names[i]);
+  }
+  return fmt::format(
+      "\"{}\" is neither {} nor a class of {} (DeepSpeed looks any other type up there, "
+      "case-sensitively){}",
+      type, deepspeed_what, torch_module, hint);
+}
+
+}  // namespace
 
 void Loader::report_unknown(BlockPolicy policy, std::string_view rules_block,
                             const std::string& path, std::string_view variant,
@@ -210,15 +242,15 @@ void Loader::resolve_optimizer(const json& doc, json& out) {
   }
   std::string type = opt["type"].get<std::string>();
   const std::string lowered = lower(type);
-  const auto names = deepspeed_optimizer_names();
-  if (std::find(names.begin(), names.end(), lowered) != names.end()) type = lowered;
-  opt["type"] = type;
-  if (type != "SGD" && lowered == "sgd") {
-    add(Severity::EngineError, "optimizer.type",
-        fmt::format("DeepSpeed looks up torch.optim.{} (case-sensitive), which does not exist; did "
-                    "you mean SGD?",
-                    type));
+  const auto deepspeed_names = deepspeed_optimizer_names();
+  if (std::any_of(deepspeed_names.begin(), deepspeed_names.end(),
+                  [&](std::string_view n) { return lower(n) == lowered; })) {
+    type = lowered;
+  } else if (!is_one_of(type, torch_optimizer_names())) {
+    error("optimizer.type", unknown_type_message(type, "a DeepSpeed optimizer", "torch.optim",
+                                                 deepspeed_names, torch_optimizer_names()));
   }
+  opt["type"] = type;
 
   json params = json::object();
   if (it->is_object()) {
@@ -269,8 +301,12 @@ void Loader::resolve_scheduler(const json& doc, json& out) {
   if (it->is_object()) {
     if (auto p = it->find("params"); p != it->end() && p->is_object()) params = *p;
   }
-  const auto names = deepspeed_scheduler_names();
-  if (std::find(names.begin(), names.end(), type) != names.end()) {
+  if (!is_one_of(type, deepspeed_scheduler_names()) && !is_one_of(type, torch_scheduler_names())) {
+    error("scheduler.type",
+          unknown_type_message(type, "a DeepSpeed scheduler", "torch.optim.lr_scheduler",
+                               deepspeed_scheduler_names(), torch_scheduler_names()));
+  }
+  if (is_one_of(type, deepspeed_scheduler_names())) {
     sched["params"] = resolve_block("scheduler.params", "scheduler.params", type, params);
     json& p = sched["params"];
     if (p.contains("warmup_type") && p["warmup_type"].is_string() && p["warmup_type"] != "log" &&

@@ -853,11 +853,34 @@ const std::vector<SubsystemBlock> kSubsystems = {
     {"elasticity", "elastic training"},
 };
 
+// deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS, spelt as DeepSpeed's documentation does.
 const std::vector<std::string_view> kOptimizerNames = {
-    "adam",    "adamw", "lamb",   "onebitadam", "zerooneadam", "onebitlamb",
-    "adagrad", "lion",  "muadam", "muadamw",    "musgd",       "muon"};
+    "Adam",    "AdamW", "Lamb",   "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
+    "Adagrad", "Lion",  "MuAdam", "MuAdamW",    "MuSGD",       "Muon"};
 const std::vector<std::string_view> kSchedulerNames = {"LRRangeTest", "OneCycle", "WarmupLR",
                                                        "WarmupDecayLR", "WarmupCosineLR"};
+// The optimizer classes of torch.optim (torch 2.x; Muon from 2.9) that DeepSpeed can build by
+// name; the base class Optimizer is not one.
+const std::vector<std::string_view> kTorchOptimizerNames = {
+    "Adadelta", "Adafactor", "Adagrad", "Adam",    "AdamW", "SparseAdam", "Adamax", "ASGD",
+    "LBFGS",    "NAdam",     "RAdam",   "RMSprop", "Rprop", "SGD",        "Muon"};
+// The classes of torch.optim.lr_scheduler (torch 2.x).
+const std::vector<std::string_view> kTorchSchedulerNames = {"LambdaLR",
+                                                            "MultiplicativeLR",
+                                                            "StepLR",
+                                                            "MultiStepLR",
+                                                            "ConstantLR",
+                                                            "LinearLR",
+                                                            "ExponentialLR",
+                                                            "SequentialLR",
+                                                            "CosineAnnealingLR",
+                                                            "ChainedScheduler",
+                                                            "ReduceLROnPlateau",
+                                                            "CyclicLR",
+                                                            "CosineAnnealingWarmRestarts",
+                                                            "OneCycleLR",
+                                                            "PolynomialLR",
+                                                            "LRScheduler"};
 
 }  // namespace
 
@@ -900,6 +923,12 @@ std::span<const std::string_view> deepspeed_optimizer_names() {
 }
 std::span<const std::string_view> deepspeed_scheduler_names() {
   return kSchedulerNames;
+}
+std::span<const std::string_view> torch_optimizer_names() {
+  return kTorchOptimizerNames;
+}
+std::span<const std::string_view> torch_scheduler_names() {
+  return kTorchSchedulerNames;
 }
 
 std::string_view optimizer_variant(std::string_view resolved_type) {

@@ -94,10 +94,15 @@ const BlockRule* find_block(std::string_view path);
 // The rules of one block; for optimizer/scheduler params, those of `variant` only.
 std::vector<const KeyRule*> rules_of(std::string_view block, std::string_view variant = {});
 
-// Optimizer type strings DeepSpeed lower-cases before matching (SPEC §1.7).
+// DeepSpeed's own optimizer types, as its documentation spells them. DeepSpeed matches them in
+// any case: it lower-cases a type whose lower-case form is one of these (SPEC §1.7).
 std::span<const std::string_view> deepspeed_optimizer_names();
 // Scheduler types DeepSpeed implements itself (case-sensitive).
 std::span<const std::string_view> deepspeed_scheduler_names();
+// What DeepSpeed looks up, case-sensitively, for any other type: the classes of torch.optim and
+// of torch.optim.lr_scheduler. A type in none of these lists fails deepspeed.initialize.
+std::span<const std::string_view> torch_optimizer_names();
+std::span<const std::string_view> torch_scheduler_names();
 // Which param rules an optimizer type uses ("adam" for adam/adamw, ...), "" when zero has none.
 std::string_view optimizer_variant(std::string_view resolved_type);
 

@@ -1,9 +1,11 @@
 // Runs the built zero-config binary (ZERO_CONFIG_BIN) and checks exit codes and line formats.
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/cli_util.h"
+#include "tests/temp_dir.h"
 
 namespace {
 
@@ -173,4 +175,20 @@ TEST_CASE("estimate --config takes stage, precision, optimizer and offload from 
   CHECK(bad.status != 0);
   CHECK(bad.out.find("--config") != std::string::npos);
   CHECK(bad.out.find("stage3_param_persitence_threshold") != std::string::npos);
+}
+
+TEST_CASE("check fails on an optimizer or scheduler name neither DeepSpeed nor torch has") {
+  zero::test::TempDir dir("zero_cli_names");
+  const std::string f = dir / "names.json";
+  std::ofstream(f) << R"({"optimizer": {"type": "AdamX"}, "scheduler": {"type": "WarmupCosine"},
+                         "train_batch_size": 8})";
+  const Run r = run("check " + f, "stderr");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find(f + ": error: optimizer.type: \"AdamX\" is neither a DeepSpeed optimizer") !=
+        std::string::npos);
+  CHECK(r.out.find("did you mean AdamW?") != std::string::npos);
+  CHECK(r.out.find(f + ": error: scheduler.type: ") != std::string::npos);
+  CHECK(r.out.find("did you mean WarmupCosineLR?") != std::string::npos);
+  CHECK(r.out.find("not supported yet") == std::string::npos);
 }

@@ -29,3 +29,10 @@ TEST_CASE("ties between equally close candidates go to the longer common prefix"
   CHECK(nearest("bfp16", dtypes) == "bf16");
   CHECK(nearest("fp61", dtypes) == "fp16");
 }
+
+TEST_CASE("then to the candidate whose length is nearest the word's") {
+  const std::vector<std::string_view> optimizers = {"Adam", "Adamax", "AdamW"};
+  CHECK(nearest("AdamX", optimizers) == "AdamW");
+  CHECK(nearest("Adamx", optimizers) == "AdamW");
+  CHECK(nearest("Adan", optimizers) == "Adam");
+}

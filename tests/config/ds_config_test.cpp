@@ -1,5 +1,7 @@
 #include "config/ds_config.h"
 
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 #include <string>
 
@@ -538,9 +540,57 @@ TEST_CASE("optimizer types are lower-cased only for DeepSpeed's own names") {
   CHECK(load(R"({"optimizer": {"type": "ADAGRAD"}})").optimizer->kind == OptimizerKind::Adagrad);
   CHECK(load(R"({"optimizer": {"type": "SGD", "params": {"lr": 0.1, "momentum": 0.9}}})")
             .optimizer->momentum == 0.9);
-  const DsConfig lower_sgd = load(R"({"optimizer": {"type": "sgd"}})");
-  CHECK(has_finding(lower_sgd.findings, Severity::EngineError, "optimizer.type",
+  CHECK(load(R"({"optimizer": {"type": "mUoN"}})").optimizer->type == "muon");
+  // torch.optim is looked up case-sensitively: "sgd" is no class of it.
+  CHECK(has_problem(problems_of(R"({"optimizer": {"type": "sgd"}})"), "optimizer.type",
                     "did you mean SGD?"));
+}
+
+TEST_CASE("an optimizer type that is neither DeepSpeed's nor torch.optim's is an error") {
+  const auto adamx = problems_of(R"({"optimizer": {"type": "AdamX", "params": {"lr": 1e-3}}})");
+  INFO(describe(adamx));
+  REQUIRE(adamx.size() == 1);
+  CHECK(has_problem(adamx, "optimizer.type", "\"AdamX\" is neither a DeepSpeed optimizer"));
+  CHECK(has_problem(adamx, "optimizer.type", "did you mean AdamW?"));
+  CHECK(has_problem(problems_of(R"({"optimizer": {"type": "rmsprop"}})"), "optimizer.type",
+                    "did you mean RMSprop?"));
+  CHECK(has_problem(problems_of(R"({"optimizer": {"type": "Lamd"}})"), "optimizer.type",
+                    "did you mean Lamb?"));
+  const auto far = problems_of(R"({"optimizer": {"type": "Shampoo"}})");
+  CHECK(has_problem(far, "optimizer.type", "DeepSpeed's own are Adam, AdamW, Lamb"));
+}
+
+TEST_CASE("a torch.optim optimizer zero does not implement stays not supported yet") {
+  for (const char* type : {"RMSprop", "Adamax", "NAdam", "LBFGS", "Adafactor", "Muon"}) {
+    INFO(type);
+    const DsConfig c = load(fmt::format(R"({{"optimizer": {{"type": "{}"}}}})", type));
+    CHECK(has_finding(c.findings, Severity::Unsupported, "optimizer.type"));
+  }
+  CHECK(load(R"({"optimizer": {"type": "RMSprop"}})").optimizer->type == "RMSprop");
+}
+
+TEST_CASE("a scheduler type that is neither DeepSpeed's nor torch's is an error") {
+  const auto cosine = problems_of(R"({"scheduler": {"type": "WarmupCosine"}})");
+  INFO(describe(cosine));
+  REQUIRE(cosine.size() == 1);
+  CHECK(has_problem(cosine, "scheduler.type",
+                    "\"WarmupCosine\" is neither a DeepSpeed scheduler nor a class of "
+                    "torch.optim.lr_scheduler"));
+  CHECK(has_problem(cosine, "scheduler.type", "did you mean WarmupCosineLR?"));
+  // DeepSpeed matches its scheduler names case-sensitively.
+  CHECK(has_problem(problems_of(R"({"scheduler": {"type": "warmuplr"}})"), "scheduler.type",
+                    "did you mean WarmupLR?"));
+  CHECK(has_problem(problems_of(R"({"scheduler": {"type": "CosineAnealingLR"}})"), "scheduler.type",
+                    "did you mean CosineAnnealingLR?"));
+}
+
+TEST_CASE("a torch.optim.lr_scheduler schedule zero does not implement stays not supported yet") {
+  for (const char* type : {"StepLR", "CosineAnnealingLR", "OneCycleLR", "LambdaLR"}) {
+    INFO(type);
+    const DsConfig c = load(fmt::format(R"({{"scheduler": {{"type": "{}"}}}})", type));
+    CHECK(has_finding(c.findings, Severity::Unsupported, "scheduler.type"));
+    CHECK(c.scheduler->type == type);
+  }
 }
 
 TEST_CASE("optimizer params get their type's defaults") {

@@ -12,10 +12,12 @@ namespace zero::tools {
 
 using Args = std::vector<std::string>;
 
-int config_check(const Args& args);     // check_print.cpp
-int config_print(const Args& args);     // check_print.cpp
-int config_estimate(const Args& args);  // estimate.cpp
-int config_schedule(const Args& args);  // schedule.cpp
+int config_check(const Args& args);      // check_print.cpp
+int config_print(const Args& args);      // check_print.cpp
+int config_estimate(const Args& args);   // estimate.cpp
+int config_schedule(const Args& args);   // schedule.cpp
+int config_from_fsdp(const Args& args);  // fsdp.cpp
+int config_to_fsdp(const Args& args);    // fsdp.cpp
 
 // The options of the subcommands that load a ds_config (check_print.cpp): --world-size N,
 // --set key=value (repeatable), --strict when allowed, and the FILE arguments.

@@ -1,5 +1,5 @@
-// zero-config: check, print and estimate DeepSpeed ds_config files as zero sees them, and show
-// the LR and loss-scale schedule they give.
+// zero-config: check, print and estimate DeepSpeed ds_config files as zero sees them, show the
+// LR and loss-scale schedule they give, and convert Accelerate FSDP configs to and from them.
 #include <cstdio>
 #include <exception>
 #include <string_view>
@@ -26,6 +26,11 @@ commands:
   schedule FILE [--steps N] [--overflows BITS] [--json] [--world-size N] [--set key=value]...
       Per optimizer step: the lr and betas/momentum in effect, the loss scale and whether the
       step is skipped, given which steps overflow (--overflows 0010...: character t = step t).
+  from-fsdp ACCELERATE_CONFIG.yaml [-o ds_config.json]
+      Convert an Accelerate FSDP config into a ds_config (Accelerate's FSDP-vs-DeepSpeed
+      mapping); every setting without an equivalent is named in a note on stderr.
+  to-fsdp ds_config.json [-o accelerate.yaml] [--fsdp-version 1|2]
+      Convert a ds_config into an Accelerate FSDP config (YAML), with the same notes.
 
 Run 'zero-config COMMAND --help' for the options of one command.
 )";
@@ -44,6 +49,8 @@ int main(int argc, char** argv) {
     if (command == "print") return zero::tools::config_print(args);
     if (command == "estimate") return zero::tools::config_estimate(args);
     if (command == "schedule") return zero::tools::config_schedule(args);
+    if (command == "from-fsdp") return zero::tools::config_from_fsdp(args);
+    if (command == "to-fsdp") return zero::tools::config_to_fsdp(args);
     if (command == "--help" || command == "-h" || command == "help") {
       std::fputs(kUsage, stdout);
       return 0;

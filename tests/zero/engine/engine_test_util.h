@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -43,6 +44,8 @@ struct TrainSpec {
   std::string save_dir;
   int save_after = -1;
   std::string load_dir;
+  // Per-rank budget of MemoryKind::Device bytes (DeviceOptions::device_budget_bytes).
+  std::optional<std::size_t> device_budget;
 };
 
 struct TrainResult {
@@ -111,7 +114,9 @@ inline TrainResult train(const TrainSpec& spec) {
   run_ranks(spec.world, [&](Communicator& base_comm) {
     Communicator& comm = spec.wrap_comm ? spec.wrap_comm(base_comm.rank(), base_comm) : base_comm;
     const int r = comm.rank();
-    auto device = make_device("cpu", r);
+    DeviceOptions device_options;
+    device_options.device_budget_bytes = spec.device_budget;
+    auto device = make_device("cpu", r, device_options);
     EngineOptions options;
     options.groups = spec.groups;
     options.kernel_threads = 1;

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "tests/temp_dir.h"
+#include "zero/base/error.h"
 #include "tests/zero/engine/engine_test_util.h"
 
 namespace zero::test {
@@ -88,6 +89,35 @@ TEST_CASE("a checkpoint saved from NVMe resumes bitwise, into NVMe or into memor
     resume.save_after = -1;
     resume.load_dir = ckpt.str();
     require_bitwise_equal(whole, train(resume));
+  }
+}
+
+TEST_CASE("a device budget smaller than the optimizer state: refused in memory, trained via NVMe",
+          "[offload]") {
+  TempDir nvme("zero_nvme");
+  const json plain = base_config(2, "fp32", 1);
+  const TrainResult free_run = run_world(plain, 2);
+  const MemorySnapshot& m = free_run.memory[0];
+  const std::size_t state = m.at(MemoryKind::Device, MemoryTag::MasterParams).current_bytes +
+                            m.at(MemoryKind::Device, MemoryTag::OptimizerStates).current_bytes;
+  const std::size_t others = m.total(MemoryKind::Device).peak_bytes - state;
+  REQUIRE(state > 0);
+  // Room for everything but half of the optimizer state.
+  const std::size_t budget = others + state / 2;
+  TrainSpec spec;
+  spec.config = plain;
+  spec.world = 2;
+  spec.steps = 4;
+  spec.model = kModel;
+  spec.device_budget = budget;
+  CHECK_THROWS_AS(train(spec), OutOfMemory);
+  CHECK_THROWS_WITH(train(spec), Catch::Contains("optimizer_states") || Catch::Contains("master_params"));
+  spec.config = with_offload(plain, "nvme", nvme.str());
+  const TrainResult via_nvme = train(spec);
+  require_bitwise_equal(free_run, via_nvme);
+  for (const MemorySnapshot& r : via_nvme.memory) {
+    CHECK(r.total(MemoryKind::Device).peak_bytes <= budget);
+    CHECK(r.total(MemoryKind::Nvme).current_bytes >= state);  // two slots of every sub-group
   }
 }
 

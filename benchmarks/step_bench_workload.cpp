@@ -117,7 +117,7 @@ class Trainer {
   Trainer(const Workload& w, Engine& engine, int rank, DType dtype, const kernels::CpuExec& exec)
       : w_(w), engine_(engine), rank_(rank), dtype_(dtype), exec_(exec) {
     if (w_.mlp) {
-      data_.emplace(*w_.mlp, kSeed);
+      data_.emplace(*w_.mlp, kSeed, exec_.threads);
       for (const ParamSpec& s : w_.specs) {
         const std::size_t n = numel_of(s.shape);
         weights_.emplace_back(n);
@@ -134,23 +134,10 @@ class Trainer {
       if (!w_.mlp) forward_compute(u);
     }
     if (w_.mlp) {
-      compute_mlp_grads();
-    } else if (grads_scale_ != engine_.backward_scale()) {
-      make_synthetic_grads();
-    }
-    for (int u = w_.units - 1; u >= 0; --u) {
-      for (std::size_t i = w_.specs.size(); i-- > 0;) {
-        if (w_.specs[i].unit != u) continue;
-        const std::span<std::byte> slot = engine_.grad(i);
-        if (w_.mlp) {
-          kernels::cast_cpu(grads_f32_[i].data(), DType::F32, slot.data(), dtype_,
-                            grads_f32_[i].size(), exec_);
-        } else {
-          std::memcpy(slot.data(), grads_[i].data(), slot.size());
-        }
-        engine_.grad_ready(i);
-      }
-      engine_.release(u);
+      compute_mlp_grads();  // hands each unit over from backward, as its gradients are done
+    } else {
+      if (grads_scale_ != engine_.backward_scale()) make_synthetic_grads();
+      for (int u = w_.units - 1; u >= 0; --u) hand_over(u);
     }
     return engine_.step();
   }
@@ -193,6 +180,22 @@ class Trainer {
     }
   }
 
+  // Unit u's gradients to the engine in backward order, then the unit is released.
+  void hand_over(int unit) {
+    for (std::size_t i = w_.specs.size(); i-- > 0;) {
+      if (w_.specs[i].unit != unit) continue;
+      const std::span<std::byte> slot = engine_.grad(i);
+      if (w_.mlp) {
+        kernels::cast_cpu(grads_f32_[i].data(), DType::F32, slot.data(), dtype_,
+                          grads_f32_[i].size(), exec_);
+      } else {
+        std::memcpy(slot.data(), grads_[i].data(), slot.size());
+      }
+      engine_.grad_ready(i);
+    }
+    engine_.release(unit);
+  }
+
   void compute_mlp_grads() {
     for (std::size_t i = 0; i < w_.specs.size(); ++i) {
       const std::span<const std::byte> p = engine_.param(i);
@@ -203,8 +206,12 @@ class Trainer {
                                              static_cast<std::uint64_t>(rank_), 1);
     const std::vector<std::span<const float>> weight_views(weights_.begin(), weights_.end());
     const std::vector<std::span<float>> grad_views(grads_f32_.begin(), grads_f32_.end());
+    const models::BackwardOptions backward{
+        .threads = exec_.threads,
+        .on_layer_grads = [this](std::size_t layer) { hand_over(static_cast<int>(layer)); }};
     (void)models::forward_backward(*w_.mlp, weight_views, batch,
-                                   static_cast<float>(engine_.backward_scale()), grad_views);
+                                   static_cast<float>(engine_.backward_scale()), grad_views,
+                                   backward);
   }
 
   const Workload& w_;

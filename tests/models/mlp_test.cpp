@@ -4,11 +4,18 @@
 #include <cmath>
 #include <vector>
 
+#include "tests/models/mlp_reference.h"
 #include "zero/base/error.h"
 
 namespace zt = zero::models;
 
 namespace {
+
+// The OpenBLAS model against the double-precision loop reference (mlp_reference.h): sums of up to
+// a few hundred fp32 products rounded in another order, each layer's error carried into the next
+// in backward. Relative to the largest |reference| of each tensor (and of the loss).
+constexpr double kGradTolerance = 1e-4;
+constexpr double kLossTolerance = 1e-5;
 
 struct Model {
   zt::MlpShape shape;
@@ -25,6 +32,12 @@ struct Model {
   }
   std::vector<std::span<const float>> weights() const { return {w.begin(), w.end()}; }
   std::vector<std::span<float>> grads() { return {g.begin(), g.end()}; }
+  // Runs forward and backward on `batch` and returns a copy of the gradients.
+  std::vector<std::vector<float>> gradients(const zt::Batch& batch, float loss_scale,
+                                            const zt::BackwardOptions& options = {}) {
+    zt::forward_backward(shape, weights(), batch, loss_scale, grads(), options);
+    return g;
+  }
 };
 
 }  // namespace
@@ -74,9 +87,8 @@ TEST_CASE("the loss scale multiplies every gradient exactly by a power of two") 
   Model m("mlp:4,8,2", 5);
   zt::TeacherStudentData data(m.shape, 5);
   const auto batch = data.batch(0, 0, 6);
-  zt::forward_backward(m.shape, m.weights(), batch, 1.0f, m.grads());
-  const auto plain = m.g;
-  zt::forward_backward(m.shape, m.weights(), batch, 1024.0f, m.grads());
+  const auto plain = m.gradients(batch, 1.0f);
+  m.gradients(batch, 1024.0f);
   bool nonzero = false;
   for (std::size_t p = 0; p < plain.size(); ++p)
     for (std::size_t e = 0; e < plain[p].size(); ++e) {
@@ -112,4 +124,73 @@ TEST_CASE("plain gradient descent on the teacher-student task lowers the loss") 
   const double after = zt::forward_loss(m.shape, m.weights(), first);
   INFO("loss " << before << " -> " << after);
   CHECK(after < 0.5 * before);
+}
+
+TEST_CASE("the OpenBLAS model's loss and gradients match a double-precision loop reference") {
+  // Widths above OpenBLAS's register blocking and below it, a batch larger than one teacher
+  // block, and a loss scale as fp16 training uses.
+  for (const std::string spec : {"mlp:5,7,6,3", "mlp:64,96,33,10"}) {
+    for (auto [rows, threads] : {std::pair<std::size_t, int>{1, 1}, {7, 1}, {40, 1}, {40, 3}}) {
+      Model m(spec, 21);
+      zt::TeacherStudentData data(m.shape, 21);
+      const auto batch = data.batch(/*step=*/2, /*first=*/3, rows);
+      const float scale = 512.0f;
+      INFO(spec << ", " << rows << " rows, " << threads << " threads, loss scale " << scale);
+      std::vector<std::size_t> layers_seen;
+      const double loss = zt::forward_backward(
+          m.shape, m.weights(), batch, scale, m.grads(),
+          {.threads = threads, .on_layer_grads = [&](std::size_t k) { layers_seen.push_back(k); }});
+      const auto ref = zero::test::reference_forward_backward(m.shape, m.weights(), batch, scale);
+      REQUIRE(ref.loss > 1e-4);  // the student starts away from the teacher
+      CHECK(std::abs(loss - ref.loss) <= kLossTolerance * ref.loss);
+      for (std::size_t p = 0; p < m.g.size(); ++p) {
+        double max_ref = 0, max_err = 0;
+        for (std::size_t e = 0; e < m.g[p].size(); ++e) {
+          max_ref = std::max(max_ref, std::abs(ref.grads[p][e]));
+          max_err = std::max(max_err, std::abs(m.g[p][e] - ref.grads[p][e]));
+        }
+        INFO("parameter " << p << ": max |reference| " << max_ref << ", max |error| " << max_err);
+        REQUIRE(max_ref > 0);  // not a comparison of zeros
+        CHECK(max_err <= kGradTolerance * max_ref);
+      }
+      const std::size_t layers = m.shape.layers();
+      REQUIRE(layers_seen.size() == layers);
+      for (std::size_t i = 0; i < layers; ++i) CHECK(layers_seen[i] == layers - 1 - i);
+    }
+  }
+}
+
+TEST_CASE("a layer's gradients are final when backward hands the layer over") {
+  Model m("mlp:6,12,10,4", 9);
+  zt::TeacherStudentData data(m.shape, 9);
+  const auto finished = m.gradients(data.batch(0, 0, 5), 1.0f);
+  std::vector<std::vector<float>> seen(m.g.size());
+  m.gradients(data.batch(0, 0, 5), 1.0f, {.on_layer_grads = [&](std::size_t k) {
+                seen[2 * k] = m.g[2 * k];
+                seen[2 * k + 1] = m.g[2 * k + 1];
+                // The buffers are the callback's to reuse from here on.
+                std::fill(m.g[2 * k].begin(), m.g[2 * k].end(), -1.0f);
+              }});
+  bool nonzero = false;
+  for (std::size_t p = 0; p < finished.size(); ++p) {
+    CHECK(seen[p] == finished[p]);
+    for (float v : finished[p]) nonzero = nonzero || v != 0.0f;
+  }
+  CHECK(nonzero);
+}
+
+TEST_CASE("teacher targets do not depend on the threads or the share that computes them") {
+  const auto shape = zt::MlpShape::parse("mlp:24,40,8");
+  const zt::TeacherStudentData one(shape, 4, 1), three(shape, 4, 3);
+  // 50 rows from sample 5: a partial block at each end and whole blocks between.
+  const auto a = one.batch(1, 5, 50), b = three.batch(1, 5, 50);
+  CHECK(a.targets == b.targets);
+  // ... nor on the share: sample 20 alone gets what it got inside the 50.
+  const auto single = three.batch(1, 20, 1);
+  const std::size_t out = shape.widths.back();
+  CHECK(std::vector<float>(a.targets.begin() + 15 * out, a.targets.begin() + 16 * out) ==
+        single.targets);
+  bool nonzero = false;
+  for (float v : a.targets) nonzero = nonzero || v != 0.0f;
+  CHECK(nonzero);
 }

@@ -89,7 +89,8 @@ json step_json(const StepRecord& step) {
             {"grad_norm", nullptr},
             {"loss_scale", step.loss_scale},
             {"skipped", step.skipped},
-            {"step_time_s", step.step_time_s}};
+            {"step_time_s", step.step_time_s},
+            {"model_time_s", step.model_time_s}};
   if (!std::isnan(step.grad_norm)) j["grad_norm"] = step.grad_norm;
   return j;
 }

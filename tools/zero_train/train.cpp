@@ -234,7 +234,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     if (loaded) observer->on_checkpoint(*loaded);
   }
 
-  const TeacherStudentData data(shape, options.seed);
+  const TeacherStudentData data(shape, options.seed, threads);
   std::vector<std::vector<float>> weights(num_params), grads(num_params);
   for (std::size_t i = 0; i < num_params; ++i) {
     weights[i].resize(mlp[i].numel());
@@ -245,6 +245,24 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   const int units = static_cast<int>(shape.layers());
   const std::size_t element_bytes = dtype_size(dtype);
 
+  // Hands layer u's gradients (bias, then weight: the order backward produces them) to the
+  // engine and releases the unit. Stage 2/3 may reduce a full bucket inside grad_ready(), so
+  // this runs from backward as each layer finishes, while the layers below are still to come.
+  double handover_seconds = 0;
+  const auto hand_over_layer = [&](std::size_t u) {
+    const Clock::time_point start = Clock::now();
+    for (std::size_t i = 2 * u + 2; i-- > 2 * u;) {
+      const std::span<std::byte> slot = engine->grad(i);
+      ZERO_CHECK(slot.size() == grads[i].size() * element_bytes,
+                 "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
+                 grads[i].size() * element_bytes);
+      kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size(), exec);
+      engine->grad_ready(i);
+    }
+    engine->release(static_cast<int>(u));
+    handover_seconds += seconds_since(start);
+  };
+
   const Clock::time_point train_start = Clock::now();
   const double seconds_before_training = checkpoint_seconds;
   std::int64_t trained = 0;
@@ -253,11 +271,13 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   while (engine->global_steps() < options.steps) {
     const Clock::time_point step_start = Clock::now();
     const auto step_index = static_cast<std::uint64_t>(engine->global_steps());
-    double loss_sum = 0;
+    double loss_sum = 0, model_seconds = 0;
     StepResult result;
     for (std::int64_t k = 0; k < accumulation; ++k) {
       const MicroShare share = micro_share(global_batch, world, rank, accumulation, k);
+      const Clock::time_point data_start = Clock::now();
       const Batch batch = data.batch(step_index, share.first, share.rows);
+      model_seconds += seconds_since(data_start);
 
       // The MLP needs every layer's weights in backward too, so units stay gathered until their
       // gradients are handed over.
@@ -270,25 +290,17 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
         kernels::cast_cpu(p.data(), dtype, weights[i].data(), DType::F32, weights[i].size(), exec);
       }
       if (share.rows > 0) {
-        loss_sum += share.weight * models::forward_backward(
-                                       shape, weight_views, batch,
-                                       static_cast<float>(engine->backward_scale() * share.weight),
-                                       grad_views);
+        handover_seconds = 0;
+        const Clock::time_point model_start = Clock::now();
+        loss_sum +=
+            share.weight * models::forward_backward(
+                               shape, weight_views, batch,
+                               static_cast<float>(engine->backward_scale() * share.weight),
+                               grad_views, {.threads = threads, .on_layer_grads = hand_over_layer});
+        model_seconds += seconds_since(model_start) - handover_seconds;
       } else {
         for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
-      }
-      // Backward produces the last layer's gradients first.
-      for (int u = units - 1; u >= 0; --u) {
-        for (std::size_t i = 2 * static_cast<std::size_t>(u) + 2;
-             i-- > 2 * static_cast<std::size_t>(u);) {
-          const std::span<std::byte> slot = engine->grad(i);
-          ZERO_CHECK(slot.size() == grads[i].size() * element_bytes,
-                     "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
-                     grads[i].size() * element_bytes);
-          kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size(), exec);
-          engine->grad_ready(i);
-        }
-        engine->release(u);
+        for (int u = units - 1; u >= 0; --u) hand_over_layer(static_cast<std::size_t>(u));
       }
       result = engine->step();
       ZERO_CHECK(result.boundary == (k + 1 == accumulation),
@@ -311,7 +323,8 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
                          .grad_norm = result.skipped ? std::nan("") : result.grad_norm,
                          .loss_scale = result.loss_scale,
                          .skipped = result.skipped,
-                         .step_time_s = step_seconds});
+                         .step_time_s = step_seconds,
+                         .model_time_s = model_seconds});
     }
     if (!options.save_dir.empty() && options.save_every > 0 &&
         result.global_steps % options.save_every == 0) {

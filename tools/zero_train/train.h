@@ -59,6 +59,9 @@ struct StepRecord {
   double loss_scale = 1;
   bool skipped = false;
   double step_time_s = 0;  // rank 0's wall time for the window (forward, backward, step)
+  // Of that, rank 0's model compute: the teacher's targets, forward and backward, without the
+  // gradient handover to the engine that backward calls per layer.
+  double model_time_s = 0;
 };
 
 struct RunSummary {

@@ -167,6 +167,13 @@ TEST_CASE("a 2-rank stage-2 run with --json prints one object per step, then a s
     CHECK(m.at("rank") == rank);
     CHECK(m.at("by_tag").at("master_params").at("current_bytes").get<double>() > 0);
   }
+  for (const json& m : summary.at("memory")) {
+    for (const char* tier : {"device", "host_pinned", "host", "nvme"}) {
+      CHECK(m.at(std::string(tier) + "_bytes").is_number());
+      CHECK(m.at(std::string(tier) + "_peak_bytes").is_number());
+    }
+    CHECK(m.at("device_peak_bytes").get<double>() > 0);
+  }
   const json& estimate = summary.at("estimate");
   CHECK(estimate.at("params") == 8 * 16 + 16 + 16 * 4 + 4);
   CHECK(estimate.at("world_size") == 2);
@@ -398,4 +405,31 @@ TEST_CASE("--load of a directory without a checkpoint exits 1 naming it") {
   INFO(r.out);
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::StartsWith("zero-train: error: ") && Catch::Contains(dir / "empty"));
+}
+
+TEST_CASE("--memory-budget: beyond it an error naming the tag; with NVMe offload the run fits") {
+  TempDir tmp("budget");
+  const std::string model = "mlp:64,256,256,8";
+  // A rank's device memory peaks at about 1.35 MB in memory and 0.84 MB with the master weights
+  // and Adam moments (0.5 MB) on NVMe.
+  const std::string budget = "--memory-budget 1000000";
+  const std::string base = "--world-size 2 --steps 3 --model " + model + " --quiet " + budget;
+  const Run refused = run("--config " + kTrain + "fp32_stage2.json " + base);
+  INFO(refused.out);
+  CHECK(refused.status == 1);
+  CHECK_THAT(refused.out, Catch::Contains("out of device memory") &&
+                              Catch::Contains("per-rank budget is 1000000 bytes"));
+  json c = json::parse(std::ifstream(kTrain + "fp32_stage2.json"), nullptr, true,
+                       /*ignore_comments=*/true);
+  c["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", tmp.str()}};
+  c["zero_optimization"]["sub_group_size"] = 20000;
+  const std::string path = tmp / "nvme.json";
+  std::ofstream(path) << c.dump();
+  const Run fits = run("--config " + path + " " + base + " --json", "stdout");
+  INFO(fits.out);
+  REQUIRE(fits.status == 0);
+  for (const json& m : json_lines(fits.out).back().at("memory")) {
+    CHECK(m.at("device_peak_bytes").get<double>() <= 1000000);
+    CHECK(m.at("nvme_bytes").get<double>() > 0);
+  }
 }

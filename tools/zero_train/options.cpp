@@ -26,6 +26,8 @@ options:
   --seed S                    seeds the initial weights, the teacher and the data (default 0)
   --model mlp:IN,H1,...,OUT   layer widths (default mlp:32,256,256,10)
   --threads T                 kernel threads per rank (default: cores / ranks on this host)
+  --memory-budget BYTES       per-rank cap on device memory (the ledger's "device" kind); an
+                              allocation beyond it is an out-of-memory error naming the tag
   --dump-params FILE          after training, write every parameter's fp32 master value to one
                               safetensors file (names layers.<k>.weight / layers.<k>.bias)
   --save DIR                  after training, save a checkpoint to DIR/global_step<N> (N: the
@@ -105,6 +107,8 @@ TrainOptions parse_options(std::span<const std::string> args) {
       const std::int64_t n = positive("a positive number of kernel threads per rank");
       if (n > kMaxInt) throw UsageError(fmt::format("--threads {}: too many threads", n));
       o.threads = static_cast<int>(n);
+    } else if (flag == "--memory-budget") {
+      o.memory_budget = static_cast<std::size_t>(positive("a positive number of bytes"));
     } else if (flag == "--dump-params") {
       o.dump_params = arg.value("a .safetensors path");
       if (o.dump_params.empty()) {

@@ -125,7 +125,9 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   }
 
   // The device outlives the engine (Engine::create's REQUIRES).
-  const std::unique_ptr<Device> device = make_device("cpu", comm.rank());
+  DeviceOptions device_options;
+  device_options.device_budget_bytes = options.memory_budget;
+  const std::unique_ptr<Device> device = make_device("cpu", comm.rank(), device_options);
   EngineOptions engine_options;
   engine_options.kernel_threads = threads;
   const kernels::CpuExec exec{.threads = threads};

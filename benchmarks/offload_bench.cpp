@@ -51,6 +51,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "benchmarks/bench_flags.h"
@@ -303,7 +304,6 @@ class IoOnly {
   bool direct() const { return dir_.direct(); }
   // Bytes a pass reads plus writes.
   std::size_t pass_bytes() const { return 2 * records_ * record_bytes_; }
-  std::string_view backend() const { return io_->name(); }
 
   // One pass: for every record, read the slot written last and write the other; returns seconds.
   double pass() {
@@ -406,6 +406,18 @@ struct Figure {
 
 double best(std::span<const double> seconds) {
   return *std::min_element(seconds.begin(), seconds.end());
+}
+
+// A tier's figure from the seconds of its rounds: the best of each.
+Figure best_of(std::string tier, std::span<const double> step_s, std::string limit,
+               std::span<const double> limit_s, double gb_per_step) {
+  Figure f;
+  f.tier = std::move(tier);
+  f.step_s = best(step_s);
+  f.limit = std::move(limit);
+  f.limit_s = best(limit_s);
+  f.gb_per_step = gb_per_step;
+  return f;
 }
 
 void print_figure(const OffloadArgs& a, const Figure& f) {
@@ -513,12 +525,7 @@ int run_offload(std::span<const std::string> argv) {
       probe_s.push_back(probe.run_store());
       plain_s.push_back(probe.run_plain());
     }
-    Figure f;
-    f.tier = "host";
-    f.step_s = best(step_s);
-    f.limit = "traffic_probe";
-    f.limit_s = best(probe_s);
-    f.gb_per_step = probe.bytes() / 1e9;
+    Figure f = best_of("host", step_s, "traffic_probe", probe_s, probe.bytes() / 1e9);
     f.plain_limit_s = best(plain_s);
     print_figure(a, f);
   }
@@ -551,12 +558,8 @@ int run_offload(std::span<const std::string> argv) {
     compute_s.push_back(adamw.run(host, step++));
     io_s.push_back(io_only.pass());
   }
-  Figure f;
-  f.tier = "nvme";
-  f.step_s = best(step_s);
-  f.limit = "odirect_read_write";
-  f.limit_s = best(io_s);
-  f.gb_per_step = static_cast<double>(io_only.pass_bytes()) / 1e9;
+  Figure f = best_of("nvme", step_s, "odirect_read_write", io_s,
+                     static_cast<double>(io_only.pass_bytes()) / 1e9);
   f.compute_s = best(compute_s);
   f.kernel_in_step_s = best(kernel_s);
   f.io_backend = std::string(nvme.io_name());

@@ -12,6 +12,7 @@ namespace zero::bench {
 int run_checkpoint(std::span<const std::string> args);
 int run_comm(std::span<const std::string> args);
 int run_kernels(std::span<const std::string> args);
+int run_offload(std::span<const std::string> args);
 int run_replay(std::span<const std::string> args);
 int run_step(std::span<const std::string> args);
 

@@ -29,6 +29,11 @@ constexpr Subcommand kSubcommands[] = {
      "save, load and zero_to_fp32 vs plain sequential I/O  [--json] [--params N] [--world-size W] "
      "[--stage S] [--reps R] [--dir D]",
      zero::bench::run_checkpoint},
+    {"offload",
+     "optimizer step per offload tier (host, nvme) vs traffic probe / O_DIRECT I/O alone  [--json] "
+     "[--nvme-path DIR] [--elems N] [--sub-group N] [--buffer-count N] [--block-size BYTES] "
+     "[--queue-depth N] [--repeats N] [--help]",
+     zero::bench::run_offload},
     {"replay",
      "replay an optimizer golden file  GOLDEN.safetensors --out OUT.safetensors [--isa I]",
      zero::bench::run_replay},

@@ -33,8 +33,6 @@
 #include "benchmarks/step_bench.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <span>
@@ -42,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include "benchmarks/bench_flags.h"
 #include "benchmarks/commands.h"
 #include "cli/flags.h"
 #include "config/ds_config.h"
@@ -59,25 +58,6 @@ constexpr std::string_view kUsage =
     "usage: zero-bench step [--json] [--model mlp:IN,H1,...,OUT | --params N] [--world-size W] "
     "[--stages 0,1,2,3] [--precision fp32|bf16|fp16] [--steps K] [--threads T] [--bucket N] "
     "[--prefetch on|off|both]";
-
-// "65536", "64K", "16M", "1G" (K, M, G binary, as zero-bench comm --sizes) or "5e6".
-std::size_t parse_count(std::string_view text, std::string_view flag) {
-  ZERO_CHECK(!text.empty(), "{}: empty value; {}", flag, kUsage);
-  std::string digits(text);
-  double scale = 1;
-  const std::size_t unit = std::string_view("KMG").find(
-      static_cast<char>(std::toupper(static_cast<unsigned char>(text.back()))));
-  if (unit != std::string_view::npos) {
-    scale = std::ldexp(1.0, 10 * static_cast<int>(unit + 1));
-    digits.pop_back();
-  }
-  char* end = nullptr;
-  const double v = std::strtod(digits.c_str(), &end) * scale;
-  ZERO_CHECK(!digits.empty() && end != digits.c_str() && *end == '\0' && v >= 1 && v <= 0x1p40 &&
-                 v == std::floor(v),
-             "{} {}: expected a positive whole count such as 65536, 64K, 16M or 5e6", flag, text);
-  return static_cast<std::size_t>(v);
-}
 
 StepArgs parse_args(std::span<const std::string> args) {
   StepArgs r;
@@ -102,7 +82,7 @@ StepArgs parse_args(std::span<const std::string> args) {
     } else if (a == "--model") {
       r.model = models::MlpShape::parse(value(arg));
     } else if (a == "--params") {
-      r.params = parse_count(value(arg), a);
+      r.params = parse_count(value(arg), a, kUsage);
       ZERO_CHECK(*r.params >= kSyntheticLayers, "--params {}: at least {} (one per layer)",
                  *r.params, kSyntheticLayers);
     } else if (a == "--world-size") {
@@ -134,7 +114,7 @@ StepArgs parse_args(std::span<const std::string> args) {
                  v);
       r.prefetch = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
     } else if (a == "--bucket") {
-      r.bucket_elems = static_cast<std::int64_t>(parse_count(value(arg), a));
+      r.bucket_elems = static_cast<std::int64_t>(parse_count(value(arg), a, kUsage));
     } else {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
     }

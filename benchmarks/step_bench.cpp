@@ -57,7 +57,7 @@ namespace {
 constexpr std::string_view kUsage =
     "usage: zero-bench step [--json] [--model mlp:IN,H1,...,OUT | --params N] [--world-size W] "
     "[--stages 0,1,2,3] [--precision fp32|bf16|fp16] [--steps K] [--threads T] [--bucket N] "
-    "[--prefetch on|off|both]";
+    "[--prefetch on|off|both] [--memory-budget BYTES]";
 
 StepArgs parse_args(std::span<const std::string> args) {
   StepArgs r;
@@ -113,6 +113,8 @@ StepArgs parse_args(std::span<const std::string> args) {
       ZERO_CHECK(v == "on" || v == "off" || v == "both", "--prefetch {}: expected on, off or both",
                  v);
       r.prefetch = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
+    } else if (a == "--memory-budget") {
+      r.memory_budget = parse_count(value(arg), a, kUsage);
     } else if (a == "--bucket") {
       r.bucket_elems = static_cast<std::int64_t>(parse_count(value(arg), a, kUsage));
     } else {

@@ -39,6 +39,9 @@ struct StepArgs {
   int steps = 6;  // the first is a warm-up
   std::optional<int> threads;
   std::int64_t bucket_elems = 5'000'000;
+  // Per-rank device memory cap (DeviceOptions::device_budget_bytes): beyond it a run fails with
+  // an out-of-memory error naming the tag.
+  std::optional<std::size_t> memory_budget;
   // Stage 3 runs once per entry: with the default stage3_prefetch_bucket_size, and/or with 0.
   // Without prefetch first, so the run with it can say how much gather waiting it hid.
   std::vector<bool> prefetch = {false, true};

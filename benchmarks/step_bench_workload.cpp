@@ -272,7 +272,9 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
   const DType dtype = cfg.model_dtype;
   {
     // The device outlives the engine (Engine::create's REQUIRES).
-    const std::unique_ptr<Device> device = make_device("cpu", comm.rank());
+    DeviceOptions device_options;
+    device_options.device_budget_bytes = args.memory_budget;
+    const std::unique_ptr<Device> device = make_device("cpu", comm.rank(), device_options);
     EngineOptions options;
     options.kernel_threads = threads;
     const InitFn init = [&](std::size_t index, std::span<float> values) { w.init(index, values); };

@@ -757,15 +757,6 @@ bool above_zero(const json& v) {
 bool is_false(const json& v) {
   return v.is_boolean() && !v.get<bool>();
 }
-bool is_nvme(const json& v) {
-  return v.is_string() && v.get<std::string>() == "nvme";
-}
-bool stage_3(const json& root) {
-  const auto z = root.find("zero_optimization");
-  if (z == root.end() || !z->is_object()) return false;
-  const auto s = z->find("stage");
-  return s != z->end() && s->is_number() && s->get<double>() == 3;
-}
 
 bool unsupported_optimizer(const json& type) {
   return type.is_string() && optimizer_variant(type.get<std::string>()).empty();
@@ -811,8 +802,6 @@ const std::vector<UnsupportedRule> kUnsupported = {
     {"zero_optimization.pipeline_loading_checkpoint", is_true, "serial checkpoint loading"},
     {"zero_optimization.offload_optimizer.super_offload", is_true, "SuperOffload"},
     {"zero_optimization.offload_optimizer.fast_init", is_true, "NVMe fast init"},
-    {"zero_optimization.offload_param.device", is_nvme, "NVMe parameter offload (\"cpu\" works)",
-     stage_3},
     {"torch_autocast.enabled", is_true, "torch.autocast mixed precision"},
     {"amp.enabled", is_true, "Apex AMP"},
     {"elasticity.enabled", is_true, "elastic training"},

@@ -35,11 +35,22 @@ SubgroupStore::SubgroupStore(Device& device, std::vector<StoreTensor> tensors,
   ZERO_CHECK(!tensors_.empty(), "SubgroupStore: no tensors");
   ZERO_CHECK(options.ratio >= 0.0 && options.ratio <= 1.0,
              "offload_optimizer.ratio must be in [0, 1], got {}", options.ratio);
-  const std::size_t G = std::max<std::size_t>(options.sub_group_elems, 1);
-  for (std::size_t b = 0; b < options.total_elems; b += G) {
+  std::vector<std::size_t> edges = options.boundaries;
+  if (edges.empty()) {
+    const std::size_t G = std::max<std::size_t>(options.sub_group_elems, 1);
+    for (std::size_t b = 0; b < options.total_elems; b += G) edges.push_back(b);
+  }
+  ZERO_CHECK(std::is_sorted(edges.begin(), edges.end()) &&
+                 (edges.empty() || (edges.front() == 0 && edges.back() < options.total_elems)),
+             "SubgroupStore: sub-group boundaries must start at 0, ascend and stay below {}",
+             options.total_elems);
+  std::size_t largest = 0;
+  for (std::size_t i = 0; i < edges.size(); ++i) {
     Group g;
-    g.begin = b;
-    g.end = std::min(options.total_elems, b + G);
+    g.begin = edges[i];
+    g.end = i + 1 < edges.size() ? edges[i + 1] : options.total_elems;
+    if (g.end == g.begin) continue;
+    largest = std::max(largest, g.end - g.begin);
     groups_.push_back(std::move(g));
   }
   const auto offloaded = static_cast<std::size_t>(
@@ -53,12 +64,12 @@ SubgroupStore::SubgroupStore(Device& device, std::vector<StoreTensor> tensors,
     for (const std::string& p : t.paths) {
       dirs_.push_back(std::make_unique<SwapDir>(p, t.key));
       align_ = std::max(align_, dirs_.back()->alignment());
-      file_names_.push_back((dirs_.back()->path() / "optimizer.swp").string());
-      fds_.push_back(dirs_.back()->open("optimizer.swp"));
+      file_names_.push_back((dirs_.back()->path() / t.file_name).string());
+      fds_.push_back(dirs_.back()->open(t.file_name));
     }
     for (const StoreTensor& st : tensors_) {
       tensor_offset_.push_back(record_bytes_);
-      record_bytes_ += align_up(G * dtype_size(st.dtype), align_);
+      record_bytes_ += align_up(largest * dtype_size(st.dtype), align_);
     }
     io_ = make_async_io(t.aio);
   }
@@ -170,8 +181,11 @@ void SubgroupStore::flush() {
 
 void SubgroupStore::visit_range(std::size_t begin, std::size_t end, bool for_write,
                                 const Visit& visit) {
-  const std::size_t G = std::max<std::size_t>(options_.sub_group_elems, 1);
-  for (std::size_t i = begin / G; i < groups_.size() && groups_[i].begin < end; ++i) {
+  // The first sub-group that ends after `begin`.
+  const auto first = std::partition_point(groups_.begin(), groups_.end(),
+                                          [&](const Group& g) { return g.end <= begin; });
+  for (auto i = static_cast<std::size_t>(first - groups_.begin());
+       i < groups_.size() && groups_[i].begin < end; ++i) {
     Group& g = groups_[i];
     const int index = static_cast<int>(i);
     visit(g.nvme ? staged_view(g, index, load(index, for_write)) : memory_view(g, index));

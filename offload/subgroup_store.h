@@ -2,7 +2,7 @@
 // sub-group (DESIGN.md §3, offload tiers; SPEC_DEEPSPEED.md §1.9).
 //
 // The tensors share one element range [0, total); it is cut into sub-groups of `sub_group_elems`
-// (DeepSpeed's sub_group_size). The first round(ratio × count) sub-groups are *offloaded* — to
+// (DeepSpeed's sub_group_size), or at explicit `boundaries`. The first round(ratio × count) sub-groups are *offloaded* — to
 // NVMe when a tier is given, else to `offload_kind` host memory — and the rest stay in
 // `resident_kind` memory (ZeRO-Offload++'s ratio). A resident or host sub-group is a buffer per
 // tensor; an NVMe sub-group is a record in a swap file (every tensor of the sub-group, each at an
@@ -55,11 +55,15 @@ struct NvmeTier {
   int buffer_count = 4;
   bool pipeline_read = false;
   bool pipeline_write = false;
+  std::string file_name = "optimizer.swp";  // the swap file in each path's run folder
 };
 
 struct StoreOptions {
   std::size_t total_elems = 0;
   std::size_t sub_group_elems = 1'000'000'000;
+  // Explicit sub-group starts (ascending, the first 0) instead of sub_group_elems: e.g. one
+  // sub-group per stage-3 unit slice. Empty stretches are skipped.
+  std::vector<std::size_t> boundaries;
   MemoryKind resident_kind = MemoryKind::Device;
   MemoryKind offload_kind = MemoryKind::Device;  // host offload (no NVMe tier)
   double ratio = 1.0;                            // share of sub-groups offloaded

@@ -120,9 +120,11 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   check_specs_agree(comm_, specs_);
   init_state(init);
   if (stage_ == 3) {
+    ParamFetcher::SliceSource source;
+    if (param_store_) source = [this](int unit, std::byte* out) { copy_own_slice(unit, out); };
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
                                               static_cast<const std::byte*>(model_part_.data()),
-                                              parts_.fetch, timings_);
+                                              parts_.fetch, timings_, std::move(source));
   }
 }
 
@@ -191,9 +193,7 @@ void EngineImpl::init_state(const InitFn& init) {
   SliceMap& slices = *this;
   optimizer_ =
       std::make_unique<PartitionOptimizer>(device_, compute_, *layout_, parts_.partition, slices);
-  if (stage_ == 3)
-    model_part_ =
-        alloc(partition_elems(), model_dtype_, MemoryTag::LowPrecisionParams, parts_.param_kind);
+  if (stage_ == 3) make_param_store();
   std::vector<float> flat;
   for (std::size_t u = 0; u < layout_units_; ++u) {
     const UnitLayout& ul = layout_->unit(static_cast<int>(u));
@@ -208,15 +208,18 @@ void EngineImpl::init_state(const InitFn& init) {
       comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     optimizer_->set_master(static_cast<int>(u), flat);
     if (stage_ == 3) {
-      combine(element_at(model_part_, model_dtype_, ul.partition_offset), model_dtype_,
-              flat.data() + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32,
-              ul.slice_elems);
+      if (ul.slice_elems > 0) {
+        combine(own_slice(static_cast<int>(u), 0), model_dtype_,
+                flat.data() + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32,
+                ul.slice_elems);
+      }
     } else {
       units_[u].model = alloc(ul.padded_elems, model_dtype_, MemoryTag::LowPrecisionParams);
       combine(units_[u].model.data(), model_dtype_, flat.data(), DType::F32, ul.padded_elems);
     }
   }
   optimizer_->store().flush();  // the last NVMe sub-group set, to its swap file
+  if (param_store_) param_store_->flush();
   reducer_ = std::make_unique<GradientReducer>(comm_, device_, compute_, *layout_, parts_.reducer,
                                                slices, timings_);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -238,7 +241,7 @@ std::byte* EngineImpl::gradient(int domain, int unit, std::size_t slice_offset) 
 
 std::byte* EngineImpl::model(int domain, int unit, std::size_t slice_offset) {
   const UnitLayout& ul = layout_->unit(unit);
-  if (stage_ == 3) return element_at(model_part_, model_dtype_, ul.partition_offset + slice_offset);
+  if (stage_ == 3) return own_slice(unit, slice_offset);
   return element_at(units_[static_cast<std::size_t>(unit)].model, model_dtype_,
                     static_cast<std::size_t>(domain_rank(domain)) * ul.slice_elems + slice_offset);
 }
@@ -447,6 +450,7 @@ StepResult EngineImpl::step() {
   result.lr = plan.scalars[0].lr;
   ++applied_steps_;
   ++last_batch_iteration_;
+  if (param_store_) param_store_->flush();
   all_gather_model();
   if (fetcher_) fetcher_->refresh_after_step();
   return result;
@@ -478,8 +482,66 @@ void EngineImpl::all_gather_model() {
 
 void EngineImpl::refresh_model_from_master() {
   optimizer_->write_model();
+  if (param_store_) param_store_->flush();
   all_gather_model();
   if (fetcher_) fetcher_->refresh_after_step();
+}
+
+// Stage 3: the own slices in param_kind memory, or one NVMe record per unit (offload_param nvme:
+// no unit slice may exceed buffer_size, DeepSpeed's rule for its swap buffers).
+void EngineImpl::make_param_store() {
+  if (!parts_.param_nvme) {
+    model_part_ =
+        alloc(partition_elems(), model_dtype_, MemoryTag::LowPrecisionParams, parts_.param_kind);
+    return;
+  }
+  offload::StoreOptions so;
+  so.total_elems = partition_elems();
+  so.ratio = 1.0;
+  so.nvme = parts_.param_nvme;
+  for (std::size_t u = 0; u < layout_units_; ++u) {
+    const UnitLayout& ul = layout_->unit(static_cast<int>(u));
+    if (ul.slice_elems == 0) continue;
+    if (ul.slice_elems > parts_.param_buffer_elems) {
+      throw ConfigError("zero_optimization.offload_param.buffer_size",
+                        fmt::format("{} elements is smaller than unit {}'s slice of {} on rank {}: "
+                                    "raise buffer_size to at least {}",
+                                    parts_.param_buffer_elems, u, ul.slice_elems, rank_,
+                                    ul.slice_elems));
+    }
+    so.boundaries.push_back(ul.partition_offset);
+  }
+  if (!so.boundaries.empty()) so.boundaries.front() = 0;
+  param_store_ = std::make_unique<offload::SubgroupStore>(
+      device_, std::vector<offload::StoreTensor>{{model_dtype_, MemoryTag::LowPrecisionParams, 0.0f}},
+      so);
+}
+
+std::byte* EngineImpl::own_slice(int unit, std::size_t slice_offset) {
+  const std::size_t at = layout_->unit(unit).partition_offset + slice_offset;
+  if (!param_store_) return element_at(model_part_, model_dtype_, at);
+  std::byte* out = nullptr;
+  param_store_->modify(at, at + 1, [&](const offload::SubgroupStore::View& v) {
+    out = v.tensors[0] + (at - v.begin) * dtype_size(model_dtype_);
+  });
+  return out;
+}
+
+void EngineImpl::copy_own_slice(int unit, std::byte* out) {
+  const UnitLayout& ul = layout_->unit(unit);
+  const std::size_t begin = ul.partition_offset;
+  if (!param_store_) {
+    std::memcpy(out, element_at(model_part_, model_dtype_, begin),
+                ul.slice_elems * dtype_size(model_dtype_));
+    return;
+  }
+  param_store_->read(begin, begin + ul.slice_elems, [&](const offload::SubgroupStore::View& v) {
+    const std::size_t lo = std::max(begin, v.begin);
+    const std::size_t hi = std::min(begin + ul.slice_elems, v.end);
+    std::memcpy(out + (lo - begin) * dtype_size(model_dtype_),
+                v.tensors[0] + (lo - v.begin) * dtype_size(model_dtype_),
+                (hi - lo) * dtype_size(model_dtype_));
+  });
 }
 
 double EngineImpl::current_lr(int group) const {
@@ -542,10 +604,9 @@ std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
   const UnitLayout& ul = layout_->unit(pl.unit);
   if (ul.slice_elems == 0) return out;
   Buffer flat = alloc(ul.padded_elems, model_dtype_, MemoryTag::Staging);
-  comm_
-      .all_gather(element_at(model_part_, model_dtype_, ul.partition_offset), flat.data(),
-                  ul.slice_elems, model_dtype_)
-      .wait();
+  Buffer mine = alloc(ul.slice_elems, model_dtype_, MemoryTag::Staging);
+  copy_own_slice(pl.unit, static_cast<std::byte*>(mine.data()));
+  comm_.all_gather(mine.data(), flat.data(), ul.slice_elems, model_dtype_).wait();
   std::memcpy(out.data(), element_at(flat, model_dtype_, pl.offset), bytes);
   return out;
 }

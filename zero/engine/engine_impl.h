@@ -126,6 +126,10 @@ class EngineImpl final : public Engine, private SliceMap {
   void read_options(const EngineOptions& options);
   void register_specs(const EngineOptions& options);
   void init_state(const InitFn& init);
+  // Stage 3: the model copy's own slices in memory, or in the NVMe param store.
+  void make_param_store();
+  std::byte* own_slice(int unit, std::size_t slice_offset);  // valid until the next call
+  void copy_own_slice(int unit, std::byte* out);
   void finish_micro_step();
   void reset_micro_step();
   // Collective, before any write: overflow vote, squared norm and every group's coefficients.
@@ -170,6 +174,8 @@ class EngineImpl final : public Engine, private SliceMap {
   std::vector<UnitState> units_;
   std::vector<std::size_t> layout_to_spec_;
   Buffer model_part_;  // stage 3: own slices of the model copy
+  // Stage 3 with offload_param nvme: the own slices in swap files instead, one record per unit.
+  std::unique_ptr<offload::SubgroupStore> param_store_;
 
   std::unique_ptr<PartitionOptimizer> optimizer_;
   std::unique_ptr<GradientReducer> reducer_;

@@ -22,12 +22,14 @@ std::uint64_t order_hash(const std::vector<int>& order) {
 
 ParamFetcher::ParamFetcher(Communicator& comm, Device& device, const FlatLayout& layout,
                            std::size_t units, DType dtype, const std::byte* partition,
-                           const FetchOptions& options, EngineTimings& timings)
+                           const FetchOptions& options, EngineTimings& timings,
+                           SliceSource source)
     : comm_(comm),
       device_(device),
       layout_(layout),
       dtype_(dtype),
       partition_(partition),
+      source_(std::move(source)),
       options_(options),
       timings_(timings),
       units_(units) {
@@ -68,8 +70,16 @@ void ParamFetcher::start_gather(int unit) {
   u.buffer =
       device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
                        u.persistent ? MemoryTag::LowPrecisionParams : MemoryTag::GatherBuffers);
-  u.work = comm_.all_gather(partition_ + ul.partition_offset * dtype_size(dtype_), u.buffer.data(),
-                            ul.slice_elems, dtype_);
+  const std::byte* slice = nullptr;
+  if (!source_) {
+    slice = partition_ + ul.partition_offset * dtype_size(dtype_);
+  } else {
+    u.source = device_.allocate(ul.slice_elems * dtype_size(dtype_), MemoryKind::Device,
+                                MemoryTag::Staging);
+    source_(unit, static_cast<std::byte*>(u.source.data()));
+    slice = static_cast<const std::byte*>(u.source.data());
+  }
+  u.work = comm_.all_gather(slice, u.buffer.data(), ul.slice_elems, dtype_);
   u.state = State::InFlight;
   ++timings_.gathers;
   if (!u.persistent) live_elems_ += u.elems;
@@ -80,6 +90,7 @@ void ParamFetcher::wait(Unit& u) {
   const auto start = std::chrono::steady_clock::now();
   u.work.wait();
   timings_.gather_wait_s += seconds_since(start);
+  u.source.reset();
   u.state = State::Gathered;
   if (u.prefetched) inflight_elems_ -= u.elems;
 }

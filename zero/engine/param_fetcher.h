@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "zero/base/dtype.h"
@@ -44,11 +45,16 @@ struct FetchOptions {
 
 class ParamFetcher {
  public:
-  // `partition` is this rank's slices of the model copy (layout order), read by every gather.
+  // Where a gather reads this rank's slice of a unit from: copies it into `out` (slice_elems of
+  // the model dtype). Used when the slices are not in addressable memory (NVMe).
+  using SliceSource = std::function<void(int unit, std::byte* out)>;
+
+  // `partition` is this rank's slices of the model copy (layout order), read by every gather;
+  // with a `source` instead (partition null) each gather first copies the slice out of it.
   // `units` may exceed layout.num_units(): the extra units hold no trainable parameter.
   ParamFetcher(Communicator& comm, Device& device, const FlatLayout& layout, std::size_t units,
                DType dtype, const std::byte* partition, const FetchOptions& options,
-               EngineTimings& timings);
+               EngineTimings& timings, SliceSource source = nullptr);
   ~ParamFetcher();
   ParamFetcher(const ParamFetcher&) = delete;
   ParamFetcher& operator=(const ParamFetcher&) = delete;
@@ -76,6 +82,7 @@ class ParamFetcher {
     bool prefetched = false;  // gathered ahead of its use and not yet asked for
     std::size_t elems = 0;    // padded flat size (0: nothing to gather)
     Buffer buffer;
+    Buffer source;  // the slice copied out of `source_` while its all-gather runs
     Work work;
   };
   enum class Trace { Record, Complete, Invalid };
@@ -93,6 +100,7 @@ class ParamFetcher {
   const FlatLayout& layout_;
   const DType dtype_;
   const std::byte* partition_;
+  const SliceSource source_;
   const FetchOptions options_;
   EngineTimings& timings_;
   std::vector<Unit> units_;

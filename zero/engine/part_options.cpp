@@ -16,6 +16,16 @@ bool offloaded(const std::optional<Block>& block) {
   return block && block->device != config::OffloadDevice::None;
 }
 
+offload::AioOptions aio_options(const config::Aio& aio) {
+  offload::AioOptions o;
+  o.block_size = elems(aio.block_size_bytes);
+  o.queue_depth = static_cast<int>(aio.queue_depth);
+  o.threads = static_cast<int>(aio.intra_op_parallelism);
+  o.single_submit = aio.single_submit;
+  o.overlap_events = aio.overlap_events;
+  return o;
+}
+
 }  // namespace
 
 void refuse_blockers(const config::DsConfig& cfg, int world) {
@@ -93,18 +103,25 @@ PartOptions part_options(const config::DsConfig& cfg, int rank, int world,
       t.buffer_count = static_cast<int>(oo.buffer_count);
       t.pipeline_read = oo.pipeline_read;
       t.pipeline_write = oo.pipeline_write;
-      t.aio.block_size = elems(cfg.aio.block_size_bytes);
-      t.aio.queue_depth = static_cast<int>(cfg.aio.queue_depth);
-      t.aio.threads = static_cast<int>(cfg.aio.intra_op_parallelism);
-      t.aio.single_submit = cfg.aio.single_submit;
-      t.aio.overlap_events = cfg.aio.overlap_events;
+      t.aio = aio_options(cfg.aio);
       so.nvme = std::move(t);
     } else if (oo.ratio >= 1.0) {
       po.kind = so.offload_kind;  // everything on the host: gradients too
     }
   }
   if (offloaded(zo.offload_param) && stage == 3) {
-    out.param_kind = zo.offload_param->pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
+    const config::OffloadParam& op = *zo.offload_param;
+    out.param_kind = op.pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
+    if (op.device == config::OffloadDevice::Nvme) {
+      offload::NvmeTier t;
+      t.paths = {op.nvme_path};
+      t.key = "zero_optimization.offload_param.nvme_path";
+      t.buffer_count = static_cast<int>(std::max<std::int64_t>(op.buffer_count, 1));
+      t.file_name = "params.swp";
+      t.aio = aio_options(cfg.aio);
+      out.param_nvme = std::move(t);
+      out.param_buffer_elems = elems(op.buffer_size_elems);
+    }
   }
 
   out.allgather_bucket_elems = std::max<std::size_t>(elems(zo.allgather_bucket_elems), 1);

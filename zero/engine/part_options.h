@@ -17,8 +17,11 @@ struct PartOptions {
   FetchOptions fetch;          // stage 3
   // Stages 1/2: elements of the updated model copy's all-gathers in flight (allgather_bucket_size).
   std::size_t allgather_bucket_elems = 1;
-  // Where the stage-3 model copy's own slices live (offload_param).
+  // Where the stage-3 model copy's own slices live (offload_param): memory of param_kind, or,
+  // with param_nvme, one swap record per unit (no unit slice above param_buffer_elems).
   MemoryKind param_kind = MemoryKind::Device;
+  std::optional<offload::NvmeTier> param_nvme;
+  std::size_t param_buffer_elems = 0;
 };
 
 // Throws ConfigError listing every finding that makes the config unrunnable (not supported yet,

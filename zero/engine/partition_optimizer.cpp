@@ -137,7 +137,13 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
                               std::span<const kernels::StepScalars> scalars,
                               const offload::SubgroupStore::Agree& agree) {
   // The model copy of stepped NVMe sub-groups, kept until the store commits (see the header).
-  std::vector<std::pair<std::byte*, std::vector<std::byte>>> undo;
+  // Pointers are looked up again on restore: the model copy may itself live in a swap store.
+  struct Undo {
+    int domain, unit;
+    std::size_t first;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Undo> undo;
   const std::size_t msize = dtype_size(options_.model_dtype);
   try {
     store_->update_all([&](const offload::SubgroupStore::View& view) {
@@ -145,14 +151,17 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
         const auto g = static_cast<std::size_t>(run.group);
         ZERO_ASSERT(g < hypers.size() && g < scalars.size());
         if (view.nvme) {
-          std::byte* model = slices_.model(run.domain, run.unit, first);
-          undo.emplace_back(model, std::vector<std::byte>(model, model + (last - first) * msize));
+          const std::byte* model = slices_.model(run.domain, run.unit, first);
+          undo.push_back({run.domain, run.unit, first,
+                          std::vector<std::byte>(model, model + (last - first) * msize)});
         }
         step_part(run, first, last, view, hypers[g], scalars[g]);
       });
     }, agree);
   } catch (const IoError&) {
-    for (auto& [model, bytes] : undo) std::memcpy(model, bytes.data(), bytes.size());
+    for (const Undo& u : undo) {
+      std::memcpy(slices_.model(u.domain, u.unit, u.first), u.bytes.data(), u.bytes.size());
+    }
     throw;
   }
 }

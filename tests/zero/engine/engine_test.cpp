@@ -314,11 +314,6 @@ TEST_CASE(
         CHECK(m.at(MemoryKind::Host, MemoryTag::LowPrecisionParams).current_bytes > 0);
     }
   }
-  // NVMe parameter offload at stage 3 is not there yet, and says so (tests/zero/engine/
-  // offload_test.cpp covers NVMe optimizer state).
-  json nvme = base_config(3, "bf16", 1);
-  nvme["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", "/tmp"}};
-  CHECK_THROWS_WITH(run(nvme, 1), Catch::Contains("not supported yet") && Catch::Contains("NVMe"));
 }
 
 TEST_CASE("param groups override lr and weight decay, frozen parameters never change", "[engine]") {

@@ -61,6 +61,44 @@ TEST_CASE("NVMe, host and partial offload give bitwise the run without offload",
   CHECK(std::filesystem::is_empty(nvme.path()));  // no swap folder left behind
 }
 
+json with_param_nvme(json c, const std::string& nvme_path, std::int64_t buffer_size = 100'000) {
+  c["zero_optimization"]["offload_param"] = {{"device", "nvme"},
+                                            {"nvme_path", nvme_path},
+                                            {"buffer_count", 3},
+                                            {"buffer_size", buffer_size}};
+  return c;
+}
+
+TEST_CASE("stage-3 parameters on NVMe (with or without the optimizer state) stay bitwise",
+          "[offload]") {
+  TempDir nvme("zero_nvme");
+  for (const char* precision : {"fp32", "bf16"}) {
+    for (int world : {1, 3}) {
+      INFO(precision << " world " << world);
+      const json plain = base_config(3, precision, 2);
+      const TrainResult a = run_world(plain, world);
+      for (const json& c : {with_param_nvme(plain, nvme.str()),
+                            with_param_nvme(with_offload(plain, "nvme", nvme.str()), nvme.str())}) {
+        const TrainResult b = run_world(c, world);
+        require_bitwise_equal(a, b);
+        for (const MemorySnapshot& m : b.memory) {
+          CHECK(m.at(MemoryKind::Nvme, MemoryTag::LowPrecisionParams).current_bytes > 0);
+          CHECK(m.at(MemoryKind::Device, MemoryTag::LowPrecisionParams).current_bytes <
+                a.memory[0].at(MemoryKind::Device, MemoryTag::LowPrecisionParams).current_bytes);
+        }
+      }
+    }
+  }
+  CHECK(std::filesystem::is_empty(nvme.path()));
+}
+
+TEST_CASE("offload_param.buffer_size below a unit's slice is an error naming both", "[offload]") {
+  TempDir nvme("zero_nvme");
+  CHECK_THROWS_WITH(run_world(with_param_nvme(base_config(3, "fp32", 1), nvme.str(), 10), 1, 1),
+                    Catch::Contains("zero_optimization.offload_param.buffer_size") &&
+                        Catch::Contains("raise buffer_size to at least"));
+}
+
 TEST_CASE("gradient accumulation with NVMe offload stays bitwise", "[offload]") {
   TempDir nvme("zero_nvme");
   const json plain = base_config(2, "bf16", 3);
@@ -71,7 +109,7 @@ TEST_CASE("a checkpoint saved from NVMe resumes bitwise, into NVMe or into memor
   TempDir nvme("zero_nvme");
   TempDir ckpt("zero_nvme_ckpt");
   const json plain = base_config(3, "fp32", 1);
-  const json off = with_offload(plain, "nvme", nvme.str());
+  const json off = with_param_nvme(with_offload(plain, "nvme", nvme.str()), nvme.str());
   const TrainResult whole = run_world(plain, 2, 6);
   TrainSpec save;
   save.config = off;

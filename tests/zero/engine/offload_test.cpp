@@ -3,6 +3,7 @@
 // parameters of the same run without offload; the ledger shows the NVMe bytes; a checkpoint
 // saved from NVMe resumes bitwise; no swap file outlives the engine.
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <filesystem>
 
 #include "tests/temp_dir.h"
@@ -157,6 +158,24 @@ TEST_CASE("a device budget smaller than the optimizer state: refused in memory, 
     CHECK(r.total(MemoryKind::Device).peak_bytes <= budget);
     CHECK(r.total(MemoryKind::Nvme).current_bytes >= state);  // two slots of every sub-group
   }
+}
+
+TEST_CASE("a full filesystem under nvme_path: an error naming the file, and no swap file left",
+          "[offload]") {
+  // A 64 KiB tmpfs (root only; without it the fault injection of subgroup_store_test covers
+  // ENOSPC). tmpfs has no O_DIRECT: the swap files fall back to the page cache.
+  TempDir dir("zero_nvme_full");
+  const std::string mount = "mount -t tmpfs -o size=64k zero_full " + dir.str() + " 2>/dev/null";
+  if (std::system(mount.c_str()) != 0) {
+    WARN("cannot mount a tmpfs here (not root?): the full-disk case is covered by fault injection");
+    return;
+  }
+  json c = with_offload(base_config(2, "fp32", 1), "nvme", dir.str());
+  c["zero_optimization"]["sub_group_size"] = 4096;
+  CHECK_THROWS_WITH(train_config(c, 1, 2, "mlp:64,256,256,8"),
+                    Catch::Contains("optimizer.swp") && Catch::Contains("No space left on device"));
+  CHECK(std::filesystem::is_empty(dir.path()));
+  CHECK(std::system(("umount " + dir.str()).c_str()) == 0);
 }
 
 TEST_CASE("a bad nvme_path is a config error naming the key and the path", "[offload]") {

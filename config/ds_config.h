@@ -72,7 +72,9 @@ enum class OffloadDevice { None, Cpu, Nvme };
 // zero_optimization.offload_param (stage 3): where 16-bit parameter partitions live between uses.
 struct OffloadParam {
   OffloadDevice device = OffloadDevice::None;  // none, cpu or nvme; DeepSpeed default "none"
-  std::string nvme_path;          // NVMe swap folder, needed for nvme; default null (empty here)
+  // nvme_path: NVMe swap folder(s), needed for nvme; default null (empty here). A list stripes
+  // the swap files over several folders (zero's extension; DeepSpeed takes one path).
+  std::vector<std::string> nvme_paths;
   std::int64_t buffer_count = 5;  // pinned parameter swap buffers; default 5
   // buffer_size: elements per swap buffer, each NVMe partition must fit one; default 1e8
   std::int64_t buffer_size_elems = 100'000'000;
@@ -84,7 +86,7 @@ struct OffloadParam {
 // zero_optimization.offload_optimizer (stages 1-3): where the optimizer state and step live.
 struct OffloadOptimizer {
   OffloadDevice device = OffloadDevice::None;  // none, cpu or nvme (cpu for stage 1/2); "none"
-  std::string nvme_path;          // NVMe swap folder (stage 3 nvme); default null (empty here)
+  std::vector<std::string> nvme_paths;  // nvme_path: folder(s), as offload_param's
   std::int64_t buffer_count = 4;  // pinned swap buffers for optimizer tensors; default 4
   bool pin_memory = true;      // pinned fp32 master/gradient buffers; default true (false < 0.19.5)
   bool pipeline_read = false;  // stage 3 nvme: read the next sub-group ahead; default false

@@ -123,7 +123,7 @@ DsConfig Loader::build(const json& out) const {
   if (const json* p = lookup(out, "zero_optimization.offload_param"); p && p->is_object()) {
     OffloadParam o;
     o.device = device_of(string_at(*p, "device"));
-    o.nvme_path = string_at(*p, "nvme_path");
+    o.nvme_paths = paths_at(*p, "nvme_path");
     o.buffer_count = int_at(*p, "buffer_count", o.buffer_count);
     o.buffer_size_elems = int_at(*p, "buffer_size", o.buffer_size_elems);
     o.max_in_cpu_elems = int_at(*p, "max_in_cpu", o.max_in_cpu_elems);
@@ -133,7 +133,7 @@ DsConfig Loader::build(const json& out) const {
   if (const json* p = lookup(out, "zero_optimization.offload_optimizer"); p && p->is_object()) {
     OffloadOptimizer o;
     o.device = device_of(string_at(*p, "device"));
-    o.nvme_path = string_at(*p, "nvme_path");
+    o.nvme_paths = paths_at(*p, "nvme_path");
     o.buffer_count = int_at(*p, "buffer_count", o.buffer_count);
     o.pin_memory = bool_at(*p, "pin_memory", true);
     o.pipeline_read = bool_at(*p, "pipeline_read", false);

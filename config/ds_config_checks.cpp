@@ -62,10 +62,10 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
   const std::pair<const char*, bool> nvme_blocks[] = {
       {"zero_optimization.offload_param", z.offload_param &&
                                               z.offload_param->device == OffloadDevice::Nvme &&
-                                              z.offload_param->nvme_path.empty()},
+                                              z.offload_param->nvme_paths.empty()},
       {"zero_optimization.offload_optimizer",
        z.offload_optimizer && z.offload_optimizer->device == OffloadDevice::Nvme &&
-           z.offload_optimizer->nvme_path.empty()}};
+           z.offload_optimizer->nvme_paths.empty()}};
   for (const auto& [block, missing] : nvme_blocks) {
     if (missing) error(std::string(block) + ".nvme_path", "required when device is \"nvme\"");
   }

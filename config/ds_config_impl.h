@@ -49,6 +49,8 @@ double number_at(const json& root, std::string_view path, double fallback);
 std::int64_t int_at(const json& root, std::string_view path, std::int64_t fallback);
 bool bool_at(const json& root, std::string_view path, bool fallback);
 std::string string_at(const json& root, std::string_view path);
+// A string or a list of strings as a list (empty when absent or null).
+std::vector<std::string> paths_at(const json& root, std::string_view path);
 
 }  // namespace detail
 

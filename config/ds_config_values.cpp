@@ -219,6 +219,19 @@ bool coerce(const KeyRule& r, const json& v, json& out, std::string& why) {
       out = list;
       return true;
     }
+    case ValueType::PathOrList: {
+      const bool strings =
+          v.is_string() || (v.is_array() && !v.empty() &&
+                            std::all_of(v.begin(), v.end(), [](const json& e) {
+                              return e.is_string() && !e.get_ref<const std::string&>().empty();
+                            }));
+      if (!strings) {
+        why = fmt::format("expected a folder or a non-empty list of folders, got {}", show(v));
+        return false;
+      }
+      out = v;
+      return true;
+    }
     case ValueType::Object:
       ok = v.is_object();
       if (ok)
@@ -272,6 +285,15 @@ bool bool_at(const json& root, std::string_view path, bool fallback) {
   const json* v = lookup(root, path);
   return v && v->is_boolean() ? v->get<bool>() : fallback;
 }
+std::vector<std::string> paths_at(const json& root, std::string_view path) {
+  const json* v = lookup(root, path);
+  if (v == nullptr || v->is_null()) return {};
+  if (v->is_string()) return {v->get<std::string>()};
+  std::vector<std::string> out;
+  for (const json& e : *v) out.push_back(e.get<std::string>());
+  return out;
+}
+
 std::string string_at(const json& root, std::string_view path) {
   const json* v = lookup(root, path);
   return v && v->is_string() ? v->get<std::string>() : std::string();

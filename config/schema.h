@@ -21,6 +21,7 @@ enum class ValueType {
   Dtype,        // DeepSpeed's dtype spellings (zero::parse_dtype), stored as fp32/fp16/bf16
   Betas,        // [beta1, beta2]
   FloatOrList,  // a number, or one number per param group
+  PathOrList,   // a path, or a non-empty list of paths (zero's extension: NVMe striping)
   Object,       // a nested block with its own rules (`BlockRule`), or free-form when it has none
   Any,
 };

@@ -489,6 +489,23 @@ TEST_CASE("communication_data_type accepts fp32, fp16, bf16 in any case and sugg
         "expected one of \"fp32\", \"fp16\", \"bf16\", got \"bfp16\"; did you mean bf16?");
 }
 
+TEST_CASE("nvme_path is a folder or a list of folders to stripe over") {
+  const DsConfig one = load(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/a"}}})");
+  CHECK(one.zero_optimization.offload_optimizer->nvme_paths == std::vector<std::string>{"/a"});
+  const DsConfig two = load(
+      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ["/a", "/b"]}}})");
+  CHECK(two.zero_optimization.offload_param->nvme_paths == std::vector<std::string>{"/a", "/b"});
+  CHECK(has_problem(
+      problems_of(
+          R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": []}}})"),
+      "zero_optimization.offload_optimizer.nvme_path", "a non-empty list of folders"));
+  CHECK(has_problem(
+      problems_of(
+          R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": 7}}})"),
+      "zero_optimization.offload_optimizer.nvme_path", "expected a folder"));
+}
+
 TEST_CASE("nvme offload needs an nvme_path") {
   CHECK(has_problem(
       problems_of(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),

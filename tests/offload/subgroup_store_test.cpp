@@ -108,6 +108,22 @@ TEST_CASE("every tier, ratio and pipeline holds the same values") {
       }
     }
   }
+  // Striped over two folders: each gets a swap file.
+  {
+    test::TempDir second("zero_store_b");
+    StoreOptions o = nvme_options(tmp.str(), 1.0, 2, true);
+    o.nvme->paths.push_back(second.str());
+    SubgroupStore s(device, tensors(), o);
+    set_master(s);
+    for (int u = 0; u < 3; ++u) s.update_all(add_one);
+    REQUIRE(contents(s) == expected);
+    for (const std::string& p : o.nvme->paths) {
+      std::size_t files = 0;
+      for (const auto& e : std::filesystem::recursive_directory_iterator(p))
+        files += e.is_regular_file() && std::filesystem::file_size(e.path()) > 0;
+      CHECK(files == 1);
+    }
+  }
   CHECK(device.ledger().total(MemoryKind::Nvme).current_bytes == 0);
   CHECK(std::filesystem::is_empty(tmp.path()));  // every swap folder removed
 }

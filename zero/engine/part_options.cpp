@@ -98,7 +98,7 @@ PartOptions part_options(const config::DsConfig& cfg, int rank, int world,
     so.offload_kind = oo.pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
     if (oo.device == config::OffloadDevice::Nvme) {
       offload::NvmeTier t;
-      t.paths = {oo.nvme_path};
+      t.paths = oo.nvme_paths;
       t.key = "zero_optimization.offload_optimizer.nvme_path";
       t.buffer_count = static_cast<int>(oo.buffer_count);
       t.pipeline_read = oo.pipeline_read;
@@ -114,7 +114,7 @@ PartOptions part_options(const config::DsConfig& cfg, int rank, int world,
     out.param_kind = op.pin_memory ? MemoryKind::PinnedHost : MemoryKind::Host;
     if (op.device == config::OffloadDevice::Nvme) {
       offload::NvmeTier t;
-      t.paths = {op.nvme_path};
+      t.paths = op.nvme_paths;
       t.key = "zero_optimization.offload_param.nvme_path";
       t.buffer_count = static_cast<int>(std::max<std::int64_t>(op.buffer_count, 1));
       t.file_name = "params.swp";

@@ -100,6 +100,19 @@ TEST_CASE("offload_param.buffer_size below a unit's slice is an error naming bot
                         Catch::Contains("raise buffer_size to at least"));
 }
 
+TEST_CASE("a list of nvme_path folders stripes the swap files over them, bitwise", "[offload]") {
+  TempDir a("zero_nvme_a");
+  TempDir b("zero_nvme_b");
+  const json plain = base_config(2, "bf16", 1);
+  json striped = with_offload(plain, "nvme", a.str());
+  striped["zero_optimization"]["offload_optimizer"]["nvme_path"] = {a.str(), b.str()};
+  const TrainResult r = run_world(striped, 2);
+  require_bitwise_equal(run_world(plain, 2), r);
+  CHECK(r.memory[0].total(MemoryKind::Nvme).current_bytes > 0);
+  CHECK(std::filesystem::is_empty(a.path()));
+  CHECK(std::filesystem::is_empty(b.path()));
+}
+
 TEST_CASE("gradient accumulation with NVMe offload stays bitwise", "[offload]") {
   TempDir nvme("zero_nvme");
   const json plain = base_config(2, "bf16", 3);

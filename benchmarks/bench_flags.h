@@ -8,9 +8,16 @@
 #include <string>
 #include <string_view>
 
+#include "cli/flags.h"
 #include "zero/base/error.h"
 
 namespace zero::bench {
+
+// The value of a flag that takes one; a zero::Error naming the flag and `usage` when it has none.
+inline std::string flag_value(cli::FlagArg& arg, std::string_view usage) {
+  ZERO_CHECK(arg.has_value(), "{} needs a value; {}", arg.name(), usage);
+  return arg.value(usage);
+}
 
 // A count written "65536", "64K", "16M", "1G" (K, M, G binary, as zero-bench comm --sizes) or
 // "5e6": a positive whole number up to 2^40. Throws zero::Error naming `flag`, the text and

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "benchmarks/bench_flags.h"
 #include "benchmarks/commands.h"
 #include "cli/flags.h"
 #include "config/ds_config.h"
@@ -68,12 +69,8 @@ struct Args {
 
 Args parse(std::span<const std::string> argv) {
   Args a;
-  auto value = [&](cli::FlagArg& arg) {
-    ZERO_CHECK(arg.has_value(), "{} needs a value; {}", arg.name(), kUsage);
-    return arg.value(kUsage);
-  };
   auto number = [&](cli::FlagArg& arg, double lo, double hi) {
-    const std::string given = value(arg);
+    const std::string given = flag_value(arg, kUsage);
     std::string text = given;
     double scale = 1;
     if (!text.empty() && (text.back() == 'M' || text.back() == 'K' || text.back() == 'G')) {
@@ -101,9 +98,9 @@ Args parse(std::span<const std::string> argv) {
     } else if (f == "--reps") {
       a.reps = static_cast<int>(number(arg, 1, 100));
     } else if (f == "--dir") {
-      a.dir = value(arg);
+      a.dir = flag_value(arg, kUsage);
     } else if (f == "--deepspeed") {
-      a.deepspeed = value(arg);
+      a.deepspeed = flag_value(arg, kUsage);
     } else {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", argv[i], kUsage);
     }

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/bench_flags.h"
 #include "benchmarks/comm_bandwidth.h"
 #include "benchmarks/commands.h"
 #include "cli/flags.h"
@@ -95,12 +96,8 @@ std::string size_label(std::size_t bytes) {
 
 CommArgs parse_args(std::span<const std::string> args) {
   CommArgs r;
-  auto value = [&](cli::FlagArg& arg) {
-    ZERO_CHECK(arg.has_value(), "{} needs a value; {}", arg.name(), kUsage);
-    return arg.value(kUsage);
-  };
   auto integer = [&](cli::FlagArg& arg, long long min) {
-    const std::string text = value(arg);
+    const std::string text = flag_value(arg, kUsage);
     char* end = nullptr;
     const long long v = std::strtoll(text.c_str(), &end, 10);
     ZERO_CHECK(end != text.c_str() && *end == '\0' && v >= min && v <= 1 << 20,
@@ -121,7 +118,7 @@ CommArgs parse_args(std::span<const std::string> args) {
       r.repetitions = integer(arg, 1);
     } else if (a == "--sizes") {
       r.sizes_bytes.clear();
-      const std::string text = value(arg);
+      const std::string text = flag_value(arg, kUsage);
       std::string_view list = text;
       while (!list.empty()) {
         const std::size_t comma = list.find(',');
@@ -130,7 +127,7 @@ CommArgs parse_args(std::span<const std::string> args) {
       }
       ZERO_CHECK(!r.sizes_bytes.empty(), "--sizes needs at least one size; {}", kUsage);
     } else if (a == "--backend") {
-      const std::string b = value(arg);
+      const std::string b = flag_value(arg, kUsage);
       if (b == "inproc") {
         r.backend = BackendChoice::Inproc;
       } else if (b == "shm") {

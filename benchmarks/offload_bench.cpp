@@ -113,12 +113,8 @@ struct OffloadArgs {
 
 OffloadArgs parse_args(std::span<const std::string> args) {
   OffloadArgs r;
-  auto value = [&](cli::FlagArg& arg) {
-    ZERO_CHECK(arg.has_value(), "{} needs a value; {}", arg.name(), kUsage);
-    return arg.value(kUsage);
-  };
   auto small = [&](cli::FlagArg& arg, std::size_t max) {
-    const std::size_t v = parse_count(value(arg), arg.name(), kUsage);
+    const std::size_t v = parse_count(flag_value(arg, kUsage), arg.name(), kUsage);
     ZERO_CHECK(v <= max, "{} {}: at most {}", arg.name(), v, max);
     return static_cast<int>(v);
   };
@@ -131,15 +127,15 @@ OffloadArgs parse_args(std::span<const std::string> args) {
     } else if (a == "--help" || a == "-h") {
       r.help = true;
     } else if (a == "--nvme-path") {
-      r.nvme_path = value(arg);
+      r.nvme_path = flag_value(arg, kUsage);
     } else if (a == "--elems") {
-      r.elems = parse_count(value(arg), a, kUsage);
+      r.elems = parse_count(flag_value(arg, kUsage), a, kUsage);
     } else if (a == "--sub-group") {
-      r.sub_group_elems = parse_count(value(arg), a, kUsage);
+      r.sub_group_elems = parse_count(flag_value(arg, kUsage), a, kUsage);
     } else if (a == "--buffer-count") {
       r.buffer_count = small(arg, 1024);
     } else if (a == "--block-size") {
-      r.block_size = parse_count(value(arg), a, kUsage);
+      r.block_size = parse_count(flag_value(arg, kUsage), a, kUsage);
     } else if (a == "--queue-depth") {
       r.queue_depth = small(arg, 4096);
     } else if (a == "--repeats") {

@@ -61,12 +61,8 @@ constexpr std::string_view kUsage =
 
 StepArgs parse_args(std::span<const std::string> args) {
   StepArgs r;
-  auto value = [&](cli::FlagArg& arg) {
-    ZERO_CHECK(arg.has_value(), "{} needs a value; {}", arg.name(), kUsage);
-    return arg.value(kUsage);
-  };
   auto integer = [&](cli::FlagArg& arg, long long min, long long max) {
-    const std::string text = value(arg);
+    const std::string text = flag_value(arg, kUsage);
     char* end = nullptr;
     const long long v = std::strtoll(text.c_str(), &end, 10);
     ZERO_CHECK(end != text.c_str() && *end == '\0' && v >= min && v <= max,
@@ -80,16 +76,16 @@ StepArgs parse_args(std::span<const std::string> args) {
       arg.no_value();
       r.json = true;
     } else if (a == "--model") {
-      r.model = models::MlpShape::parse(value(arg));
+      r.model = models::MlpShape::parse(flag_value(arg, kUsage));
     } else if (a == "--params") {
-      r.params = parse_count(value(arg), a, kUsage);
+      r.params = parse_count(flag_value(arg, kUsage), a, kUsage);
       ZERO_CHECK(*r.params >= kSyntheticLayers, "--params {}: at least {} (one per layer)",
                  *r.params, kSyntheticLayers);
     } else if (a == "--world-size") {
       r.world_size = integer(arg, 1, 256);
     } else if (a == "--stages") {
       r.stages.clear();
-      const std::string text = value(arg);
+      const std::string text = flag_value(arg, kUsage);
       std::string_view list = text;
       while (!list.empty()) {
         const std::size_t comma = list.find(',');
@@ -101,7 +97,7 @@ StepArgs parse_args(std::span<const std::string> args) {
       }
       ZERO_CHECK(!r.stages.empty(), "--stages needs at least one stage; {}", kUsage);
     } else if (a == "--precision") {
-      r.precision = value(arg);
+      r.precision = flag_value(arg, kUsage);
       ZERO_CHECK(r.precision == "fp32" || r.precision == "bf16" || r.precision == "fp16",
                  "--precision {}: expected fp32, bf16 or fp16", r.precision);
     } else if (a == "--steps") {
@@ -109,14 +105,14 @@ StepArgs parse_args(std::span<const std::string> args) {
     } else if (a == "--threads") {
       r.threads = integer(arg, 1, 4096);
     } else if (a == "--prefetch") {
-      const std::string v = value(arg);
+      const std::string v = flag_value(arg, kUsage);
       ZERO_CHECK(v == "on" || v == "off" || v == "both", "--prefetch {}: expected on, off or both",
                  v);
       r.prefetch = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
     } else if (a == "--memory-budget") {
-      r.memory_budget = parse_count(value(arg), a, kUsage);
+      r.memory_budget = parse_count(flag_value(arg, kUsage), a, kUsage);
     } else if (a == "--bucket") {
-      r.bucket_elems = static_cast<std::int64_t>(parse_count(value(arg), a, kUsage));
+      r.bucket_elems = static_cast<std::int64_t>(parse_count(flag_value(arg, kUsage), a, kUsage));
     } else {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
     }

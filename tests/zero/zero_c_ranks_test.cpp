@@ -197,6 +197,14 @@ std::vector<float> result_of(const zero::test::SharedRegion& region, int rank) {
   return {base, base + kTotal};
 }
 
+// A forked rank: trains over `c`, writes its result into its slot of `region`, destroys `c`.
+void train_into(zero::test::SharedRegion& region, zero_comm* c, int r, int stage, int world) {
+  const std::vector<float> v = train_c(c, r, stage, world);
+  std::memcpy(reinterpret_cast<float*>(region.data()) + r * kTotal, v.data(),
+              kTotal * sizeof(float));
+  zero_comm_destroy(c);
+}
+
 void expect_clean(const std::vector<zero::test::RankOutcome>& outcomes) {
   for (std::size_t r = 0; r < outcomes.size(); ++r) {
     INFO("rank " << r << ": " << outcomes[r].error);
@@ -254,10 +262,7 @@ TEST_CASE(
       require_ok(zero_comm_backend(c, &backend));
       if (std::string(backend) != "shm")
         throw std::runtime_error("backend " + std::string(backend));
-      const std::vector<float> v = train_c(c, r, stage, world);
-      std::memcpy(reinterpret_cast<float*>(region.data()) + r * kTotal, v.data(),
-                  kTotal * sizeof(float));
-      zero_comm_destroy(c);
+      train_into(region, c, r, stage, world);
     });
     expect_clean(ranks.wait());
     for (int r = 0; r < world; ++r) CHECK(result_of(region, r) == reference);
@@ -278,10 +283,7 @@ TEST_CASE(
       require_ok(zero_comm_rank(c, &rank));
       require_ok(zero_comm_size(c, &size));
       if (rank != r || size != world) throw std::runtime_error("rank/size from the environment");
-      const std::vector<float> v = train_c(c, r, stage, world);
-      std::memcpy(reinterpret_cast<float*>(region.data()) + r * kTotal, v.data(),
-                  kTotal * sizeof(float));
-      zero_comm_destroy(c);
+      train_into(region, c, r, stage, world);
     });
     expect_clean(ranks.wait());
     for (int r = 0; r < world; ++r) CHECK(result_of(region, r) == reference);

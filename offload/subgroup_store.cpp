@@ -151,6 +151,9 @@ IoRequest SubgroupStore::request(const Group& g, int slot, IoOp op, std::byte* r
   return {op, fds_[f], record, record_bytes_, offset, file_names_[f]};
 }
 
+// The slot an update writes: the one not holding the committed values (slot 0 before any).
+int SubgroupStore::spare_slot(const Group& g) { return g.written ? 1 - g.active : 0; }
+
 // The cached record of NVMe sub-group `index`, loaded (or initialised) on a miss.
 std::byte* SubgroupStore::load(int index, bool for_write) {
   if (cache_index_ != index) {
@@ -172,7 +175,7 @@ void SubgroupStore::flush() {
   if (cache_index_ < 0 || !cache_dirty_) return;
   Group& g = groups_[static_cast<std::size_t>(cache_index_)];
   // Into the spare slot, then flip: a failed write leaves the committed slot as it was.
-  const int spare = g.written ? 1 - g.active : 0;
+  const int spare = spare_slot(g);
   io_->wait(io_->submit({request(g, spare, IoOp::Write, cache_.data)}));
   g.active = spare;
   g.written = true;
@@ -251,7 +254,7 @@ void SubgroupStore::update_all(const Visit& visit, const Agree& agree) {
         failure = std::current_exception();
         break;
       }
-      const int spare = g.written ? 1 - g.active : 0;
+      const int spare = spare_slot(g);
       writing[b] = io_->submit({request(g, spare, IoOp::Write, buffers_[b].data)});
       if (!t.pipeline_write) settle(writing[b]);
     }
@@ -270,7 +273,7 @@ void SubgroupStore::update_all(const Visit& visit, const Agree& agree) {
   // Every write succeeded: the new values become the committed ones.
   for (int i : nv) {
     Group& g = groups_[static_cast<std::size_t>(i)];
-    g.active = g.written ? 1 - g.active : 0;
+    g.active = spare_slot(g);
     g.written = true;
   }
 }

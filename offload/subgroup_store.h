@@ -128,6 +128,7 @@ class SubgroupStore {
   View staged_view(const Group& g, int index, std::byte* record) const;
   void fill_initial(const Group& g, std::byte* record) const;
   IoRequest request(const Group& g, int slot, IoOp op, std::byte* record) const;
+  static int spare_slot(const Group& g);
   std::byte* load(int index, bool for_write);
   void visit_range(std::size_t begin, std::size_t end, bool for_write, const Visit& visit);
   Staged alloc_staged();

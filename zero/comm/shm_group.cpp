@@ -204,8 +204,10 @@ void ShmGroup::abort(const std::string& reason) noexcept {
 
 void ShmGroup::fail(const ShmOp& op, const std::string& reason) {
   abort(reason);
-  throw CommError(
-      fmt::format("{}: {} (collective #{}) failed: {}", prefix(), op.what, op.seq, reason));
+  // The first reason stands: a rank that saw a peer exit aborts the group before it exits
+  // itself, so whoever then sees that rank gone names the peer that caused it.
+  throw CommError(fmt::format("{}: {} (collective #{}) failed: {}", prefix(), op.what, op.seq,
+                              abort_reason()));
 }
 
 void ShmGroup::ring() const {

@@ -87,7 +87,8 @@ class ShmGroup {
 
   // Fails every pending and later wait of every rank with `reason` (the first reason is kept).
   void abort(const std::string& reason) noexcept;
-  // Aborts the group with `reason` and throws CommError("<this rank>: <op> failed: <reason>").
+  // Aborts the group with `reason` and throws CommError("<this rank>: <op> failed: <why>"),
+  // where <why> is the group's first abort reason: `reason` unless a peer aborted earlier.
   [[noreturn]] void fail(const ShmOp& op, const std::string& reason);
 
   // Copies `bytes` at address `remote` of rank q's process to `local` (cross-memory attach).

@@ -111,7 +111,7 @@ MODELS = {"mlp": MLP, "transformer": Transformer}
 # --- one rank of one run (under torchrun) ------------------------------------------------------
 
 def zero_config(stage, micro_batch):
-    # No clipping: DDP and FSDP2 run plain AdamW (DeepSpeed >= 0.19.3 and zero clip at 1.0 unless told).
+    # No clipping: DDP and FSDP2 run plain AdamW (written out: DeepSpeed >= 0.19.3 clips at 1.0 unless told).
     return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
             "gradient_clipping": 0.0,
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,

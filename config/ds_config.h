@@ -251,7 +251,7 @@ struct DsConfig {
   // Data-parallel world size: supplied, or the only one the three batch values admit.
   std::optional<std::int64_t> world_size;
 
-  double gradient_clipping = 1.0;   // global L2-norm clip, <= 0: off; default 1.0 (0 < 0.19.3)
+  double gradient_clipping = 0.0;   // global L2-norm clip, <= 0: off; absent: off (1.0 >= 0.19.3)
   bool prescale_gradients = false;  // divide by the world size before reducing; default false
   double gradient_predivide_factor = 1.0;  // plain all-reduce path: divide first; default 1.0
   // gradient_allreduce_op "sum" (no averaging over ranks); default "mean".

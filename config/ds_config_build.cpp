@@ -55,7 +55,7 @@ DsConfig Loader::build(const json& out) const {
   c.train_batch_size = opt_int("train_batch_size");
   c.train_micro_batch_size_per_gpu = opt_int("train_micro_batch_size_per_gpu");
   c.gradient_accumulation_steps = opt_int("gradient_accumulation_steps");
-  c.gradient_clipping = number_at(out, "gradient_clipping", 1.0);
+  c.gradient_clipping = number_at(out, "gradient_clipping", 0.0);
   c.prescale_gradients = bool_at(out, "prescale_gradients", false);
   c.gradient_predivide_factor = number_at(out, "gradient_predivide_factor", 1.0);
   c.gradient_allreduce_sum = string_at(out, "gradient_allreduce_op") == "sum";

@@ -54,6 +54,13 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
           fmt::format("must be a multiple of 2 (DeepSpeed asserts), got {}",
                       z.allgather_bucket_elems));
   }
+  if (provenance["gradient_clipping"].source == Source::Default) {
+    provenance["gradient_clipping"].detail = "DeepSpeed 0.19.3 and later: 1.0 (on)";
+    add(Severity::Note, "gradient_clipping",
+        "not set, so gradients are not clipped, as in DeepSpeed before 0.19.3 and in plain "
+        "PyTorch; DeepSpeed 0.19.3 and later clip at 1.0 when the key is absent: write "
+        "\"gradient_clipping\": 1.0 for that");
+  }
   if (z.offload_optimizer && z.offload_optimizer->ratio < 1.0 && (stage == 1 || stage == 2)) {
     add(Severity::Note, "zero_optimization.offload_optimizer.ratio",
         "DeepSpeed honours a partial offload only at stage 3; zero offloads that share of the "

@@ -18,7 +18,9 @@ constexpr std::string_view kOptParams = "optimizer.params";
 constexpr std::string_view kSchedParams = "scheduler.params";
 
 // Where a value still differs between DeepSpeed releases, `older` records it (SPEC §0.1); zero
-// always uses the 0.19.6 value. Deltas without a key of their own: loss-scale growth timing and
+// uses the 0.19.6 value, but for one: an absent gradient_clipping is off, as before 0.19.3
+// (0.19.3 made it 1.0), so a config means what the plain-PyTorch loop it replaces did; a note
+// says so (check_cross_fields). Deltas without a key of their own: loss-scale growth timing and
 // the pre-0.17.1 dynamic-scaler defaults live in zero/schedule; aio.thread_count and the
 // fp16-style keys in bf16 are in kDeprecated below.
 std::vector<KeyRule> make_key_rules() {
@@ -52,8 +54,7 @@ std::vector<KeyRule> make_key_rules() {
       {.block = "",
        .name = "gradient_clipping",
        .type = VT::Float,
-       .default_value = 1.0,
-       .older = "0.0 (off) before 0.19.3"},
+       .default_value = 0.0},  // off, as before 0.19.3: see check_cross_fields
       {.block = "", .name = "prescale_gradients", .type = VT::Bool, .default_value = false},
       {.block = "", .name = "gradient_predivide_factor", .type = VT::Float, .default_value = 1.0},
       {.block = "",

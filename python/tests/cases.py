@@ -20,7 +20,7 @@ BETAS = (0.9, 0.999)
 # transformer's fp32 weights 10x outside the 1e-5 tolerance; 1e-5 keeps them 8x inside it (3 ranks).
 EPS = 1e-5
 WEIGHT_DECAY = 0.01
-# Written in every config (DeepSpeed >= 0.19.3 and zero default to 1.0; older DeepSpeed to off)
+# Written in every config (absent, zero and DeepSpeed < 0.19.3 do not clip; DeepSpeed >= 0.19.3 clips at 1.0)
 # and applied to the reference: both models' gradient norms exceed it in the first steps.
 GRADIENT_CLIPPING = 1.0
 MODEL_SEED = 5

@@ -32,9 +32,8 @@ const std::string kDir = std::string(ZERO_TEST_DATA_DIR) + "/configs/";
 
 // ---- defaults and types ----------------------------------------------------------------------
 
-TEST_CASE("an empty config gets DeepSpeed 0.19.6 defaults, each with provenance default") {
+TEST_CASE("an empty config gets DeepSpeed 0.19.6 defaults (gradient_clipping: off), each with provenance default") {
   const DsConfig c = load("{}");
-  CHECK(c.gradient_clipping == 1.0);
   CHECK(c.zero_optimization.stage == 0);
   CHECK(c.zero_optimization.reduce_bucket_elems == 500'000'000);
   CHECK(c.zero_optimization.prefetch_bucket_elems == 50'000'000);
@@ -47,6 +46,8 @@ TEST_CASE("an empty config gets DeepSpeed 0.19.6 defaults, each with provenance 
   CHECK(c.communication_data_type == zero::DType::F32);
   CHECK(c.provenance.at("gradient_clipping").source == Source::Default);
   CHECK(c.provenance.at("gradient_clipping").detail.find("0.19.3") != std::string::npos);
+  CHECK(c.gradient_clipping == 0.0);  // off when absent, unlike DeepSpeed >= 0.19.3 (a note)
+  CHECK(has_finding(c.findings, Severity::Note, "gradient_clipping"));
   CHECK(c.to_json()["zero_optimization"]["stage3_model_persistence_threshold"] == INT64_MAX);
 }
 

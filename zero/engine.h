@@ -177,6 +177,11 @@ class Engine {
   // stage3_gather_16bit_weights_on_model_save writes. Collective at stage 3 (gathers the unit's
   // slices; the unit's gather state is left as it was).
   virtual std::vector<std::byte> gather_model(std::size_t param) = 0;
+  // Replaces the value of `param` with `values` (numel fp32, read on rank `root` only): the master
+  // weights become them, the model copy (and at stage 3 any gathered copy) their rounding, as an
+  // optimizer step would leave them; optimizer states are kept. Collective: every rank calls it
+  // for the same parameters in the same order. Frozen parameters: their model copy.
+  virtual void set_param(std::size_t param, std::span<const float> values, int root) = 0;
   virtual std::int64_t global_steps() const = 0;
   virtual double current_lr(int group = 0) const = 0;
   // This rank's memory ledger.

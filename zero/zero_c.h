@@ -243,6 +243,12 @@ int zero_engine_step(zero_engine* engine, zero_step_result* result);
  * parameter's element count. Collective at stages 1–3. */
 int zero_engine_gather_master(zero_engine* engine, size_t param, float* out, size_t numel);
 
+/* Replaces the value of `param` by values[0..numel) given on rank `root` (other ranks may pass
+ * NULL and 0): master weights, model copy and any gathered copy, as an optimizer step leaves
+ * them; optimizer states are kept. Collective: every rank, same parameters, same order. */
+int zero_engine_set_param(zero_engine* engine, size_t param, const float* values, size_t numel,
+                          int root);
+
 /* The learning rate group `group` uses at the next optimizer step. */
 int zero_engine_lr(const zero_engine* engine, int group, double* lr);
 int zero_engine_global_steps(const zero_engine* engine, int64_t* steps);

@@ -158,13 +158,27 @@ FP16_SCALE = {"mlp": None, "transformer": 128.0}
 
 # --- the reference ----------------------------------------------------------------------------
 
-def reference(model_name, steps=STEPS):
+def replacement(model_name):
+    """New values for every parameter of `model_name` (name -> fp32 tensor, exact in bf16), which
+    the GatheredParameters tests write in mid-training."""
+    g = torch.Generator().manual_seed(77)
+    return {n: (0.05 * torch.randn(p.shape, generator=g)).bfloat16().float()
+            for n, p in build(model_name).named_parameters()}
+
+
+def reference(model_name, steps=STEPS, replace=None):
     """torch.optim.AdamW in this process on the global batch, the gradients clipped to a global
-    L2 norm of GRADIENT_CLIPPING first: (fp32 state dict, losses)."""
+    L2 norm of GRADIENT_CLIPPING first: (fp32 state dict, losses).
+    replace: (step, {name: values}): the parameters take those values before that step, and
+    AdamW keeps its moments."""
     model = build(model_name)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     losses = []
     for step in range(steps):
+        if replace is not None and step == replace[0]:
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(replace[1][n])
         x, y = global_batch(model_name, step)
         opt.zero_grad()
         loss = loss_fn(model_name, model(x), y)

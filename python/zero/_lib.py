@@ -93,6 +93,8 @@ _SIGNATURES = {
     "zero_engine_grad_ready": ([P, ctypes.c_size_t], ctypes.c_int),
     "zero_engine_step": ([P, ctypes.POINTER(StepResult)], ctypes.c_int),
     "zero_engine_gather_master": ([P, ctypes.c_size_t, P, ctypes.c_size_t], ctypes.c_int),
+    "zero_engine_set_param": ([P, ctypes.c_size_t, P, ctypes.c_size_t, ctypes.c_int],
+                              ctypes.c_int),
     "zero_engine_lr": ([P, ctypes.c_int, ctypes.POINTER(ctypes.c_double)], ctypes.c_int),
     "zero_engine_global_steps": ([P, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int),
     "zero_engine_loss_scale": ([P, ctypes.POINTER(ctypes.c_double)], ctypes.c_int),

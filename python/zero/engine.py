@@ -10,6 +10,7 @@ import json
 import math
 import os
 import warnings
+import weakref
 
 import torch
 
@@ -111,6 +112,9 @@ class ZeroEngine(torch.nn.Module):
             self._fetcher.install(model, {id(r.param): r.unit for r in registered})
         else:
             self._alias_model_copy()
+        owner = weakref.ref(self)
+        for r in registered:
+            r.param._zero_owner, r.param._zero_index = owner, r.index
         for r in registered:
             if r.trainable:
                 self._grad_hooks.append(r.param.register_post_accumulate_grad_hook(
@@ -311,6 +315,17 @@ class ZeroEngine(torch.nn.Module):
                      ctypes.c_void_p(out.data_ptr()), r.numel)
                 return out
         raise ZeroError(f"gather_master: no parameter named '{name}'")
+
+    def _set_param(self, index, values, root):
+        """Parameter `index` becomes `values` (a float32 tensor, read on rank `root` only):
+        master weights and model copy (collective; GatheredParameters' modifier_rank)."""
+        self._check_alive()
+        if self.global_rank == root:
+            values = values.detach().reshape(-1).to(torch.float32).contiguous()
+            call("zero_engine_set_param", self._handle, index, ctypes.c_void_p(values.data_ptr()),
+                 values.numel(), root)
+        else:
+            call("zero_engine_set_param", self._handle, index, None, 0, root)
 
     # --- checkpoints ---
     def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True):

@@ -1,27 +1,33 @@
-"""zero.GatheredParameters: read stage-3 parameters whole outside a module's forward."""
+"""zero.GatheredParameters: read (and change) parameters whole outside a module's forward."""
 from ._lib import ZeroError
 from ._stage3 import live_fetcher_of
 
 
 class GatheredParameters:
     """Context manager: inside it, the given parameters (one, or an iterable) of a zero engine's
-    model hold their full values. At stages 0-2 they always do, and it does nothing. Collective at
-    stage 3: every rank enters it with the same parameters.
+    model hold their full values. At stages 0-2 they always do; at stage 3 their units are
+    gathered on entry and released on exit. Collective: every rank enters it with the same
+    parameters in the same order.
 
-    modifier_rank: DeepSpeed broadcasts modifications made on that rank when the context exits;
-    zero does not support modifying parameters this way yet (modify them before initialize),
-    so it must be None."""
+    modifier_rank: None, or the rank whose changes to the parameters' values inside the context
+    count. On exit that rank's values go to every rank and become the engine's master weights
+    and model copy (rounded to the training dtype), at every stage, so training continues from
+    them; optimizer states are kept. With None, changes made inside the context are not kept
+    at stage 3 (the gathered copy is dropped), as in DeepSpeed.
+
+    fwd_module is accepted for DeepSpeed compatibility and not used."""
 
     def __init__(self, params, modifier_rank=None, fwd_module=None, enabled=True):
-        if modifier_rank is not None:
-            raise ZeroError(f"GatheredParameters(modifier_rank={modifier_rank}): modifying "
-                            "parameters inside the context is not supported; set their values "
-                            "before zero.initialize, or load a checkpoint")
         if params is None:
             params = []
         elif hasattr(params, "data") and hasattr(params, "requires_grad"):
             params = [params]
         self.params = list(params)
+        if modifier_rank is not None and (isinstance(modifier_rank, bool)
+                                          or not isinstance(modifier_rank, int)):
+            raise ZeroError(f"GatheredParameters: modifier_rank={modifier_rank!r}; expected None "
+                            "or a rank (an int)")
+        self.modifier_rank = modifier_rank
         self.enabled = enabled
         self.units = []
         self.fetcher = None
@@ -29,6 +35,12 @@ class GatheredParameters:
     def __enter__(self):
         if not self.enabled:
             return self
+        if self.modifier_rank is not None:
+            for p in self.params:
+                engine = self._engine_of(p)
+                if engine is not None and not 0 <= self.modifier_rank < engine.world_size:
+                    raise ZeroError(f"GatheredParameters: modifier_rank={self.modifier_rank} is "
+                                    f"not a rank (the world has {engine.world_size})")
         for p in self.params:
             fetcher, unit = live_fetcher_of(p)
             if fetcher is None:
@@ -41,10 +53,32 @@ class GatheredParameters:
             self.fetcher.ensure_gathered(u)
         return self
 
-    def __exit__(self, *exc):
-        for u in self.units:
-            self.fetcher.forward_refs[u] -= 1
-            if self.fetcher.forward_refs[u] == 0:
-                self.fetcher.release(u)
-        self.units = []
+    def __exit__(self, exc_type, *_):
+        try:
+            # A failure inside the context on one rank would leave the others waiting in the
+            # broadcast: keep nothing then (the exception goes on).
+            if self.enabled and self.modifier_rank is not None and exc_type is None:
+                engines = []
+                for p in self.params:
+                    engine = self._engine_of(p)
+                    if engine is not None:
+                        engine._set_param(p._zero_index, p.data, self.modifier_rank)
+                        if engine not in engines:
+                            engines.append(engine)
+                for engine in engines:  # stages 0-2: .data may have been replaced in the context
+                    if engine._fetcher is None:
+                        engine._alias_model_copy()
+        finally:
+            for u in self.units:
+                self.fetcher.forward_refs[u] -= 1
+                if self.fetcher.forward_refs[u] == 0:
+                    self.fetcher.release(u)
+            self.units = []
         return False
+
+    @staticmethod
+    def _engine_of(param):
+        """The live engine that holds `param`, or None (not a zero engine's parameter)."""
+        owner = getattr(param, "_zero_owner", None)
+        engine = owner() if owner is not None else None
+        return engine if engine is not None and engine._handle is not None else None

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "zero/base/shape.h"
 #include "zero/c/handles.h"
 #include "zero/c/status.h"
 #include "zero/checkpoint/checkpoint.h"
@@ -257,6 +258,23 @@ int zero_engine_gather_master(zero_engine* engine, size_t param, float* out, siz
     ZERO_C_REQUIRE(master.size() == numel, "parameter {} ('{}') has {} elements, but numel is {}",
                    param, e.spec(param).name, master.size(), numel);
     if (numel > 0) std::memcpy(out, master.data(), numel * sizeof(float));
+  });
+}
+
+int zero_engine_set_param(zero_engine* engine, size_t param, const float* values, size_t numel,
+                          int root) {
+  return guarded("zero_engine_set_param", [&] {
+    zero::Engine& e = checked(engine);
+    check_param(e, param);
+    ZERO_C_REQUIRE(root >= 0 && root < e.world_size(), "root {} is not a rank (the world has {})",
+                   root, e.world_size());
+    if (e.rank() == root) {
+      ZERO_C_REQUIRE(values != nullptr || numel == 0, "values is null on the root rank {}", root);
+      const std::uint64_t want = zero::numel_of(e.spec(param).shape);
+      ZERO_C_REQUIRE(numel == want, "parameter {} ('{}') has {} elements, but numel is {}", param,
+                     e.spec(param).name, want, numel);
+    }
+    e.set_param(param, std::span<const float>(values, e.rank() == root ? numel : 0), root);
   });
 }
 

@@ -495,65 +495,6 @@ double EngineImpl::current_lr(int group) const {
       .lr;
 }
 
-// ---------------------------------------------------------------------------------------------
-// whole parameters
-
-std::vector<float> EngineImpl::gather_master(std::size_t param) {
-  check_param(param, "gather_master");
-  const ParamState& ps = params_[param];
-  std::vector<float> out(ps.numel);
-  if (!ps.layout_index) {
-    combine(out.data(), DType::F32, ps.frozen.data(), model_dtype_, ps.numel);
-    return out;
-  }
-  const ParamPlacement& pl = layout_->placement(*ps.layout_index);
-  const UnitLayout& ul = layout_->unit(pl.unit);
-  const DType master_dtype = optimizer_->master_dtype();
-  std::vector<std::byte> flat(ul.padded_elems * dtype_size(master_dtype));
-  const std::size_t slice_bytes = ul.slice_elems * dtype_size(master_dtype);
-  // Domain d's slice of the unit, from whichever tier holds it.
-  auto read_slice = [&](int d, std::byte* dst) {
-    optimizer_->read_tensor(0, d, ul.partition_offset, ul.slice_elems,
-                            [&](const std::byte* data, std::size_t n) {
-                              const std::size_t bytes = n * dtype_size(master_dtype);
-                              std::memcpy(dst, data, bytes);
-                              dst += bytes;
-                            });
-  };
-  if (stage_ == 0) {
-    for (int d = 0; d < world_; ++d) {
-      read_slice(d, flat.data() + static_cast<std::size_t>(d) * slice_bytes);
-    }
-  } else if (ul.slice_elems > 0) {
-    std::vector<std::byte> mine(slice_bytes);
-    read_slice(0, mine.data());
-    comm_.all_gather(mine.data(), flat.data(), ul.slice_elems, master_dtype).wait();
-  }
-  combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype), master_dtype,
-          ps.numel);
-  return out;
-}
-
-std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
-  check_param(param, "gather_model");
-  const ParamState& ps = params_[param];
-  const std::size_t bytes = ps.numel * dtype_size(model_dtype_);
-  std::vector<std::byte> out(bytes);
-  if (!ps.layout_index || !fetcher_) {
-    if (bytes > 0) std::memcpy(out.data(), this->param(param).data(), bytes);
-    return out;
-  }
-  const ParamPlacement& pl = layout_->placement(*ps.layout_index);
-  const UnitLayout& ul = layout_->unit(pl.unit);
-  if (ul.slice_elems == 0) return out;
-  Buffer flat = alloc(ul.padded_elems, model_dtype_, MemoryTag::Staging);
-  Buffer mine = alloc(ul.slice_elems, model_dtype_, MemoryTag::Staging);
-  copy_own_slice(pl.unit, static_cast<std::byte*>(mine.data()));
-  comm_.all_gather(mine.data(), flat.data(), ul.slice_elems, model_dtype_).wait();
-  std::memcpy(out.data(), element_at(flat, model_dtype_, pl.offset), bytes);
-  return out;
-}
-
 }  // namespace zero::engine_detail
 
 namespace zero {

@@ -68,6 +68,7 @@ class EngineImpl final : public Engine, private SliceMap {
 
   std::vector<float> gather_master(std::size_t param) override;
   std::vector<std::byte> gather_model(std::size_t param) override;
+  void set_param(std::size_t param, std::span<const float> values, int root) override;
   std::int64_t global_steps() const override { return global_steps_; }
   double current_lr(int group) const override;
   MemorySnapshot memory() const override { return device_.ledger().snapshot(); }
@@ -142,6 +143,8 @@ class EngineImpl final : public Engine, private SliceMap {
   };
   StepPlan plan_step();
   void all_gather_model();
+  // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
+  std::vector<std::byte> gather_master_unit(int unit);
   void refresh_model_from_master();
 
   // Checkpoints (engine_checkpoint.cpp).

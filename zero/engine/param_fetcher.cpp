@@ -192,6 +192,14 @@ const std::byte* ParamFetcher::data(int unit) const {
   return u.state == State::Gathered ? static_cast<const std::byte*>(u.buffer.data()) : nullptr;
 }
 
+void ParamFetcher::overwrite(int unit, std::size_t offset, const std::byte* src,
+                             std::size_t elems) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  wait(u);
+  if (u.state != State::Gathered || elems == 0) return;
+  std::memcpy(element_at(u.buffer, dtype_, offset), src, elems * dtype_size(dtype_));
+}
+
 void ParamFetcher::end_micro_step() {
   check_same_order();
   for (Unit& u : units_) {

@@ -63,6 +63,10 @@ class ParamFetcher {
   void release(int unit);
   // The unit's gathered flat buffer, or null when it is not gathered (or holds nothing).
   const std::byte* data(int unit) const;
+  // Writes `elems` elements at `offset` of the unit's gathered copy (waiting for an all-gather in
+  // flight first), so a copy gathered before its slices changed stays true; nothing when the
+  // unit is not gathered.
+  void overwrite(int unit, std::size_t offset, const std::byte* src, std::size_t elems);
 
   // End of a micro-step: checks that every rank gathered the same units in the same order
   // (collective), closes the trace recording, frees prefetches that were never used.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/base/error.h"
 
@@ -281,6 +282,59 @@ TEST_CASE("a demand gather over stage3_max_live_parameters says which units hold
   });
   CHECK_THAT(message, Catch::Contains("stage3_max_live_parameters = 120") &&
                           Catch::Contains("units 0, 1 are gathered"));
+}
+
+// set_param on two ranks: rank 1's values replace the master weights, the gathered copy and the
+// own slices (in memory or in the NVMe parameter store) of one parameter; the others keep theirs.
+TEST_CASE("set_param replaces one parameter everywhere a rank keeps it, also on NVMe",
+          "[engine][stage3]") {
+  TempDir nvme("zero_set_param");
+  for (const bool on_nvme : {false, true}) {
+    json c = stage3_config("bf16", 0, 1'000'000);
+    if (on_nvme) {
+      c["zero_optimization"]["offload_param"] = {
+          {"device", "nvme"}, {"nvme_path", nvme.path().string()}, {"buffer_size", 100'000}};
+    }
+    config::Supplied supplied;
+    supplied.world_size = 2;
+    const config::DsConfig cfg = config::load_config_json(c, supplied);
+    const std::vector<ParamSpec> specs = layer_specs(DType::BF16);
+    const std::size_t target = 2;  // layers.1.weight: unit 1, split over both ranks
+    REQUIRE(specs[target].unit == 1);
+    std::vector<float> values(static_cast<std::size_t>(specs[target].shape[0]));
+    for (std::size_t j = 0; j < values.size(); ++j)
+      values[j] = 0.375f + 0.125f * static_cast<float>(j % 7);  // exact in bf16
+    std::mutex mu;
+    std::vector<std::string> failures;
+    run_ranks(2, [&](Communicator& comm) {
+      auto device = make_device("cpu", comm.rank());
+      auto engine = Engine::create(cfg, comm, *device, specs, [](std::size_t i, std::span<float> v) {
+        std::fill(v.begin(), v.end(), 0.01f * static_cast<float>(i + 1));
+      });
+      std::vector<std::vector<float>> before;
+      for (std::size_t i = 0; i < specs.size(); ++i) before.push_back(engine->gather_master(i));
+      auto fail = [&](const std::string& what) {
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back(fmt::format("rank {} ({}): {}", comm.rank(), on_nvme ? "nvme" : "memory",
+                                       what));
+      };
+      engine->gather(1);  // gathered before the change: the copy must follow it
+      engine->set_param(target,
+                        comm.rank() == 1 ? std::span<const float>(values) : std::span<const float>(),
+                        1);
+      if (to_f32(engine->param(target), DType::BF16) != values) fail("gathered copy");
+      engine->release(1);
+      engine->gather(1);  // gathered again from the own slices
+      if (to_f32(engine->param(target), DType::BF16) != values) fail("slices");
+      engine->release(1);
+      if (engine->gather_master(target) != values) fail("master");
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        if (i != target && engine->gather_master(i) != before[i]) fail(specs[i].name + " changed");
+      }
+    });
+    INFO(fmt::format("{}", fmt::join(failures, "; ")));
+    CHECK(failures.empty());
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/norm.h"
+#include "kernels/reduce.h"
 #include "kernels/unscale.h"
 #include "zero/base/error.h"
 
@@ -81,6 +82,16 @@ void cast_cpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, std:
                         [&](std::size_t begin, std::size_t end) {
                           kernels.cast(src, src_dtype, dst, dst_dtype, begin, end);
                         });
+}
+
+void reduce_cpu(void* dst, const void* const* srcs, int nsrc, std::size_t elems, DType dtype,
+                ReduceKind kind, float divisor, Isa isa) {
+  ZERO_CHECK(nsrc >= 1, "reduce: needs at least one source, got {}", nsrc);
+  check_array("reduce", "dst", dst, dtype, elems);
+  for (int k = 0; k < nsrc; ++k) check_array("reduce", "a source", srcs[k], dtype, elems);
+  if (elems == 0) return;
+  detail::cpu_kernels(resolve_isa(isa))
+      .reduce(dst, srcs, nsrc, dtype, kind == ReduceKind::Max, divisor, 0, elems);
 }
 
 }  // namespace zero::kernels

@@ -256,10 +256,48 @@ void cast_range(const void* src, DType src_dtype, void* dst, DType dst_dtype, st
   });
 }
 
+// One element (or vector) of reduce: every source read before dst is written, so dst may alias
+// a source exactly.
+template <class Ops, DType kDType, bool kMax>
+void reduce_at(void* dst, const void* const* srcs, int nsrc, float divisor, std::size_t i) {
+  using V = typename Ops::V;
+  V acc = load_as_float<Ops, kDType>(srcs[0], i);
+  for (int k = 1; k < nsrc; ++k) {
+    const V x = load_as_float<Ops, kDType>(srcs[k], i);
+    if constexpr (kMax) {
+      acc = Ops::max_nan(acc, x);
+    } else {
+      acc = acc + x;
+    }
+  }
+  if (divisor != 0.0f) acc = acc / V(divisor);
+  store_from_float<Ops, kDType>(dst, i, acc);
+}
+
+template <class Ops>
+void reduce_range(void* dst, const void* const* srcs, int nsrc, DType dtype, bool max,
+                  float divisor, std::size_t begin, std::size_t end) {
+  with_dtype(dtype, [&](auto tag) {
+    constexpr DType kDType = decltype(tag)::value;
+    auto run = [&](auto is_max) {
+      constexpr bool kMax = decltype(is_max)::value;
+      std::size_t i = begin;
+      for (; i + Ops::kWidth <= end; i += Ops::kWidth)
+        reduce_at<Ops, kDType, kMax>(dst, srcs, nsrc, divisor, i);
+      for (; i < end; ++i) reduce_at<ScalarOps, kDType, kMax>(dst, srcs, nsrc, divisor, i);
+    };
+    if (max) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
+    }
+  });
+}
+
 template <class Ops>
 constexpr detail::CpuKernels make_cpu_kernels() {
-  return detail::CpuKernels{&optimizer_range<Ops>, &probe_range<Ops>, &unscale_range<Ops>,
-                            &squared_norm_block_range<Ops>, &cast_range<Ops>};
+  return detail::CpuKernels{&optimizer_range<Ops>,          &probe_range<Ops>, &unscale_range<Ops>,
+                            &squared_norm_block_range<Ops>, &cast_range<Ops>,  &reduce_range<Ops>};
 }
 
 }  // namespace ZERO_KERNELS_ABI

@@ -29,6 +29,10 @@ struct CpuKernels {
   double (*squared_norm_block)(const void* data, DType dtype, std::size_t begin, std::size_t end);
   void (*cast)(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t begin,
                std::size_t end);
+  // dst[i] = srcs[0][i] + srcs[1][i] + ... left to right in fp32 (max: max_nan instead), divided
+  // by `divisor` unless it is 0, rounded once to `dtype` (see reduce.h).
+  void (*reduce)(void* dst, const void* const* srcs, int nsrc, DType dtype, bool max,
+                 float divisor, std::size_t begin, std::size_t end);
 };
 
 const CpuKernels& cpu_kernels_scalar();

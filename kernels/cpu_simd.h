@@ -36,6 +36,8 @@ struct ScalarOps {
     const float d = x - x;  // NaN exactly when x is ±inf or NaN
     return d != d;
   }
+  // x when x > acc or x is NaN, else acc: a maximum that propagates NaN (the communicators' Max).
+  static V max_nan(V acc, V x) { return (x > acc || x != x) ? x : acc; }
   // Squared-norm lanes: element k of a block adds to lane k % 8.
   static void accumulate_squares(V x, double lanes[8], std::size_t lane) {
     const double d = static_cast<double>(x);
@@ -105,6 +107,11 @@ struct Avx2Ops {
   static bool any_nonfinite(V x) {
     const __m256 d = _mm256_sub_ps(x.v, x.v);
     return _mm256_movemask_ps(_mm256_cmp_ps(d, d, _CMP_UNORD_Q)) != 0;
+  }
+  static V max_nan(V acc, V x) {
+    const __m256 take = _mm256_or_ps(_mm256_cmp_ps(x.v, acc.v, _CMP_GT_OQ),
+                                     _mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q));
+    return V(_mm256_blendv_ps(acc.v, x.v, take));
   }
   // Lanes 0-3 and 4-7 of the 8 squared-norm lanes.
   struct SquareAcc {
@@ -200,6 +207,11 @@ struct Avx512Ops {
   static bool any_nonfinite(V x) {
     const __m512 d = _mm512_sub_ps(x.v, x.v);
     return _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q) != 0;
+  }
+  static V max_nan(V acc, V x) {
+    const __mmask16 take =
+        _mm512_cmp_ps_mask(x.v, acc.v, _CMP_GT_OQ) | _mm512_cmp_ps_mask(x.v, x.v, _CMP_UNORD_Q);
+    return V(_mm512_mask_blend_ps(take, acc.v, x.v));
   }
   struct SquareAcc {
     __m512d lanes = _mm512_setzero_pd();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kernels/reduce.h"
 #include "zero/base/error.h"
 #include "zero/base/half.h"
 
@@ -9,64 +10,30 @@ namespace zero::comm_detail {
 
 namespace {
 
-template <typename A>
-inline A max_nan(A acc, A x) {
-  return (x > acc || x != x) ? x : acc;
-}
-
-struct F32 {
-  using T = float;
-  using A = float;
-  static A load(T v) { return v; }
-  static T store(A v) { return v; }
-};
-struct F64 {
-  using T = double;
-  using A = double;
-  static A load(T v) { return v; }
-  static T store(A v) { return v; }
-};
-struct BF16 {
-  using T = std::uint16_t;
-  using A = float;
-  static A load(T v) { return half::bf16_to_float(v); }
-  static T store(A v) { return half::float_to_bf16(v); }
-};
-struct F16 {
-  using T = std::uint16_t;
-  using A = float;
-  static A load(T v) { return half::f16_to_float(v); }
-  static T store(A v) { return half::float_to_f16(v); }
-};
-
-// Works through L1-sized blocks: the whole block is read from every source into the
-// accumulator before any of it is written, which is what makes dst == srcs[k] safe.
-template <typename E>
-void reduce_typed(void* dst_v, const void* const* srcs_v, int nsrc, std::size_t elems, ReduceOp op,
-                  int avg_divisor) {
-  using T = typename E::T;
-  using A = typename E::A;
+// fp64 (which the kernels do not cover) in L1-sized blocks: the whole block is read from every
+// source into the accumulator before any of it is written, which makes dst == srcs[k] safe.
+void reduce_f64(void* dst_v, const void* const* srcs_v, int nsrc, std::size_t elems, ReduceOp op,
+                int avg_divisor) {
   constexpr std::size_t kBlock = 1024;
-  A acc[kBlock];
-  auto* dst = static_cast<T*>(dst_v);
+  double acc[kBlock];
+  auto* dst = static_cast<double*>(dst_v);
   for (std::size_t b = 0; b < elems; b += kBlock) {
     const std::size_t n = std::min(kBlock, elems - b);
-    const T* first = static_cast<const T*>(srcs_v[0]) + b;
-    for (std::size_t i = 0; i < n; ++i) acc[i] = E::load(first[i]);
+    const double* first = static_cast<const double*>(srcs_v[0]) + b;
+    for (std::size_t i = 0; i < n; ++i) acc[i] = first[i];
     for (int k = 1; k < nsrc; ++k) {
-      const T* s = static_cast<const T*>(srcs_v[k]) + b;
+      const double* s = static_cast<const double*>(srcs_v[k]) + b;
       if (op == ReduceOp::Max) {
-        for (std::size_t i = 0; i < n; ++i) acc[i] = max_nan(acc[i], E::load(s[i]));
+        for (std::size_t i = 0; i < n; ++i)
+          acc[i] = (s[i] > acc[i] || s[i] != s[i]) ? s[i] : acc[i];
       } else {
-        for (std::size_t i = 0; i < n; ++i) acc[i] += E::load(s[i]);
+        for (std::size_t i = 0; i < n; ++i) acc[i] += s[i];
       }
     }
     if (op == ReduceOp::Avg) {
-      const A divisor = static_cast<A>(avg_divisor);
-      for (std::size_t i = 0; i < n; ++i) acc[i] /= divisor;
+      for (std::size_t i = 0; i < n; ++i) acc[i] /= static_cast<double>(avg_divisor);
     }
-    T* out = dst + b;
-    for (std::size_t i = 0; i < n; ++i) out[i] = E::store(acc[i]);
+    std::copy_n(acc, n, dst + b);
   }
 }
 
@@ -75,12 +42,11 @@ void reduce_typed(void* dst_v, const void* const* srcs_v, int nsrc, std::size_t 
 void reduce_elements(void* dst, const void* const* srcs, int nsrc, std::size_t elems, DType dtype,
                      ReduceOp op, int avg_divisor) {
   ZERO_ASSERT(nsrc >= 1);
-  switch (dtype) {
-    case DType::F32: return reduce_typed<F32>(dst, srcs, nsrc, elems, op, avg_divisor);
-    case DType::F64: return reduce_typed<F64>(dst, srcs, nsrc, elems, op, avg_divisor);
-    case DType::BF16: return reduce_typed<BF16>(dst, srcs, nsrc, elems, op, avg_divisor);
-    case DType::F16: return reduce_typed<F16>(dst, srcs, nsrc, elems, op, avg_divisor);
-  }
+  if (dtype == DType::F64) return reduce_f64(dst, srcs, nsrc, elems, op, avg_divisor);
+  // The float types through the vectorised kernel: the same arithmetic, the same bits.
+  kernels::reduce_cpu(dst, srcs, nsrc, elems, dtype,
+                      op == ReduceOp::Max ? kernels::ReduceKind::Max : kernels::ReduceKind::Sum,
+                      op == ReduceOp::Avg ? static_cast<float>(avg_divisor) : 0.0f);
 }
 
 void widen_to_f32(const void* src, float* dst, std::size_t elems, DType dtype) {

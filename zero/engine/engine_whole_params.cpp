@@ -103,9 +103,9 @@ void EngineImpl::set_param(std::size_t param, std::span<const float> values, int
   std::vector<std::byte> rounded(ps.numel * dtype_size(model_dtype_));
   combine(rounded.data(), model_dtype_, v.data(), DType::F32, v.size());
   if (!fetcher_) {
-    std::memcpy(element_at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_,
-                           pl.offset),
-                rounded.data(), rounded.size());
+    std::memcpy(
+        element_at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset),
+        rounded.data(), rounded.size());
     return;
   }
   // Stage 3: this rank's slice (the part of [offset, offset + numel) it owns), then any gathered

@@ -22,8 +22,7 @@ std::uint64_t order_hash(const std::vector<int>& order) {
 
 ParamFetcher::ParamFetcher(Communicator& comm, Device& device, const FlatLayout& layout,
                            std::size_t units, DType dtype, const std::byte* partition,
-                           const FetchOptions& options, EngineTimings& timings,
-                           SliceSource source)
+                           const FetchOptions& options, EngineTimings& timings, SliceSource source)
     : comm_(comm),
       device_(device),
       layout_(layout),

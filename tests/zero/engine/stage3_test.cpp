@@ -308,20 +308,20 @@ TEST_CASE("set_param replaces one parameter everywhere a rank keeps it, also on 
     std::vector<std::string> failures;
     run_ranks(2, [&](Communicator& comm) {
       auto device = make_device("cpu", comm.rank());
-      auto engine = Engine::create(cfg, comm, *device, specs, [](std::size_t i, std::span<float> v) {
-        std::fill(v.begin(), v.end(), 0.01f * static_cast<float>(i + 1));
-      });
+      auto engine =
+          Engine::create(cfg, comm, *device, specs, [](std::size_t i, std::span<float> v) {
+            std::fill(v.begin(), v.end(), 0.01f * static_cast<float>(i + 1));
+          });
       std::vector<std::vector<float>> before;
       for (std::size_t i = 0; i < specs.size(); ++i) before.push_back(engine->gather_master(i));
       auto fail = [&](const std::string& what) {
         std::lock_guard<std::mutex> lock(mu);
-        failures.push_back(fmt::format("rank {} ({}): {}", comm.rank(), on_nvme ? "nvme" : "memory",
-                                       what));
+        failures.push_back(
+            fmt::format("rank {} ({}): {}", comm.rank(), on_nvme ? "nvme" : "memory", what));
       };
       engine->gather(1);  // gathered before the change: the copy must follow it
-      engine->set_param(target,
-                        comm.rank() == 1 ? std::span<const float>(values) : std::span<const float>(),
-                        1);
+      engine->set_param(
+          target, comm.rank() == 1 ? std::span<const float>(values) : std::span<const float>(), 1);
       if (to_f32(engine->param(target), DType::BF16) != values) fail("gathered copy");
       engine->release(1);
       engine->gather(1);  // gathered again from the own slices

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 
+#include "kernels/cast.h"
 #include "kernels/reduce.h"
 #include "zero/base/error.h"
-#include "zero/base/half.h"
 
 namespace zero::comm_detail {
 
@@ -50,22 +50,24 @@ void reduce_elements(void* dst, const void* const* srcs, int nsrc, std::size_t e
 }
 
 void widen_to_f32(const void* src, float* dst, std::size_t elems, DType dtype) {
-  const auto* s = static_cast<const std::uint16_t*>(src);
   ZERO_ASSERT(dtype == DType::BF16 || dtype == DType::F16);
-  if (dtype == DType::BF16) {
-    for (std::size_t i = 0; i < elems; ++i) dst[i] = half::bf16_to_float(s[i]);
-  } else {
-    for (std::size_t i = 0; i < elems; ++i) dst[i] = half::f16_to_float(s[i]);
-  }
+  kernels::cast_cpu(src, dtype, dst, DType::F32, elems, {1});
 }
 
 void narrow_from_f32(const float* src, void* dst, std::size_t elems, DType dtype, float divisor) {
-  auto* d = static_cast<std::uint16_t*>(dst);
   ZERO_ASSERT(dtype == DType::BF16 || dtype == DType::F16);
-  if (dtype == DType::BF16) {
-    for (std::size_t i = 0; i < elems; ++i) d[i] = half::float_to_bf16(src[i] / divisor);
-  } else {
-    for (std::size_t i = 0; i < elems; ++i) d[i] = half::float_to_f16(src[i] / divisor);
+  if (divisor == 1.0f) {
+    kernels::cast_cpu(src, DType::F32, dst, dtype, elems, {1});
+    return;
+  }
+  // Divided in L1-sized blocks, then rounded once: round(src[i] / divisor).
+  constexpr std::size_t kBlock = 2048;
+  float block[kBlock];
+  auto* out = static_cast<std::uint16_t*>(dst);
+  for (std::size_t b = 0; b < elems; b += kBlock) {
+    const std::size_t n = std::min(kBlock, elems - b);
+    for (std::size_t i = 0; i < n; ++i) block[i] = src[b + i] / divisor;
+    kernels::cast_cpu(block, DType::F32, out + b, dtype, n, {1});
   }
 }
 

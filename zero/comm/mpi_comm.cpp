@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -23,6 +25,32 @@ struct MpiState {
   int rank = 0;
   int size = 1;
   std::string broken;  // why the communicator is unusable, empty while it is fine
+  // fp32 buffers for widened 16-bit sums, kept between collectives so that a step's reductions
+  // reuse them instead of allocating (and first-touching) fresh ones every time.
+  std::mutex staging_mutex;
+  std::vector<std::vector<float>> spare_staging;
+
+  // A buffer of at least `elems` floats (contents undefined): the largest spare one.
+  std::vector<float> take_staging(std::size_t elems) {
+    std::vector<float> out;
+    {
+      std::lock_guard<std::mutex> lock(staging_mutex);
+      auto largest = std::max_element(
+          spare_staging.begin(), spare_staging.end(),
+          [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
+      if (largest != spare_staging.end()) {
+        out = std::move(*largest);
+        spare_staging.erase(largest);
+      }
+    }
+    if (out.size() < elems) out.resize(elems);
+    return out;
+  }
+  void give_staging(std::vector<float>&& v) {
+    if (v.capacity() == 0) return;
+    std::lock_guard<std::mutex> lock(staging_mutex);
+    spare_staging.push_back(std::move(v));
+  }
 
   ~MpiState() {
     int finalized = 0;
@@ -113,6 +141,10 @@ class MpiWork final : public WorkState {
  public:
   MpiWork(std::shared_ptr<MpiState> state, std::string what, std::chrono::milliseconds timeout)
       : state_(std::move(state)), what_(std::move(what)), timeout_(timeout) {}
+  ~MpiWork() override {
+    state_->give_staging(std::move(staging));
+    state_->give_staging(std::move(staging_out));
+  }
 
   MPI_Request request = MPI_REQUEST_NULL;
   std::vector<float> staging;         // fp32 widening of 16-bit sums
@@ -238,9 +270,9 @@ Work MpiComm::start_impl(const CollectiveArgs& a) {
           a.in_place ? static_cast<char*>(a.recv) + static_cast<std::size_t>(me) * a.elems * esz
                      : a.recv;
       if (widen) {
-        work->staging.resize(total);
+        work->staging = s.take_staging(total);
         widen_to_f32(a.send, work->staging.data(), total, a.dtype);
-        work->staging_out.resize(a.elems);
+        work->staging_out = s.take_staging(a.elems);
         rc = MPI_Ireduce_scatter_block(work->staging.data(), work->staging_out.data(), count,
                                        MPI_FLOAT, MPI_SUM, s.comm, &work->request);
         MpiWork* w = work.get();
@@ -269,7 +301,7 @@ Work MpiComm::start_impl(const CollectiveArgs& a) {
       break;
     case Collective::AllReduce:
       if (widen) {
-        work->staging.resize(a.elems);
+        work->staging = s.take_staging(a.elems);
         widen_to_f32(a.send, work->staging.data(), a.elems, a.dtype);
         rc = MPI_Iallreduce(MPI_IN_PLACE, work->staging.data(), count, MPI_FLOAT, MPI_SUM, s.comm,
                             &work->request);

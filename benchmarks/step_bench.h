@@ -88,6 +88,21 @@ double memcpy_seconds(Communicator& comm, std::size_t bytes, int threads);
 double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape, int state_count,
                      std::size_t numel, int threads);
 
+// The bytes (read + written, per rank) each phase of one step must move, from the config and
+// the rank's partition: what no implementation of the phase can avoid, whatever it overlaps.
+// optimizer_elems / optimizer_bytes_per_elem: the optimizer's (RankResult); gathered_elems:
+// stage 3's unit elements all-gathered per step (EngineTimings::gathered_elems per step).
+struct PhaseBytes {
+  double accumulate = 0, pack = 0, reduce = 0, unpack = 0, norm = 0, optimizer = 0, all_gather = 0,
+         gather = 0;
+  double total() const {
+    return accumulate + pack + reduce + unpack + norm + optimizer + all_gather + gather;
+  }
+};
+PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
+                       std::size_t optimizer_elems, std::size_t optimizer_bytes_per_elem,
+                       double gathered_elems);
+
 // Bytes under `tag` summed over memory kinds: peak or current (step_bench_workload.cpp).
 std::size_t tag_bytes(const MemorySnapshot& m, MemoryTag tag, bool peak);
 
@@ -106,6 +121,11 @@ struct Figure {
   bool prefetch_enabled = true;
   // Stage 3 with prefetch, next to the same run without: 1 − (gather wait with) / (without).
   std::optional<double> gather_hidden_fraction;
+  // The step's limit: each phase's bytes at the memcpy speed of the same run, summed; and the
+  // median step time's share of it (1 = every phase at memory speed, nothing else).
+  PhaseBytes limit_bytes;
+  double step_limit_s = 0;
+  double step_limit_ratio = 0;
 };
 
 Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload& w,

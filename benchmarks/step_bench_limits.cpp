@@ -101,4 +101,35 @@ double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape,
   return best_seconds(comm, probe);
 }
 
+// Per rank, per step without accumulation: N elements in all, S = N / W of them this rank's
+// partition (the optimizer's elements, all W partitions at stage 0), with g, a, c, m the bytes of
+// the gradient (model), accumulation, communication and model dtypes. In-process collectives:
+// a reduce-scatter reads W chunks and writes one; an all-reduce also copies the W − 1 other
+// reduced chunks; an all-gather copies W − 1 slices.
+PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
+                       std::size_t optimizer_elems, std::size_t optimizer_bytes_per_elem,
+                       double gathered_elems) {
+  const double W = world;
+  const double domains = stage == 0 ? W : 1;
+  const double S = static_cast<double>(optimizer_elems) / domains;
+  const double N = S * W;
+  const double g = static_cast<double>(dtype_size(cfg.model_dtype));
+  const double a =
+      static_cast<double>(dtype_size(cfg.data_types.grad_accum_dtype.value_or(cfg.model_dtype)));
+  const double c = static_cast<double>(dtype_size(cfg.communication_data_type));
+  const double m = g;
+  const bool check_overflow =
+      cfg.fp16.enabled || (cfg.bf16.enabled && cfg.bf16.check_grad_overflow);
+  PhaseBytes b;
+  if (stage <= 1) b.accumulate = N * (g + a);  // the micro-step's gradients into the window's
+  b.pack = N * ((stage <= 1 ? a : g) + c);     // every rank's chunks, in the communication dtype
+  b.reduce = N * c + S * c + (stage == 0 ? 2 * (N - S) * c : 0);
+  b.unpack = domains * S * (c + a);
+  b.norm = domains * S * a * (check_overflow ? 2 : 1);
+  b.optimizer = static_cast<double>(optimizer_elems * optimizer_bytes_per_elem);
+  if (stage == 1 || stage == 2) b.all_gather = 2 * (N - S) * m;
+  if (stage == 3) b.gather = 2 * gathered_elems * (W - 1) / W * m;
+  return b;
+}
+
 }  // namespace zero::bench::step_bench

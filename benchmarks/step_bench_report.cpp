@@ -63,6 +63,11 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
   f.memcpy_gbps = 2.0 * static_cast<double>(r0.memcpy_bytes) / r0.memcpy_s / 1e9;
   f.probe_gbps =
       static_cast<double>(r0.optimizer_elems * r0.probe_bytes_per_elem) / r0.probe_s / 1e9;
+  f.limit_bytes =
+      phase_bytes(stage, args.world_size, cfg, r0.optimizer_elems, r0.optimizer_bytes_per_elem,
+                  static_cast<double>(t.gathered_elems) / n);
+  f.step_limit_s = f.limit_bytes.total() / (f.memcpy_gbps * 1e9);
+  f.step_limit_ratio = f.step_limit_s / f.step_s;
   for (const RankResult& r : ranks) {
     std::size_t total = 0;
     for (const MemoryUsage& u : r.memory.by_kind) total += u.peak_bytes;
@@ -97,9 +102,10 @@ void print_header(const StepArgs& args, const Workload& w, int threads) {
       "once\n",
       w.label.c_str(), w.params, args.world_size, threads, args.precision.c_str(),
       static_cast<long long>(args.bucket_elems), args.steps - 1);
-  std::printf("%5s %8s %7s %8s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s %6s %8s %6s %9s\n", "stage",
-              "step", "pack", "red.wait", "unpack", "accum", "norm", "optim", "allgath", "gather",
-              "g.wait", "other", "opt GB/s", "cpy GB/s", "ratio", "prb GB/s", "ratio", "peak MiB");
+  std::printf("%5s %8s %7s %8s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s %6s %8s %6s %8s %6s %9s\n",
+              "stage", "step", "pack", "red.wait", "unpack", "accum", "norm", "optim", "allgath",
+              "gather", "g.wait", "other", "opt GB/s", "cpy GB/s", "ratio", "prb GB/s", "ratio",
+              "limit", "l.ratio", "peak MiB");
 }
 
 void print_figure(const StepArgs& args, const Workload& w, int threads, const Figure& f) {
@@ -130,6 +136,24 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
                         {"gather", sig4(p.gather_s)},
                         {"gather_wait", sig4(p.gather_wait_s)}};
     j["other_s"] = sig4(f.other_s);
+    j["other_fraction"] = sig4(f.other_s / f.step_mean_s);
+    const PhaseBytes& lb = f.limit_bytes;
+    const double limit_gbps = f.memcpy_gbps * 1e9;
+    nlohmann::ordered_json limits_s;
+    for (const auto& [name, bytes] : {std::pair{"accumulate", lb.accumulate},
+                                      {"pack", lb.pack},
+                                      {"reduce", lb.reduce},
+                                      {"unpack", lb.unpack},
+                                      {"norm", lb.norm},
+                                      {"optimizer", lb.optimizer},
+                                      {"all_gather", lb.all_gather},
+                                      {"gather", lb.gather}}) {
+      if (bytes > 0) limits_s[name] = sig4(bytes / limit_gbps);
+    }
+    j["phase_bytes_per_rank"] = sig4(lb.total());
+    j["phase_limits_s"] = limits_s;  // each phase's bytes at the memcpy speed below
+    j["step_limit_s"] = sig4(f.step_limit_s);
+    j["step_limit_ratio"] = sig4(f.step_limit_ratio);
     j["buckets_per_step"] = static_cast<double>(p.buckets) / f.counted_steps;
     j["gathers_per_step"] = static_cast<double>(p.gathers) / f.counted_steps;
     j["prefetch"] = f.prefetch_enabled && p.prefetches > 0;
@@ -156,12 +180,12 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
   } else {
     std::printf(
         "%5d %8.2f %7.2f %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %8.2f %8.2f %6.3f "
-        "%8.2f %6.3f %9.1f\n",
+        "%8.2f %6.3f %8.2f %6.3f %9.1f\n",
         f.stage, f.step_s * 1e3, p.pack_s * 1e3, p.reduce_wait_s * 1e3, p.unpack_s * 1e3,
         p.accumulate_s * 1e3, p.norm_s * 1e3, p.optimizer_s * 1e3, p.all_gather_s * 1e3,
         p.gather_s * 1e3, p.gather_wait_s * 1e3, f.other_s * 1e3, f.optimizer_gbps, f.memcpy_gbps,
-        ratio, f.probe_gbps, f.optimizer_gbps / f.probe_gbps,
-        static_cast<double>(f.peak_bytes) / (1 << 20));
+        ratio, f.probe_gbps, f.optimizer_gbps / f.probe_gbps, f.step_limit_s * 1e3,
+        f.step_limit_ratio, static_cast<double>(f.peak_bytes) / (1 << 20));
   }
   std::fflush(stdout);
 }
@@ -171,7 +195,10 @@ void print_footer(const StepArgs& args, const std::vector<Figure>& figures) {
   std::printf(
       "\nother = mean step minus the engine's phases but g.wait (gradient writes%s, untimed "
       "engine work). g.wait = waiting for stage-3 all-gathers, in gather() or not (after step(), "
-      "persistent units are re-gathered outside gather()).\n",
+      "persistent units are re-gathered outside gather()). limit = the bytes each phase must "
+      "move (pack, reduce, unpack, norm, optimizer, all-gather or gathers; accumulate at stages "
+      "0/1) at the memcpy speed, summed; l.ratio = limit / step (JSON: phase_limits_s, "
+      "step_limit_s, step_limit_ratio).\n",
       args.model ? ", MLP forward/backward" : "");
   for (const Figure& f : figures) {
     if (f.stage != 3) continue;

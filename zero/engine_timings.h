@@ -23,6 +23,7 @@ struct EngineTimings {
   std::int64_t buckets = 0;     // bucket reductions issued
   std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
   std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
+  std::int64_t gathered_elems = 0;  // stage 3: elements those all-gathers filled (padded units)
 };
 
 }  // namespace zero

@@ -367,7 +367,8 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
                               {"gather_wait_s", t.gather_wait_s},
                               {"buckets", t.buckets},
                               {"gathers", t.gathers},
-                              {"prefetches", t.prefetches}};
+                              {"prefetches", t.prefetches},
+                              {"gathered_elems", t.gathered_elems}};
     *json = copy_out(j.dump());
   });
 }

@@ -81,6 +81,7 @@ void ParamFetcher::start_gather(int unit) {
   u.work = comm_.all_gather(slice, u.buffer.data(), ul.slice_elems, dtype_);
   u.state = State::InFlight;
   ++timings_.gathers;
+  timings_.gathered_elems += static_cast<std::int64_t>(u.elems);
   if (!u.persistent) live_elems_ += u.elems;
 }
 

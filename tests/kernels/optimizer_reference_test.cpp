@@ -173,17 +173,6 @@ Grad make_grad(DType dtype, std::uint32_t seed) {
   return g;
 }
 
-double state_value(const std::vector<std::byte>& s, DType dtype, std::size_t i) {
-  if (dtype == DType::F32) {
-    float x;
-    std::memcpy(&x, s.data() + 4 * i, 4);
-    return x;
-  }
-  std::uint16_t h;
-  std::memcpy(&h, s.data() + 2 * i, 2);
-  return zk::test::bf16_value(h);
-}
-
 }  // namespace
 
 TEST_CASE("optimizer steps match a double-precision reference for every dtype mix and option") {
@@ -244,7 +233,7 @@ TEST_CASE("optimizer steps match a double-precision reference for every dtype mi
         }
         if (c.state_dtype == DType::F32 && states > 0) {
           for (std::size_t i = 0; i < kNumel; ++i) {
-            REQUIRE(std::fabs(state_value(s0, c.state_dtype, i) - ref.s0[i]) <=
+            REQUIRE(std::fabs(zk::test::element_value(s0, c.state_dtype, i) - ref.s0[i]) <=
                     1e-6 + 1e-5 * std::fabs(ref.s0[i]));
           }
         }

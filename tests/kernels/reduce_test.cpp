@@ -20,15 +20,7 @@ constexpr std::size_t kElems = 3 * 64 + 13;  // whole vectors of every width, an
 constexpr int kSources = 3;
 
 float load(const std::vector<std::byte>& b, DType dtype, std::size_t i) {
-  if (dtype == DType::F32) {
-    float x;
-    std::memcpy(&x, b.data() + 4 * i, 4);
-    return x;
-  }
-  std::uint16_t h;
-  std::memcpy(&h, b.data() + 2 * i, 2);
-  return static_cast<float>(dtype == DType::BF16 ? zk::test::bf16_value(h)
-                                                 : zk::test::f16_value(h));
+  return static_cast<float>(zk::test::element_value(b, dtype, i));
 }
 
 void store(std::vector<std::byte>& b, DType dtype, std::size_t i, float x) {

@@ -12,7 +12,8 @@
 # --steps      optimizer steps (default 3)
 # zero-train keeps every layer gathered from forward to backward (2 bytes per parameter) and its
 # teacher in fp32 (4 bytes per parameter), so RAM holds about 8 bytes per parameter besides the
-# buffers: at 2.2e9 parameters about 18 GB, the state on NVMe 26 GB more.
+# buffers (4 x sub_group_size x 12 bytes of swap buffers, 5 x one layer of parameter buffers,
+# two buckets of reduce_bucket_size fp32): at 2.2e9 parameters about 20 GB, with 26 GB on NVMe.
 # Prints each step's time, the bytes the process read from and wrote to the disk, their GB/s,
 # and the peak RSS, from /proc and getrusage (not from the engine's own counters).
 set -euo pipefail
@@ -64,7 +65,8 @@ cat >"$work/ds_config.json" <<EOF
   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}},
   "zero_optimization": {
     "stage": 3,
-    "sub_group_size": 1e8,
+    "sub_group_size": 2e7,
+    "reduce_bucket_size": 5e7,
     "offload_optimizer": {"device": "nvme", "nvme_path": "$work", "buffer_count": 4,
                           "pipeline_read": true, "pipeline_write": true},
     "offload_param": {"device": "nvme", "nvme_path": "$work", "buffer_count": 5,

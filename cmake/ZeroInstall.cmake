@@ -126,6 +126,10 @@ if(ZERO_HAVE_MPI)
          "  unset(_zero_languages)\n"
          "endif()\n")
 endif()
+if(ZERO_HAVE_CUDA)
+  # zero_device links the CUDA runtime (CudaDevice) and zero_comm NCCL by path.
+  string(APPEND ZERO_CONFIG_ENGINE_DEPENDENCIES "find_dependency(CUDAToolkit)\n")
+endif()
 if(TARGET PkgConfig::ZERO_LIBZIP)
   string(APPEND ZERO_CONFIG_ENGINE_DEPENDENCIES
          "if(NOT TARGET PkgConfig::ZERO_LIBZIP)\n"

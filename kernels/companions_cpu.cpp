@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/array_checks.h"
 #include "kernels/cast.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
@@ -13,28 +14,9 @@
 
 namespace zero::kernels {
 
-namespace {
-
-bool is_float_dtype(DType dtype) {
-  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
-}
-
-void check_array(const char* what, const char* name, const void* pointer, DType dtype,
-                 std::size_t numel) {
-  ZERO_CHECK(is_float_dtype(dtype), "{}: {} dtype must be fp32, bf16 or fp16, got {}", what, name,
-             dtype_name(dtype));
-  if (numel == 0) return;
-  ZERO_CHECK(pointer != nullptr, "{}: {} is null", what, name);
-  ZERO_CHECK(reinterpret_cast<std::uintptr_t>(pointer) % dtype_size(dtype) == 0,
-             "{}: {} at {} is not aligned to its {} elements", what, name, pointer,
-             dtype_name(dtype));
-}
-
-}  // namespace
-
 bool unscale_and_check_cpu(void* data, DType dtype, std::size_t numel, float scale,
                            const CpuExec& exec) {
-  check_array("unscale", "data", data, dtype, numel);
+  detail::check_float_array("unscale", "data", data, dtype, numel);
   ZERO_CHECK(std::isfinite(scale), "unscale: scale must be finite, got {}", scale);
   const int threads = resolve_threads(exec.threads);
   const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
@@ -48,7 +30,7 @@ bool unscale_and_check_cpu(void* data, DType dtype, std::size_t numel, float sca
 }
 
 double squared_l2_norm_cpu(const void* data, DType dtype, std::size_t numel, const CpuExec& exec) {
-  check_array("squared_l2_norm", "data", data, dtype, numel);
+  detail::check_float_array("squared_l2_norm", "data", data, dtype, numel);
   const int threads = resolve_threads(exec.threads);
   const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
   const std::size_t blocks = (numel + detail::kNormBlockElems - 1) / detail::kNormBlockElems;
@@ -65,8 +47,8 @@ double squared_l2_norm_cpu(const void* data, DType dtype, std::size_t numel, con
 
 void cast_cpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t numel,
               const CpuExec& exec) {
-  check_array("cast", "src", src, src_dtype, numel);
-  check_array("cast", "dst", dst, dst_dtype, numel);
+  detail::check_float_array("cast", "src", src, src_dtype, numel);
+  detail::check_float_array("cast", "dst", dst, dst_dtype, numel);
   ZERO_CHECK(src_dtype == DType::F32 || dst_dtype == DType::F32,
              "cast: one side must be fp32, got {} -> {}", dtype_name(src_dtype),
              dtype_name(dst_dtype));
@@ -87,8 +69,9 @@ void cast_cpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, std:
 void reduce_cpu(void* dst, const void* const* srcs, int nsrc, std::size_t elems, DType dtype,
                 ReduceKind kind, float divisor, Isa isa) {
   ZERO_CHECK(nsrc >= 1, "reduce: needs at least one source, got {}", nsrc);
-  check_array("reduce", "dst", dst, dtype, elems);
-  for (int k = 0; k < nsrc; ++k) check_array("reduce", "a source", srcs[k], dtype, elems);
+  detail::check_float_array("reduce", "dst", dst, dtype, elems);
+  for (int k = 0; k < nsrc; ++k)
+    detail::check_float_array("reduce", "a source", srcs[k], dtype, elems);
   if (elems == 0) return;
   detail::cpu_kernels(resolve_isa(isa))
       .reduce(dst, srcs, nsrc, dtype, kind == ReduceKind::Max, divisor, 0, elems);

@@ -5,8 +5,10 @@
 //
 // Every entry has the contract of the CPU function it points to (kernels/optimizer.h,
 // unscale.h, norm.h, combine.h); all backends give bitwise the same results. Memory passed in
-// must be addressable by the backend (host memory for the CPU table). `exec` says how the
-// calling rank runs CPU kernels (threads, ISA); a GPU table will take its stream from there.
+// must be addressable by the backend (host memory for the CPU table, device memory for the CUDA
+// table). `exec` says how the calling rank runs CPU kernels (threads, ISA); the CUDA table takes
+// its stream from exec.cuda_stream and, like the CPU table, returns once the results are in
+// memory (it synchronizes that stream).
 #pragma once
 
 #include <cstddef>
@@ -35,5 +37,8 @@ struct ComputeKernels {
 
 // The table of the CPU kernels (SIMD and OpenMP, ISA chosen per call from exec.isa).
 const ComputeKernels& cpu_compute_kernels();
+// The table of the CUDA kernels (kernels/companions_cuda.h, optimizer_cuda.h). Defined only in a
+// build with CUDA (library zero_kernels_cuda); CudaDevice::compute() returns it.
+const ComputeKernels& cuda_compute_kernels();
 
 }  // namespace zero::kernels

@@ -24,6 +24,9 @@ Isa resolve_isa(Isa requested);
 struct CpuExec {
   int threads = 0;  // OpenMP threads; 0 = every core the process may use
   Isa isa = Isa::Auto;
+  // The stream the CUDA compute table enqueues on (a cudaStream_t; null = the legacy default
+  // stream). The CPU kernels ignore it.
+  void* cuda_stream = nullptr;
 };
 
 // The thread count a kernel will use for `requested` (0 → all cores). Throws when negative.

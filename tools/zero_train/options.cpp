@@ -26,6 +26,9 @@ options:
   --seed S                    seeds the initial weights, the teacher and the data (default 0)
   --model mlp:IN,H1,...,OUT   layer widths (default mlp:32,256,256,10)
   --threads T                 kernel threads per rank (default: cores / ranks on this host)
+  --device cpu|cuda|auto      where each rank's engine runs (default auto: ZERO_DEVICE if set,
+                              else cpu, since the engine does not run on a GPU yet); cuda
+                              without a usable GPU is an error before training starts
   --memory-budget BYTES       per-rank cap on device memory (the ledger's "device" kind); an
                               allocation beyond it is an out-of-memory error naming the tag
   --dump-params FILE          after training, write every parameter's fp32 master value to one
@@ -107,6 +110,11 @@ TrainOptions parse_options(std::span<const std::string> args) {
       const std::int64_t n = positive("a positive number of kernel threads per rank");
       if (n > kMaxInt) throw UsageError(fmt::format("--threads {}: too many threads", n));
       o.threads = static_cast<int>(n);
+    } else if (flag == "--device") {
+      o.device = arg.value("cpu, cuda or auto");
+      if (o.device != "cpu" && o.device != "cuda" && o.device != "auto") {
+        throw UsageError(fmt::format("--device {}: expected cpu, cuda or auto", o.device));
+      }
     } else if (flag == "--memory-budget") {
       o.memory_budget = static_cast<std::size_t>(positive("a positive number of bytes"));
     } else if (flag == "--dump-params") {

@@ -22,8 +22,10 @@ struct TrainOptions {
   std::int64_t steps = 20;        // optimizer steps, skipped ones included
   std::uint64_t seed = 0;
   models::MlpShape model = models::MlpShape::parse("mlp:32,256,256,10");
-  std::optional<int> threads;   // kernel threads per rank; nullopt: cores / ranks on this host
+  std::optional<int> threads;  // kernel threads per rank; nullopt: cores / ranks on this host
   std::optional<std::size_t> memory_budget;  // per-rank device bytes (--memory-budget)
+  // make_device's kind (--device): "cpu", "cuda" or "auto" ("auto" reads ZERO_DEVICE).
+  std::string device = "auto";
   std::string dump_params;      // safetensors path; empty: no dump
   std::string save_dir;         // checkpoint directory written at the end; empty: no save
   std::int64_t save_every = 0;  // also save every K optimizer steps (0: only at the end)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <span>
@@ -127,7 +128,11 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   // The device outlives the engine (Engine::create's REQUIRES).
   DeviceOptions device_options;
   device_options.device_budget_bytes = options.memory_budget;
-  const std::unique_ptr<Device> device = make_device("cpu", comm.rank(), device_options);
+  // "auto" without ZERO_DEVICE stays on the CPU even with a GPU visible: the engine runs on
+  // host memory only so far (Engine::create refuses other devices).
+  const bool zero_device_set = std::getenv("ZERO_DEVICE") != nullptr;
+  const std::string kind = options.device == "auto" && !zero_device_set ? "cpu" : options.device;
+  const std::unique_ptr<Device> device = make_device(kind, comm.rank(), device_options);
   EngineOptions engine_options;
   engine_options.kernel_threads = threads;
   const kernels::CpuExec exec{.threads = threads};

@@ -8,6 +8,10 @@
 #if ZERO_WITH_MPI
 #include "zero/comm/mpi_comm.h"
 #endif
+#if ZERO_WITH_NCCL
+#include "kernels/cuda_device_count.h"
+#include "zero/comm/nccl_comm.h"
+#endif
 
 namespace zero {
 
@@ -25,7 +29,18 @@ std::unique_ptr<Communicator> make_communicator(std::string_view backend,
   }
   if (backend == "nccl") {
 #if ZERO_WITH_NCCL
-    throw Error("make_communicator: this build has NCCL, but NcclComm is not implemented yet");
+    // Checked before any communication, so every rank fails alike without a collective.
+    const LauncherEnv env = read_launcher_env();
+    const int gpus = kernels::cuda_device_count();
+    ZERO_CHECK(gpus > 0,
+               "make_communicator: \"nccl\" needs a GPU per rank, but rank {} sees no CUDA device",
+               env.rank);
+    // The launcher's host communicator carries the NCCL unique id, then is closed.
+    const std::unique_ptr<Communicator> host = make_env_communicator(options);
+    NcclCommOptions nccl;
+    nccl.comm = options;
+    nccl.cuda_ordinal = env.local_rank % gpus;
+    return NcclComm::create(*host, nccl);
 #else
     throw Error(
         "make_communicator: \"nccl\" was requested but this build has no NCCL (needs CUDA and "
@@ -45,6 +60,7 @@ std::unique_ptr<Communicator> make_communicator(std::string_view backend,
 bool communicator_available(std::string_view backend) {
   if (backend == "inproc" || backend == "shm" || backend == "env") return true;
   if (backend == "mpi") return ZERO_WITH_MPI != 0;
+  if (backend == "nccl") return ZERO_WITH_NCCL != 0;
   return false;
 }
 

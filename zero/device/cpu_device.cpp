@@ -1,6 +1,7 @@
 #include "zero/device/cpu_device.h"
 
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -10,7 +11,6 @@
 
 #include "kernels/compute.h"
 #include "zero/base/error.h"
-#include "zero/base/log.h"
 
 namespace zero {
 
@@ -178,55 +178,54 @@ CpuStream& as_cpu(Stream& stream) {
   return *s;
 }
 
+// Aligned host memory. Large blocks are page aligned so they can later be registered for DMA or
+// O_DIRECT I/O.
+class AlignedHostSource final : public BlockSource {
+ public:
+  void* allocate(std::size_t bytes) noexcept override {
+    constexpr std::size_t kPage = 4096;
+    const std::size_t alignment = bytes >= kPage ? kPage : Device::kMinAlignment;
+    if (bytes > SIZE_MAX - alignment) return nullptr;
+    const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    return std::aligned_alloc(alignment, rounded);
+  }
+  void free(void* data, std::size_t /*bytes*/) noexcept override { std::free(data); }
+};
+
+// Exact sizes: a block is reused only by an allocation of the same size, so the engine's
+// per-step buffers find their own blocks again and nothing else is pinned.
+CachePolicy cpu_cache_policy() {
+  CachePolicy policy;
+  policy.small_granule_bytes = 1;
+  policy.large_granule_bytes = 1;
+  policy.min_cached_bytes = std::size_t{64} << 10;
+  policy.max_cached_bytes = std::size_t{1} << 30;
+  policy.max_fit_ratio = 1.0;
+  return policy;
+}
+
 }  // namespace
 
 CpuDevice::CpuDevice(int rank, const DeviceOptions& options)
-    : Device(rank), synchronous_streams_(options.synchronous_streams) {
+    : Device(rank),
+      synchronous_streams_(options.synchronous_streams),
+      source_(std::make_unique<AlignedHostSource>()),
+      cache_(std::make_unique<CachingAllocator>(*source_, cpu_cache_policy())) {
   ledger().set_budget(MemoryKind::Device, options.device_budget_bytes);
   ledger().set_budget(MemoryKind::PinnedHost, options.pinned_host_budget_bytes);
   ledger().set_budget(MemoryKind::Host, options.host_budget_bytes);
 }
 
 CpuDevice::~CpuDevice() {
-  for (auto& [bytes, p] : cache_) std::free(p);
-  for (auto kind : {MemoryKind::Device, MemoryKind::PinnedHost, MemoryKind::Host}) {
-    const auto live = ledger().total(kind);
-    if (live.live_allocations != 0) {
-      log::error("CpuDevice rank {} destroyed with {} {} buffers ({} bytes) still allocated",
-                 rank(), live.live_allocations, memory_kind_name(kind), live.current_bytes);
-    }
-  }
+  log_live_buffers();
 }
 
 void* CpuDevice::allocate_impl(std::size_t bytes, MemoryKind /*kind*/) {
-  {
-    // A block of exactly this size freed earlier: reused, so a buffer allocated every step
-    // (gradient staging) does not fault its pages in again each time.
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    auto it = cache_.find(bytes);
-    if (it != cache_.end()) {
-      void* p = it->second;
-      cache_.erase(it);
-      cached_bytes_ -= bytes;
-      return p;
-    }
-  }
-  // Large buffers are page aligned so they can later be registered for DMA or O_DIRECT I/O.
-  constexpr std::size_t kPage = 4096;
-  const std::size_t alignment = bytes >= kPage ? kPage : kMinAlignment;
-  if (bytes > SIZE_MAX - alignment) return nullptr;
-  const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-  return std::aligned_alloc(alignment, rounded);
+  return cache_->allocate(bytes);
 }
 
-void CpuDevice::free_impl(void* data, std::size_t bytes, MemoryKind /*kind*/) noexcept {
-  std::lock_guard<std::mutex> lock(cache_mu_);
-  if (bytes >= kCacheMinBytes && cached_bytes_ + bytes <= kCacheMaxBytes) {
-    cache_.emplace(bytes, data);
-    cached_bytes_ += bytes;
-    return;
-  }
-  std::free(data);
+void CpuDevice::free_impl(void* data, std::size_t /*bytes*/, MemoryKind /*kind*/) noexcept {
+  cache_->free(data);
 }
 
 std::unique_ptr<Stream> CpuDevice::create_stream_impl() {

@@ -1,9 +1,9 @@
 // Device on the host: every memory kind is ordinary 64-byte aligned host memory.
 //
-// Freed blocks of at least kCacheMinBytes are kept (up to kCacheMaxBytes in all) and handed out
-// again for an allocation of exactly the same size, as a GPU caching allocator does: buffers the
-// engine allocates every step then cost no page faults. The ledger counts buffers in use; cached
-// blocks are not in it.
+// Freed blocks of at least 64 KiB are kept (up to 1 GiB in all) and handed out again for an
+// allocation of exactly the same size (a CachingAllocator, caching_allocator.h, with exact size
+// classes): buffers the engine allocates every step then cost no page faults. The ledger counts
+// buffers in use; cached blocks are not in it.
 //
 // Streams: by default each Stream owns one worker thread that runs its operations in order, so a
 // copy or host function enqueued on a stream overlaps with the enqueuing thread, as on a GPU.
@@ -11,10 +11,9 @@
 // before the call returns (events are then complete as soon as they are recorded).
 #pragma once
 
-#include <map>
 #include <memory>
-#include <mutex>
 
+#include "zero/device/caching_allocator.h"
 #include "zero/device/device.h"
 
 namespace zero {
@@ -38,11 +37,8 @@ class CpuDevice final : public Device {
 
  private:
   const bool synchronous_streams_;
-  static constexpr std::size_t kCacheMinBytes = std::size_t{64} << 10;
-  static constexpr std::size_t kCacheMaxBytes = std::size_t{1} << 30;
-  std::mutex cache_mu_;
-  std::multimap<std::size_t, void*> cache_;  // size -> freed block
-  std::size_t cached_bytes_ = 0;
+  std::unique_ptr<BlockSource> source_;
+  std::unique_ptr<CachingAllocator> cache_;
 };
 
 }  // namespace zero

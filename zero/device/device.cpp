@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "zero/base/error.h"
+#include "zero/base/log.h"
 
 namespace zero {
 
@@ -72,6 +73,16 @@ void Device::copy(void* dst, const void* src, std::size_t bytes) {
   ZERO_CHECK(dst != nullptr && src != nullptr, "{} device: copy of {} bytes with a null pointer",
              name(), bytes);
   copy_impl(dst, src, bytes);
+}
+
+void Device::log_live_buffers() const noexcept {
+  for (auto kind : {MemoryKind::Device, MemoryKind::PinnedHost, MemoryKind::Host}) {
+    const auto live = ledger_.total(kind);
+    if (live.live_allocations != 0) {
+      log::error("{} device rank {} destroyed with {} {} buffers ({} bytes) still allocated",
+                 name(), rank(), live.live_allocations, memory_kind_name(kind), live.current_bytes);
+    }
+  }
 }
 
 void Device::launch_host(Stream& stream, std::function<void()> fn) {

@@ -2,8 +2,8 @@
 //
 // A Device allocates tagged memory (every byte is counted in its MemoryLedger), moves bytes with
 // asynchronous copies ordered on Streams, and orders streams against each other and the host with
-// Events, with CUDA's semantics. CpuDevice implements it on the host; a CudaDevice will implement
-// it on a GPU. make_device() is the only place that chooses between them.
+// Events, with CUDA's semantics. CpuDevice implements it on the host, CudaDevice implements
+// it on a GPU (cuda_device.h). make_device() is the only place that chooses between them.
 #pragma once
 
 #include <cstddef>
@@ -108,6 +108,8 @@ struct DeviceOptions {
   // CpuDevice only: run stream work inline in the enqueuing thread instead of on a worker thread
   // per stream. Useful when debugging; results are the same.
   bool synchronous_streams = false;
+  // CudaDevice only: the GPU to use (cudaSetDevice ordinal); -1 picks rank % visible devices.
+  int cuda_ordinal = -1;
 };
 
 // Thread safety: allocate(), create_stream(), create_event() and copy() may be called from any
@@ -152,6 +154,9 @@ class Device {
 
  protected:
   explicit Device(int rank) : ledger_(rank) {}
+  // For a backend's destructor: logs an error for each memory kind that still has buffers
+  // allocated (their owners outlived the device, which Buffer's REQUIRES forbids).
+  void log_live_buffers() const noexcept;
 
   // May assume: bytes > 0, kind allocatable. Returns nullptr on failure.
   virtual void* allocate_impl(std::size_t bytes, MemoryKind kind) = 0;
@@ -169,8 +174,11 @@ class Device {
   MemoryLedger ledger_;
 };
 
-// The device for `rank`: "cpu" always; "cuda" only in a build with CUDA (a clear Error
-// otherwise). Budgets in `options` are applied to the new device's ledger.
+// The device for `rank`: `kind` is "cpu", "cuda" or "auto" (ZERO_DEVICE if set, else CUDA when
+// a GPU is visible; device_choice.h). "cpu" always works; "cuda" needs a build with CUDA, a
+// driver at least as new as the toolkit and a visible GPU, and otherwise throws zero::Error
+// saying which was missing and who asked for CUDA. Budgets in `options` are applied to the new
+// device's ledger; a CUDA device budget larger than the GPU's free memory is an error too.
 std::unique_ptr<Device> make_device(std::string_view kind, int rank,
                                     const DeviceOptions& options = {});
 

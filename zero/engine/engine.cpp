@@ -503,6 +503,13 @@ std::unique_ptr<Engine> Engine::create(const config::DsConfig& config, Communica
                                        Device& device, std::span<const ParamSpec> params,
                                        const InitFn& init, const EngineOptions& options) {
   ZERO_CHECK(static_cast<bool>(init), "Engine::create: no InitFn given");
+  // The engine reads and writes its buffers from the host (gradient slots, the model copy, the
+  // step's tiles); a device whose memory the host cannot address is refused before any work.
+  ZERO_CHECK(device.name() == "cpu",
+             "Engine::create: the engine runs on host memory only so far; a \"{}\" device is "
+             "not supported yet (issue 16: offload over PCIe and the GPU forward/backward are "
+             "not implemented). Use ZERO_DEVICE=cpu or device \"cpu\"",
+             device.name());
   auto engine = std::make_unique<engine_detail::EngineImpl>(config, comm, device, params, options);
   engine->build(init, options);
   return engine;

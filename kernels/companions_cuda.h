@@ -1,0 +1,39 @@
+// The companion kernels on the GPU, asynchronous: unscale with the overflow check, the squared
+// norm's block sums, combine (scale, cast, accumulate) and fill. Each has the contract of its CPU
+// twin (unscale.h, norm.h, combine.h) and gives the same bits: the same element conversions
+// (zero/base/half.h), one multiply and one add never fused (--fmad=false), and the norm's fixed
+// blocks and lanes summed in the CPU's order.
+//
+// Each call enqueues on `stream` (a cudaStream_t; null = the legacy default stream) and returns;
+// arrays are device memory that stays valid, and unwritten by others, until the stream passes
+// this point. Throws zero::Error for bad arguments (before anything is enqueued) and
+// zero::CudaError, naming the kernel, when a launch fails. The synchronous forms the engine calls
+// are the CUDA compute table's entries (compute.h: cuda_compute_kernels()).
+#pragma once
+
+#include <cstddef>
+
+#include "zero/base/dtype.h"
+
+namespace zero::kernels {
+
+// data[i] ← data[i]·scale; sets *nonfinite_flag (a device int) to 1 when a product is ±inf or
+// NaN, and leaves it alone otherwise (the caller zeroes it first).
+void unscale_and_check_cuda_async(void* data, DType dtype, std::size_t numel, float scale,
+                                  int* nonfinite_flag, void* stream);
+
+// block_sums[b] ← the sum of squares of norm block b (kNormBlockElems elements, eight lanes in
+// double, the CPU's tree), for b < squared_norm_cuda_block_count(numel). The norm is the sum of
+// block_sums in index order, starting from 0.0 (what squared_l2_norm_cpu adds).
+void squared_norm_blocks_cuda_async(const void* data, DType dtype, std::size_t numel,
+                                    double* block_sums, void* stream);
+std::size_t squared_norm_cuda_block_count(std::size_t numel);
+
+// combine_cpu on the GPU: dst ← src·scale (+ dst), rounded once to dst's dtype.
+void combine_cuda_async(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                        std::size_t numel, float scale, bool accumulate, void* stream);
+
+// dst ← +0.0 for numel elements.
+void fill_zero_cuda_async(void* dst, DType dtype, std::size_t numel, void* stream);
+
+}  // namespace zero::kernels

@@ -1,0 +1,93 @@
+// The companion drivers of companions_cuda.h on the host: argument checks (the CPU's, from
+// array_checks.h), the choice between copy, cast and combine, and launch errors as CudaError.
+// No CUDA runtime calls besides cudaMemsetAsync and cudaMemcpyAsync.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/array_checks.h"
+#include "kernels/companions_cuda.h"
+#include "kernels/companions_cuda_launch.h"
+#include "kernels/cpu_kernels.h"
+#include "kernels/cuda_geometry.h"
+#include "zero/base/cuda_error.h"
+#include "zero/base/error.h"
+
+namespace zero::kernels {
+
+namespace {
+
+void check_launch(const detail::CudaLaunchStatus& status, std::size_t numel, DType dtype) {
+  ZERO_CHECK_AS(CudaError, status.error == nullptr, "{} over {} {} elements: {}", status.kernel,
+                numel, dtype_name(dtype), status.error ? status.error : "");
+}
+
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+}  // namespace
+
+void unscale_and_check_cuda_async(void* data, DType dtype, std::size_t numel, float scale,
+                                  int* nonfinite_flag, void* stream) {
+  detail::check_float_array("unscale (cuda)", "data", data, dtype, numel);
+  ZERO_CHECK(std::isfinite(scale), "unscale (cuda): scale must be finite, got {}", scale);
+  ZERO_CHECK(nonfinite_flag != nullptr, "unscale (cuda): the flag is null");
+  if (numel == 0) return;
+  check_launch(detail::launch_unscale(data, dtype, static_cast<long long>(numel), scale,
+                                      nonfinite_flag, stream),
+               numel, dtype);
+}
+
+std::size_t squared_norm_cuda_block_count(std::size_t numel) {
+  return detail::norm_geometry(numel, detail::kNormBlockElems).norm_blocks;
+}
+
+void squared_norm_blocks_cuda_async(const void* data, DType dtype, std::size_t numel,
+                                    double* block_sums, void* stream) {
+  detail::check_float_array("squared_l2_norm (cuda)", "data", data, dtype, numel);
+  if (numel == 0) return;
+  ZERO_CHECK(block_sums != nullptr, "squared_l2_norm (cuda): block_sums is null");
+  check_launch(detail::launch_squared_norm_blocks(data, dtype, static_cast<long long>(numel),
+                                                  block_sums, stream),
+               numel, dtype);
+}
+
+void combine_cuda_async(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                        std::size_t numel, float scale, bool accumulate, void* stream) {
+  detail::check_float_array("combine (cuda)", "dst", dst, dst_dtype, numel);
+  detail::check_float_array("combine (cuda)", "src", src, src_dtype, numel);
+  if (numel == 0) return;
+  ZERO_CHECK(!overlaps(dst, numel * dtype_size(dst_dtype), src, numel * dtype_size(src_dtype)),
+             "combine (cuda): src and dst overlap");
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  // The branches of combine_cpu, so each case rounds exactly as there.
+  if (!accumulate && scale == 1.0f && dst_dtype == src_dtype) {
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, numel * dtype_size(dst_dtype),
+                                    cudaMemcpyDeviceToDevice, cuda_stream));
+    return;
+  }
+  detail::CudaCombineArgs args{};
+  args.dst = dst;
+  args.src = src;
+  args.numel = static_cast<long long>(numel);
+  args.dst_dtype = dst_dtype;
+  args.src_dtype = src_dtype;
+  args.scale = scale;
+  args.accumulate = accumulate;
+  args.plain_cast =
+      !accumulate && scale == 1.0f && (dst_dtype == DType::F32 || src_dtype == DType::F32);
+  check_launch(detail::launch_combine(args, stream), numel, dst_dtype);
+}
+
+void fill_zero_cuda_async(void* dst, DType dtype, std::size_t numel, void* stream) {
+  if (numel == 0) return;
+  ZERO_CHECK(dst != nullptr, "fill_zero (cuda): dst is null");
+  ZERO_CUDA_CHECK(
+      cudaMemsetAsync(dst, 0, numel * dtype_size(dtype), static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace zero::kernels

@@ -1,0 +1,29 @@
+// Internal: the boundary between the companion drivers (companions_cuda_host.cpp: checks, plans,
+// errors) and their kernels (companions_cuda_kernels.cu: no fmt, no exceptions).
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/optimizer_cuda_launch.h"
+#include "zero/base/dtype.h"
+
+namespace zero::kernels::detail {
+
+struct CudaCombineArgs {
+  void* dst;
+  const void* src;
+  long long numel;
+  DType dst_dtype;
+  DType src_dtype;
+  float scale;
+  bool accumulate;
+  bool plain_cast;  // dst ← src converted, no multiply (combine_cpu's cast_cpu path)
+};
+
+CudaLaunchStatus launch_unscale(void* data, DType dtype, long long numel, float scale, int* flag,
+                                void* stream);
+CudaLaunchStatus launch_squared_norm_blocks(const void* data, DType dtype, long long numel,
+                                            double* block_sums, void* stream);
+CudaLaunchStatus launch_combine(const CudaCombineArgs& args, void* stream);
+
+}  // namespace zero::kernels::detail

@@ -1,0 +1,151 @@
+// The CUDA compute table against the CPU table (the oracle), bitwise: unscale with the overflow
+// check, the squared norm, combine in every dtype pair, fill, and the optimizer step through the
+// table. Exits 77, reported as skipped, on a machine without a CUDA device.
+#define CATCH_CONFIG_RUNNER
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/compute.h"
+#include "kernels/cuda_device_count.h"
+#include "tests/kernels/test_util.h"
+
+namespace zk = zero::kernels;
+using zero::DType;
+
+namespace {
+
+// Sizes straddle the norm block (4096), the element-wise grid (256 × 4096) and the lanes (8).
+const std::vector<std::size_t> kSizes = {1, 7, 4096, 4096 * 3 + 5, 256 * 4096 + 4099};
+
+struct DeviceBytes {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  explicit DeviceBytes(const std::vector<std::byte>& host) : bytes(host.size()) {
+    REQUIRE(cudaMalloc(&ptr, bytes) == cudaSuccess);
+    REQUIRE(cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  ~DeviceBytes() { cudaFree(ptr); }
+  std::vector<std::byte> download() const {
+    std::vector<std::byte> host(bytes);
+    REQUIRE(cudaMemcpy(host.data(), ptr, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return host;
+  }
+};
+
+// n elements of `dtype`, from fp32 values in [lo, hi), stored with the CPU's own cast.
+std::vector<std::byte> random_array(std::size_t n, DType dtype, std::uint32_t seed, float lo,
+                                    float hi) {
+  const std::vector<float> values = zk::test::random_floats(n, seed, lo, hi);
+  std::vector<std::byte> out(n * zero::dtype_size(dtype));
+  zk::cpu_compute_kernels().combine(out.data(), dtype, values.data(), DType::F32, n, 1.0f, false,
+                                    {});
+  return out;
+}
+
+const zk::ComputeKernels& cpu() {
+  return zk::cpu_compute_kernels();
+}
+const zk::ComputeKernels& gpu() {
+  return zk::cuda_compute_kernels();
+}
+
+}  // namespace
+
+TEST_CASE("unscale_and_check on the GPU gives the CPU's bits and the same overflow verdict") {
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (std::size_t n : kSizes) {
+      for (bool poison : {false, true}) {
+        INFO(zero::dtype_name(dtype) << " n=" << n << " poison=" << poison);
+        std::vector<std::byte> host = random_array(n, dtype, 3, -100.0f, 100.0f);
+        if (poison) {
+          const float inf = std::numeric_limits<float>::infinity();
+          cpu().combine(host.data() + (n / 2) * zero::dtype_size(dtype), dtype, &inf, DType::F32, 1,
+                        1.0f, false, {});
+        }
+        DeviceBytes device(host);
+        const bool gpu_bad = gpu().unscale_and_check(device.ptr, dtype, n, 0.125f, {});
+        const bool cpu_bad = cpu().unscale_and_check(host.data(), dtype, n, 0.125f, {});
+        REQUIRE(gpu_bad == poison);
+        REQUIRE(cpu_bad == poison);
+        REQUIRE(device.download() == host);
+      }
+    }
+  }
+}
+
+TEST_CASE("the squared norm on the GPU equals the CPU's bitwise") {
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (std::size_t n : kSizes) {
+      INFO(zero::dtype_name(dtype) << " n=" << n);
+      const std::vector<std::byte> host = random_array(n, dtype, 5, -2.0f, 2.0f);
+      DeviceBytes device(host);
+      const double expected = cpu().squared_l2_norm(host.data(), dtype, n, {});
+      REQUIRE(expected > 0.0);  // not vacuous
+      const double got = gpu().squared_l2_norm(device.ptr, dtype, n, {});
+      REQUIRE(std::memcmp(&got, &expected, sizeof got) == 0);
+    }
+  }
+}
+
+TEST_CASE("combine on the GPU equals the CPU's for every dtype pair, scale and accumulate") {
+  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
+  const std::size_t n = 256 * 4096 + 4099;
+  for (DType dst_t : dtypes) {
+    for (DType src_t : dtypes) {
+      for (float scale : {1.0f, 0.3f}) {
+        for (bool accumulate : {false, true}) {
+          INFO(zero::dtype_name(src_t) << " -> " << zero::dtype_name(dst_t) << " scale " << scale
+                                       << " accumulate " << accumulate);
+          const std::vector<std::byte> src = random_array(n, src_t, 7, -3.0f, 3.0f);
+          std::vector<std::byte> dst = random_array(n, dst_t, 8, -3.0f, 3.0f);
+          DeviceBytes d_src(src);
+          DeviceBytes d_dst(dst);
+          gpu().combine(d_dst.ptr, dst_t, d_src.ptr, src_t, n, scale, accumulate, {});
+          cpu().combine(dst.data(), dst_t, src.data(), src_t, n, scale, accumulate, {});
+          REQUIRE(d_dst.download() == dst);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fill_zero and the optimizer step through the table match the CPU") {
+  const std::size_t n = 100003;
+  std::vector<std::byte> master = random_array(n, DType::F32, 11, -1.0f, 1.0f);
+  const std::vector<std::byte> grad = random_array(n, DType::BF16, 12, -1.0f, 1.0f);
+  std::vector<std::byte> s0(n * 4), s1(n * 4), out(n * 2);
+  DeviceBytes d_master(master), d_grad(grad), d_s0(s0), d_s1(s1), d_out(out);
+  gpu().fill_zero(d_s0.ptr, DType::F32, n, {});
+  gpu().fill_zero(d_s1.ptr, DType::F32, n, {});
+  REQUIRE(d_s0.download() == s0);
+  zk::OptimizerHyper hyper;
+  hyper.weight_decay = 0.01;
+  for (int step = 1; step <= 3; ++step) {
+    const zk::StepScalars scalars{1e-3, step, 0.5};
+    gpu().optimizer_step(hyper, scalars,
+                         {static_cast<float*>(d_master.ptr), d_grad.ptr, DType::BF16, d_s0.ptr,
+                          d_s1.ptr, DType::F32, d_out.ptr, DType::BF16, n},
+                         {});
+    cpu().optimizer_step(hyper, scalars,
+                         {reinterpret_cast<float*>(master.data()), grad.data(), DType::BF16,
+                          s0.data(), s1.data(), DType::F32, out.data(), DType::BF16, n},
+                         {});
+  }
+  REQUIRE(d_master.download() == master);
+  REQUIRE(d_s1.download() == s1);
+  REQUIRE(d_out.download() == out);
+}
+
+int main(int argc, char** argv) {
+  if (zk::cuda_device_count() == 0) {
+    std::fprintf(stderr, "kernels_cuda_companions_test: no CUDA device, skipped\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

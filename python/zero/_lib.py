@@ -10,6 +10,12 @@ import ctypes.util
 import os
 from pathlib import Path
 
+# torch first: a libzero.so built with the CUDA toolkit needs libnccl.so.2 and libcudart.so, and
+# whichever copy is loaded first serves the whole process. Loaded before torch, the toolkit's
+# older NCCL would shadow the one torch's wheel ships (torch then fails to import: "undefined
+# symbol: ncclCommResume"); loaded after, libzero.so binds to torch's newer, compatible copies.
+import torch  # noqa: F401
+
 ABI_VERSION = 2
 
 F32, F16, BF16, F64 = 0, 1, 2, 3

@@ -94,7 +94,8 @@ SubgroupStore::SubgroupStore(Device& device, std::vector<StoreTensor> tensors,
     }
   }
   if (nvme_count() > 0) {
-    cache_ = alloc_staged();
+    const int records = std::clamp(options.cache_records, 1, nvme_count());
+    for (int c = 0; c < records; ++c) cache_.push_back({alloc_staged(), -1, false, 0});
     for (int b = 0; b < options.nvme->buffer_count; ++b) buffers_.push_back(alloc_staged());
   }
 }
@@ -154,32 +155,53 @@ IoRequest SubgroupStore::request(const Group& g, int slot, IoOp op, std::byte* r
 // The slot an update writes: the one not holding the committed values (slot 0 before any).
 int SubgroupStore::spare_slot(const Group& g) { return g.written ? 1 - g.active : 0; }
 
-// The cached record of NVMe sub-group `index`, loaded (or initialised) on a miss.
+// The cached record of NVMe sub-group `index`, loaded (or initialised) on a miss into the least
+// recently used entry, which is written back first if it was changed.
 std::byte* SubgroupStore::load(int index, bool for_write) {
-  if (cache_index_ != index) {
-    flush();
-    cache_index_ = -1;
+  Cached* entry = nullptr;
+  for (Cached& c : cache_) {
+    if (c.index == index) entry = &c;
+  }
+  if (entry == nullptr) {
+    entry = &*std::min_element(cache_.begin(), cache_.end(), [](const Cached& a, const Cached& b) {
+      return a.used < b.used;
+    });
+    write_back(*entry);
+    entry->index = -1;
     const Group& g = groups_[static_cast<std::size_t>(index)];
     if (g.written) {
-      io_->wait(io_->submit({request(g, g.active, IoOp::Read, cache_.data)}));
+      io_->wait(io_->submit({request(g, g.active, IoOp::Read, entry->staged.data)}));
     } else {
-      fill_initial(g, cache_.data);
+      fill_initial(g, entry->staged.data);
     }
-    cache_index_ = index;
+    entry->index = index;
   }
-  cache_dirty_ = cache_dirty_ || for_write;
-  return cache_.data;
+  entry->used = ++tick_;
+  entry->dirty = entry->dirty || for_write;
+  return entry->staged.data;
+}
+
+void SubgroupStore::write_back(Cached& c) {
+  if (c.index < 0 || !c.dirty) return;
+  Group& g = groups_[static_cast<std::size_t>(c.index)];
+  // Into the spare slot, then flip: a failed write leaves the committed slot as it was.
+  const int spare = spare_slot(g);
+  io_->wait(io_->submit({request(g, spare, IoOp::Write, c.staged.data)}));
+  g.active = spare;
+  g.written = true;
+  c.dirty = false;
 }
 
 void SubgroupStore::flush() {
-  if (cache_index_ < 0 || !cache_dirty_) return;
-  Group& g = groups_[static_cast<std::size_t>(cache_index_)];
-  // Into the spare slot, then flip: a failed write leaves the committed slot as it was.
-  const int spare = spare_slot(g);
-  io_->wait(io_->submit({request(g, spare, IoOp::Write, cache_.data)}));
-  g.active = spare;
-  g.written = true;
-  cache_dirty_ = false;
+  for (Cached& c : cache_) write_back(c);
+}
+
+// Forgets every cached record (after flush(): none is dirty).
+void SubgroupStore::drop_cache() {
+  for (Cached& c : cache_) {
+    c.index = -1;
+    c.dirty = false;
+  }
 }
 
 void SubgroupStore::visit_range(std::size_t begin, std::size_t end, bool for_write,
@@ -205,7 +227,7 @@ void SubgroupStore::modify(std::size_t begin, std::size_t end, const Visit& visi
 
 void SubgroupStore::update_all(const Visit& visit, const Agree& agree) {
   flush();
-  cache_index_ = -1;
+  drop_cache();
   std::vector<int> nv;
   std::exception_ptr failure;
   for (std::size_t i = 0; i < groups_.size(); ++i) {

@@ -11,10 +11,10 @@
 // Sub-groups are striped over the NVMe paths.
 //
 // Three ways in:
-//   read()/modify()  any range, sub-group by sub-group; NVMe sub-groups pass through a one-record
-//                    cache that modify() dirties and flush() (or the next miss) writes back.
-//                    A sub-group never written is not read: it starts from the tensors' initial
-//                    values.
+//   read()/modify()  any range, sub-group by sub-group; NVMe sub-groups pass through a cache of
+//                    `cache_records` records (least recently used out first) that modify()
+//                    dirties and flush() (or the eviction) writes back. A sub-group never written
+//                    is not read: it starts from the tensors' initial values.
 //   update_all()     the optimizer step: every sub-group once, the NVMe ones first, streamed
 //                    through `buffer_count` buffers — read sub-group i+1.. ahead (pipeline_read),
 //                    step i, write i−1.. behind (pipeline_write). On an I/O error it waits for
@@ -68,6 +68,9 @@ struct StoreOptions {
   MemoryKind offload_kind = MemoryKind::Device;  // host offload (no NVMe tier)
   double ratio = 1.0;                            // share of sub-groups offloaded
   std::optional<NvmeTier> nvme;
+  // NVMe records read()/modify() keep in pinned host memory (at least 1; offload_param's
+  // max_in_cpu, in records). update_all() streams through its own buffers either way.
+  int cache_records = 1;
 };
 
 class SubgroupStore {
@@ -100,8 +103,10 @@ class SubgroupStore {
   // Visits the sub-groups overlapping [begin, end), in order.
   void read(std::size_t begin, std::size_t end, const Visit& visit);
   void modify(std::size_t begin, std::size_t end, const Visit& visit);
-  // Writes the cached NVMe sub-group back if modify() changed it.
+  // Writes every cached NVMe sub-group that modify() changed back to its swap file.
   void flush();
+  // Records the read()/modify() cache holds (0 without NVMe sub-groups).
+  int cache_records() const { return static_cast<int>(cache_.size()); }
   // `agree` (collective runs: every rank calls it once per update, between the NVMe part and the
   // rest) gets whether this rank's I/O succeeded and returns whether every rank's did; when not,
   // this rank throws IoError too, before changing anything.
@@ -123,6 +128,12 @@ class SubgroupStore {
     Buffer memory;
     std::byte* data = nullptr;
   };
+  struct Cached {  // one record of the read()/modify() cache
+    Staged staged;
+    int index = -1;  // the sub-group it holds, or -1
+    bool dirty = false;
+    std::uint64_t used = 0;  // the last use's tick, for least-recently-used eviction
+  };
 
   View memory_view(Group& g, int index);
   View staged_view(const Group& g, int index, std::byte* record) const;
@@ -130,6 +141,8 @@ class SubgroupStore {
   IoRequest request(const Group& g, int slot, IoOp op, std::byte* record) const;
   static int spare_slot(const Group& g);
   std::byte* load(int index, bool for_write);
+  void write_back(Cached& c);
+  void drop_cache();
   void visit_range(std::size_t begin, std::size_t end, bool for_write, const Visit& visit);
   Staged alloc_staged();
 
@@ -145,9 +158,8 @@ class SubgroupStore {
   std::size_t align_ = 4096;
   std::vector<std::size_t> tensor_offset_;  // inside a record
   std::size_t record_bytes_ = 0;            // aligned
-  Staged cache_;
-  int cache_index_ = -1;
-  bool cache_dirty_ = false;
+  std::vector<Cached> cache_;
+  std::uint64_t tick_ = 0;
   std::vector<Staged> buffers_;  // update_all's pipeline
 };
 

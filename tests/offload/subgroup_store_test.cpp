@@ -177,5 +177,38 @@ TEST_CASE("an update failing at any I/O call changes nothing, and the next one s
   REQUIRE(contents(s) == committed);
 }
 
+TEST_CASE("a cache of several records reads each once, writes back what it evicts, and keeps "
+          "the values") {
+  test::TempDir dir("zero_store_cache");
+  CpuDevice device(0);
+  for (int records : {1, 3, 7, 100}) {
+    INFO(records << " cached records");
+    StoreOptions o = nvme_options(dir.str(), 1.0, 2, true);
+    o.cache_records = records;
+    SubgroupStore s(device, tensors(), o);
+    REQUIRE(s.cache_records() == std::min(records, 7));
+    set_master(s);  // writes all 7 records (a never-written record is not read)
+    const std::uint64_t written = s.io()->calls();
+    REQUIRE(written > 0);
+    // Two passes over sub-groups 0-2. What set_master wrote last stays cached: with 7 records
+    // everything does, and neither pass reads; with 3 the second pass reads nothing.
+    s.read(0, 4'500, [](const SubgroupStore::View&) {});
+    const std::uint64_t first_pass = s.io()->calls() - written;
+    CHECK((first_pass == 0) == (records >= 7));
+    s.read(0, 4'500, [](const SubgroupStore::View&) {});
+    const std::uint64_t second_pass = s.io()->calls() - written - first_pass;
+    CHECK(second_pass == (records >= 3 ? 0 : first_pass));
+    // Changed values survive eviction and a flush, whatever the cache holds.
+    s.modify(0, kTotal, add_one);
+    s.flush();
+    const auto c = contents(s);
+    for (std::size_t i = 0; i < kTotal; ++i) {
+      REQUIRE(c[0][i] == static_cast<float>(i) + 1.0f);
+      REQUIRE(c[1][i] == 1.5f);
+    }
+  }
+  CHECK(std::filesystem::is_empty(dir.path()));
+}
+
 }  // namespace
 }  // namespace zero::offload

@@ -9,7 +9,8 @@
 namespace zero::engine_detail {
 
 // Stage 3: the own slices in param_kind memory, or one NVMe record per unit (offload_param nvme:
-// no unit slice may exceed buffer_size, DeepSpeed's rule for its swap buffers).
+// no unit slice may exceed buffer_size, DeepSpeed's rule for its swap buffers). As many records
+// as max_in_cpu elements hold, at least one, stay cached in host memory.
 void EngineImpl::make_param_store() {
   if (!parts_.param_nvme) {
     model_part_ =
@@ -20,6 +21,7 @@ void EngineImpl::make_param_store() {
   so.total_elems = partition_elems();
   so.ratio = 1.0;
   so.nvme = parts_.param_nvme;
+  std::size_t largest = 1;
   for (std::size_t u = 0; u < layout_units_; ++u) {
     const UnitLayout& ul = layout_->unit(static_cast<int>(u));
     if (ul.slice_elems == 0) continue;
@@ -31,8 +33,11 @@ void EngineImpl::make_param_store() {
                                     ul.slice_elems));
     }
     so.boundaries.push_back(ul.partition_offset);
+    largest = std::max(largest, ul.slice_elems);
   }
   if (!so.boundaries.empty()) so.boundaries.front() = 0;
+  so.cache_records = static_cast<int>(std::clamp<std::size_t>(
+      parts_.param_cache_elems / largest, 1, std::max<std::size_t>(so.boundaries.size(), 1)));
   param_store_ = std::make_unique<offload::SubgroupStore>(
       device_, std::vector<offload::StoreTensor>{{model_dtype_, MemoryTag::LowPrecisionParams, 0.0f}},
       so);

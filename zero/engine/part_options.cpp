@@ -121,6 +121,7 @@ PartOptions part_options(const config::DsConfig& cfg, int rank, int world,
       t.aio = aio_options(cfg.aio);
       out.param_nvme = std::move(t);
       out.param_buffer_elems = elems(op.buffer_size_elems);
+      out.param_cache_elems = elems(op.max_in_cpu_elems);
     }
   }
 

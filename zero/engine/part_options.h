@@ -22,6 +22,8 @@ struct PartOptions {
   MemoryKind param_kind = MemoryKind::Device;
   std::optional<offload::NvmeTier> param_nvme;
   std::size_t param_buffer_elems = 0;
+  // With param_nvme: elements of whole unit records kept in host memory (max_in_cpu).
+  std::size_t param_cache_elems = 0;
 };
 
 // Throws ConfigError listing every finding that makes the config unrunnable (not supported yet,

@@ -169,7 +169,9 @@ std::byte* SubgroupStore::load(int index, bool for_write) {
     write_back(*entry);
     entry->index = -1;
     const Group& g = groups_[static_cast<std::size_t>(index)];
-    if (g.written) {
+    if (g.pending) {
+      io_->wait(io_->submit({request(g, spare_slot(g), IoOp::Read, entry->staged.data)}));
+    } else if (g.written) {
       io_->wait(io_->submit({request(g, g.active, IoOp::Read, entry->staged.data)}));
     } else {
       fill_initial(g, entry->staged.data);
@@ -184,12 +186,42 @@ std::byte* SubgroupStore::load(int index, bool for_write) {
 void SubgroupStore::write_back(Cached& c) {
   if (c.index < 0 || !c.dirty) return;
   Group& g = groups_[static_cast<std::size_t>(c.index)];
-  // Into the spare slot, then flip: a failed write leaves the committed slot as it was.
+  // Into the spare slot, then flip (or, in a batch, flip at commit_batch()): a failed write
+  // leaves the committed slot as it was.
   const int spare = spare_slot(g);
   io_->wait(io_->submit({request(g, spare, IoOp::Write, c.staged.data)}));
-  g.active = spare;
-  g.written = true;
+  if (batch_) {
+    g.pending = true;
+  } else {
+    g.active = spare;
+    g.written = true;
+  }
   c.dirty = false;
+}
+
+void SubgroupStore::begin_batch() {
+  ZERO_ASSERT(!batch_);
+  batch_ = true;
+}
+
+void SubgroupStore::commit_batch() {
+  ZERO_ASSERT(batch_);
+  flush();
+  for (Group& g : groups_) {
+    if (!g.pending) continue;
+    g.active = spare_slot(g);
+    g.written = true;
+    g.pending = false;
+  }
+  batch_ = false;
+}
+
+void SubgroupStore::abort_batch() noexcept {
+  if (!batch_) return;
+  // A cached record may hold the batch's values (changed, or read from a pending slot).
+  drop_cache();
+  for (Group& g : groups_) g.pending = false;
+  batch_ = false;
 }
 
 void SubgroupStore::flush() {
@@ -225,7 +257,9 @@ void SubgroupStore::modify(std::size_t begin, std::size_t end, const Visit& visi
   visit_range(begin, end, true, visit);
 }
 
-void SubgroupStore::update_all(const Visit& visit, const Agree& agree) {
+void SubgroupStore::update_all(const Visit& visit, const Agree& agree,
+                               const std::function<void()>& before_agree) {
+  ZERO_ASSERT(!batch_);
   flush();
   drop_cache();
   std::vector<int> nv;
@@ -282,6 +316,13 @@ void SubgroupStore::update_all(const Visit& visit, const Agree& agree) {
     }
     for (auto& r : reading) settle(r);
     for (auto& w : writing) settle(w);
+  }
+  if (!failure && before_agree) {
+    try {
+      before_agree();
+    } catch (const IoError&) {
+      failure = std::current_exception();
+    }
   }
   const bool all_ok = agree ? agree(!failure) : !failure;
   if (failure) std::rethrow_exception(failure);

@@ -22,6 +22,11 @@
 //                    resident sub-group has been visited, so the caller only has to undo what its
 //                    callback did outside the store (the model copy). Ranks agree on the outcome
 //                    before anything is committed.
+//   begin_batch()    makes what read()/modify() write back *pending*: written to the spare slot
+//                    and read from there, but committed only by commit_batch(); abort_batch()
+//                    forgets every pending write and cached change, without I/O, so the store
+//                    holds what it held at begin_batch() (stage 3's parameter records within an
+//                    optimizer step).
 // The ledger counts NVMe bytes (both slots) under MemoryKind::Nvme by tensor tag, and the swap
 // buffers as pinned staging.
 //
@@ -105,13 +110,22 @@ class SubgroupStore {
   void modify(std::size_t begin, std::size_t end, const Visit& visit);
   // Writes every cached NVMe sub-group that modify() changed back to its swap file.
   void flush();
+  void begin_batch();
+  // Writes back what is cached and changed (may throw IoError, the batch still open), then makes
+  // every pending write the committed one.
+  void commit_batch();
+  void abort_batch() noexcept;
   // Records the read()/modify() cache holds (0 without NVMe sub-groups).
   int cache_records() const { return static_cast<int>(cache_.size()); }
   // `agree` (collective runs: every rank calls it once per update, between the NVMe part and the
   // rest) gets whether this rank's I/O succeeded and returns whether every rank's did; when not,
   // this rank throws IoError too, before changing anything.
   using Agree = std::function<bool(bool ok)>;
-  void update_all(const Visit& visit, const Agree& agree = nullptr);
+  // `before_agree`, if given, runs after the NVMe sub-groups were stepped and written (their
+  // slots not yet flipped) and before `agree`; an IoError from it fails the update like the
+  // store's own (e.g. writing back another store's pending batch).
+  void update_all(const Visit& visit, const Agree& agree = nullptr,
+                  const std::function<void()>& before_agree = nullptr);
 
  private:
   struct Group {
@@ -123,6 +137,7 @@ class SubgroupStore {
     std::size_t record = 0;      // NVMe: the record's index in its file
     int active = 0;              // NVMe: the slot holding the committed values
     bool written = false;        // NVMe: a slot holds values
+    bool pending = false;        // NVMe: the spare slot holds this batch's values
   };
   struct Staged {  // one aligned swap buffer
     Buffer memory;
@@ -160,6 +175,7 @@ class SubgroupStore {
   std::size_t record_bytes_ = 0;            // aligned
   std::vector<Cached> cache_;
   std::uint64_t tick_ = 0;
+  bool batch_ = false;
   std::vector<Staged> buffers_;  // update_all's pipeline
 };
 

@@ -424,14 +424,14 @@ StepResult EngineImpl::step() {
     // Ranks agree that every NVMe write went through before any of them commits; an IoError
     // leaves parameters, master, states, scaler, counters and schedule at the previous step.
     offload::SubgroupStore::Agree agree;
-    if (world_ > 1 && optimizer_->store().nvme_count() > 0) {
+    if (world_ > 1 && (optimizer_->store().nvme_count() > 0 || param_store_)) {
       agree = [this](bool ok) {
         float failed = ok ? 0.0f : 1.0f;
         comm_.all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
         return failed == 0.0f;
       };
     }
-    optimizer_->step(plan.hypers, plan.scalars, agree);
+    optimizer_->step(plan.hypers, plan.scalars, agree, param_store_.get());
   }
 
   // Commit.
@@ -450,7 +450,6 @@ StepResult EngineImpl::step() {
   result.lr = plan.scalars[0].lr;
   ++applied_steps_;
   ++last_batch_iteration_;
-  if (param_store_) param_store_->flush();
   all_gather_model();
   if (fetcher_) fetcher_->refresh_after_step();
   return result;

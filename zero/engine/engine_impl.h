@@ -45,6 +45,11 @@ class EngineImpl final : public Engine, private SliceMap {
 
   void build(const InitFn& init, const EngineOptions& options);
 
+  // The NVMe I/O of the optimizer state's and of stage 3's parameter store (null where a store
+  // has no NVMe tier): tests install faults through them.
+  offload::AsyncIo* optimizer_io() { return optimizer_->store().io(); }
+  offload::AsyncIo* param_io() { return param_store_ ? param_store_->io() : nullptr; }
+
   int stage() const override { return stage_; }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }

@@ -135,9 +135,11 @@ double PartitionOptimizer::squared_norm() const {
 
 void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
                               std::span<const kernels::StepScalars> scalars,
-                              const offload::SubgroupStore::Agree& agree) {
+                              const offload::SubgroupStore::Agree& agree,
+                              offload::SubgroupStore* model_store) {
   // The model copy of stepped NVMe sub-groups, kept until the store commits (see the header).
-  // Pointers are looked up again on restore: the model copy may itself live in a swap store.
+  // Pointers are looked up again on restore. A model copy in a swap store needs none: its batch
+  // is aborted instead.
   struct Undo {
     int domain, unit;
     std::size_t first;
@@ -145,23 +147,36 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
   };
   std::vector<Undo> undo;
   const std::size_t msize = dtype_size(options_.model_dtype);
+  std::function<void()> before_agree;
+  if (model_store != nullptr) {
+    model_store->begin_batch();
+    before_agree = [model_store] { model_store->flush(); };
+  }
   try {
     store_->update_all([&](const offload::SubgroupStore::View& view) {
       for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
         const auto g = static_cast<std::size_t>(run.group);
         ZERO_ASSERT(g < hypers.size() && g < scalars.size());
-        if (view.nvme) {
+        if (view.nvme && model_store == nullptr) {
           const std::byte* model = slices_.model(run.domain, run.unit, first);
           undo.push_back({run.domain, run.unit, first,
                           std::vector<std::byte>(model, model + (last - first) * msize)});
         }
         step_part(run, first, last, view, hypers[g], scalars[g]);
       });
-    }, agree);
+    }, agree, before_agree);
+    if (model_store != nullptr) model_store->commit_batch();
   } catch (const IoError&) {
-    for (const Undo& u : undo) {
-      std::memcpy(slices_.model(u.domain, u.unit, u.first), u.bytes.data(), u.bytes.size());
+    if (model_store != nullptr) {
+      model_store->abort_batch();
+    } else {
+      for (const Undo& u : undo) {
+        std::memcpy(slices_.model(u.domain, u.unit, u.first), u.bytes.data(), u.bytes.size());
+      }
     }
+    throw;
+  } catch (...) {
+    if (model_store != nullptr) model_store->abort_batch();
     throw;
   }
 }

@@ -16,7 +16,9 @@
 // write); with 16-bit master weights it steps fp32 tiles and stores them rounded. Runs are cut at
 // sub-group edges (the kernels are elementwise, so the bits do not depend on where). When the
 // store throws IoError mid-step, the model copy of the sub-groups already stepped is restored
-// from an undo copy, so master, states and model copy all stay at the previous step. The overflow
+// from an undo copy — or, when the model copy itself lives in a swap store (stage 3's parameters
+// on NVMe), that store's batch is aborted — so master, states and model copy all stay at the
+// previous step. The overflow
 // check and the squared norm walk the rank's own slices unit by unit, so every stage sums the same
 // numbers in the same order.
 //
@@ -91,9 +93,16 @@ class PartitionOptimizer {
   // the caller). Writes the master weights, states and the model copy.
   // `agree` is the store's (offload::SubgroupStore::update_all): ranks agree that every NVMe
   // write succeeded before anything is committed. Throws IoError with nothing changed.
+  // `model_store`: the store the SliceMap's model copy lives in, if any; its writes form a batch
+  // written back before the ranks agree and committed with the step. With every optimizer
+  // sub-group on NVMe nothing is written after the agreement, so a failure anywhere leaves the
+  // previous step. Resident sub-groups are stepped after the agreement: a model-copy write that
+  // fails there (ratio < 1, or the optimizer state in memory) is thrown with the step neither
+  // done nor undone.
   void step(std::span<const kernels::OptimizerHyper> hypers,
             std::span<const kernels::StepScalars> scalars,
-            const offload::SubgroupStore::Agree& agree = nullptr);
+            const offload::SubgroupStore::Agree& agree = nullptr,
+            offload::SubgroupStore* model_store = nullptr);
   // The model copy ← master weights, rounded (after a checkpoint load).
   void write_model();
 

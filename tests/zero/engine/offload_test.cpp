@@ -9,6 +9,7 @@
 #include "tests/temp_dir.h"
 #include "zero/base/error.h"
 #include "tests/zero/engine/engine_test_util.h"
+#include "zero/engine/engine_impl.h"
 
 namespace zero::test {
 namespace {
@@ -91,6 +92,127 @@ TEST_CASE("stage-3 parameters on NVMe (with or without the optimizer state) stay
           CHECK(m.at(MemoryKind::Nvme, MemoryTag::LowPrecisionParams).current_bytes > 0);
           CHECK(m.at(MemoryKind::Device, MemoryTag::LowPrecisionParams).current_bytes <
                 a.memory[0].at(MemoryKind::Device, MemoryTag::LowPrecisionParams).current_bytes);
+        }
+      }
+    }
+  }
+  CHECK(std::filesystem::is_empty(nvme.path()));
+}
+
+// One rank trains; at step `faulty_step`, the I/O call k of one store's step fails (or, with
+// `disk_gone`, every call from the k-th on), for every k until a step goes through. Each failed step must leave parameters, master weights and counters
+// as they were; the run then continues. Returns the final master weights and the failures seen.
+struct FaultRun {
+  std::vector<std::vector<float>> params;
+  int failures = 0;
+};
+FaultRun train_with_io_faults(const json& config, bool fault_params, int faulty_step,
+                              bool disk_gone = false) {
+  using namespace zero::models;
+  const MlpShape shape = MlpShape::parse(kModel);
+  const std::vector<MlpParam> mp = mlp_params(shape);
+  config::Supplied supplied;
+  supplied.world_size = 1;
+  const config::DsConfig cfg = config::load_config_json(config, supplied);
+  std::vector<ParamSpec> specs;
+  for (std::size_t i = 0; i < mp.size(); ++i) {
+    ParamSpec s;
+    s.name = mp[i].name;
+    for (std::size_t d : mp[i].shape) s.shape.push_back(static_cast<std::int64_t>(d));
+    s.dtype = cfg.model_dtype;
+    s.unit = static_cast<int>(i / 2);
+    specs.push_back(s);
+  }
+  InProcWorld world(1);
+  const std::unique_ptr<Communicator> comm = world.comm(0);
+  auto device = make_device("cpu", 0, {});
+  EngineOptions options;
+  options.kernel_threads = 1;
+  auto engine = Engine::create(
+      cfg, *comm, *device, specs,
+      [&](std::size_t i, std::span<float> out) { init_param(shape, i, 7, 0, out); }, options);
+  auto& impl = dynamic_cast<engine_detail::EngineImpl&>(*engine);
+  offload::AsyncIo* io = fault_params ? impl.param_io() : impl.optimizer_io();
+  REQUIRE(io != nullptr);
+  const TeacherStudentData data(shape, 7);
+  const auto micro = static_cast<std::size_t>(*cfg.train_micro_batch_size_per_gpu);
+  auto backward = [&](int t) {
+    std::vector<std::vector<float>> w(specs.size()), g(specs.size());
+    for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      w[i] = to_f32(engine->param(i), cfg.model_dtype);
+      g[i].resize(mp[i].numel());
+    }
+    const Batch batch = data.batch(static_cast<std::uint64_t>(t), 0, micro);
+    std::vector<std::span<const float>> ws(w.begin(), w.end());
+    std::vector<std::span<float>> gs(g.begin(), g.end());
+    forward_backward(shape, ws, batch, static_cast<float>(engine->backward_scale()), gs);
+    for (std::size_t u = engine->num_units(); u-- > 0;) engine->release(static_cast<int>(u));
+    for (std::size_t i = specs.size(); i-- > 0;) {
+      kernels::cast_cpu(g[i].data(), DType::F32, engine->grad(i).data(), cfg.model_dtype,
+                        g[i].size());
+      engine->grad_ready(i);
+    }
+  };
+  auto snapshot = [&] {
+    std::vector<std::vector<float>> out;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      out.push_back(engine->gather_master(i));
+      const std::vector<std::byte> m = engine->gather_model(i);
+      out.push_back(to_f32(m, cfg.model_dtype));
+    }
+    out.push_back({static_cast<float>(engine->global_steps()),
+                   static_cast<float>(engine->current_lr())});
+    return out;
+  };
+  FaultRun result;
+  for (int t = 0; t < 4; ++t) {
+    for (std::uint64_t k = 0;; ++k) {
+      const auto before = snapshot();
+      backward(t);
+      if (t == faulty_step) {
+        const std::uint64_t at = io->calls() + k;
+        io->set_fault([at, disk_gone](std::uint64_t call, const offload::IoRequest&) {
+          const bool fail = disk_gone ? call >= at : call == at;
+          return fail ? offload::Fault{offload::Fault::Kind::Error, EIO} : offload::Fault{};
+        });
+      }
+      bool failed = false;
+      try {
+        engine->step();
+      } catch (const IoError&) {
+        failed = true;
+      }
+      io->set_fault(nullptr);
+      if (!failed) break;
+      INFO("step " << t << ": I/O call " << k << " of the step failed");
+      REQUIRE(snapshot() == before);
+      ++result.failures;
+    }
+  }
+  for (std::size_t i = 0; i < specs.size(); ++i) result.params.push_back(engine->gather_master(i));
+  return result;
+}
+
+TEST_CASE("a stage-3 step whose parameter or optimizer NVMe I/O fails at any call changes "
+          "nothing, and training continues bitwise",
+          "[offload]") {
+  TempDir nvme("zero_nvme");
+  for (const char* precision : {"fp32", "bf16"}) {
+    json c = base_config(3, precision, 1);
+    c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;  // every unit on NVMe
+    c = with_param_nvme(with_offload(c, "nvme", nvme.str()), nvme.str());
+    const FaultRun plain = train_with_io_faults(c, true, -1);
+    REQUIRE(plain.failures == 0);
+    for (bool params : {true, false}) {
+      for (bool disk_gone : {false, true}) {
+        INFO(precision << (params ? ": parameter" : ": optimizer") << " store fails "
+                       << (disk_gone ? "from one call on" : "once"));
+        const FaultRun faulty = train_with_io_faults(c, params, 2, disk_gone);
+        CHECK(faulty.failures >= 4);
+        REQUIRE(faulty.params.size() == plain.params.size());
+        for (std::size_t i = 0; i < plain.params.size(); ++i) {
+          REQUIRE(faulty.params[i] == plain.params[i]);
         }
       }
     }

@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     --nvme-path) nvme=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --world-size) world=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "offload-demo: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done

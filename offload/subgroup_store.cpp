@@ -158,21 +158,18 @@ int SubgroupStore::spare_slot(const Group& g) { return g.written ? 1 - g.active 
 // The cached record of NVMe sub-group `index`, loaded (or initialised) on a miss into the least
 // recently used entry, which is written back first if it was changed.
 std::byte* SubgroupStore::load(int index, bool for_write) {
-  Cached* entry = nullptr;
-  for (Cached& c : cache_) {
-    if (c.index == index) entry = &c;
-  }
-  if (entry == nullptr) {
-    entry = &*std::min_element(cache_.begin(), cache_.end(), [](const Cached& a, const Cached& b) {
-      return a.used < b.used;
-    });
+  auto entry = std::find_if(cache_.begin(), cache_.end(),
+                            [index](const Cached& c) { return c.index == index; });
+  if (entry == cache_.end()) {
+    entry = std::min_element(cache_.begin(), cache_.end(),
+                             [](const Cached& a, const Cached& b) { return a.used < b.used; });
     write_back(*entry);
     entry->index = -1;
     const Group& g = groups_[static_cast<std::size_t>(index)];
-    if (g.pending) {
-      io_->wait(io_->submit({request(g, spare_slot(g), IoOp::Read, entry->staged.data)}));
-    } else if (g.written) {
-      io_->wait(io_->submit({request(g, g.active, IoOp::Read, entry->staged.data)}));
+    if (g.pending || g.written) {
+      // In a batch, a record written back this batch is read from its pending (spare) slot.
+      const int slot = g.pending ? spare_slot(g) : g.active;
+      io_->wait(io_->submit({request(g, slot, IoOp::Read, entry->staged.data)}));
     } else {
       fill_initial(g, entry->staged.data);
     }

@@ -277,7 +277,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("frozen parameters are widened, narrowed or left out with --exclude-frozen") {
+TEST_CASE("frozen parameters keep their dtype, are widened or narrowed with --dtype, or left out") {
   // zero-train registers no frozen parameters, so one is added to a real checkpoint the way
   // save_checkpoint writes them: a manifest entry and "frozen/<name>" in rank 0's file.
   const TempDir dir("frozen");
@@ -320,8 +320,20 @@ TEST_CASE("frozen parameters are widened, narrowed or left out with --exclude-fr
   std::ofstream(tag_dir + "/manifest.json") << manifest.to_json().dump(2);
 
   const std::map<std::string, Tensor> dump = read_all(dir / "dump.safetensors");
-  SECTION("fp32: widened exactly, next to the master weights") {
+  SECTION("no --dtype: the stored bf16 bytes as they are, next to the fp32 master weights") {
+    // As DeepSpeed's zero_to_fp32 writes frozen parameters.
     const Run r = to_fp32(dir / "ckpt" + " " + dir / "out.safetensors");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("(fp32; 1 frozen in bf16)"));
+    const std::map<std::string, Tensor> out = read_all(dir / "out.safetensors");
+    REQUIRE(out.size() == dump.size() + 1);
+    CHECK(out.at("embed.frozen").dtype == zero::DType::BF16);
+    CHECK(out.at("embed.frozen").bytes == frozen_bf16);
+    for (const auto& [name, t] : dump) CHECK(out.at(name).bytes == t.bytes);
+  }
+  SECTION("--dtype fp32: widened exactly, next to the master weights") {
+    const Run r = to_fp32(dir / "ckpt" + " " + dir / "out.safetensors --dtype fp32");
     INFO(r.out);
     REQUIRE(r.status == 0);
     const std::map<std::string, Tensor> out = read_all(dir / "out.safetensors");

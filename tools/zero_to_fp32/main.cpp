@@ -188,6 +188,7 @@ struct Item {
   std::uint64_t numel = 0;
   bool trainable = true;
   DType source_dtype = DType::F32;        // master: fp32; frozen: SourceParam::frozen_dtype
+  DType out_dtype = DType::F32;           // --dtype; without it fp32, frozen ones as saved
   std::vector<std::string> aliases = {};  // tied names: the tensor is written once
 };
 
@@ -195,35 +196,33 @@ struct Item {
 class Appender {
  public:
   // chunk_elems: the most elements one append() converts. REQUIRES: ≤ kChunkElems.
-  Appender(DType out_dtype, std::uint64_t chunk_elems)
-      : out_(out_dtype),
-        f32_(chunk_elems),
-        narrow_(out_dtype == DType::F32 ? 0 : chunk_elems * zero::dtype_size(out_dtype)) {}
+  explicit Appender(std::uint64_t chunk_elems) : f32_(chunk_elems) {}
 
   float* f32() { return f32_.data(); }
 
+  // Appends count elements of src (src_dtype) as out_dtype.
   // REQUIRES: count ≤ chunk_elems; src is naturally aligned for src_dtype.
   void append(zero::io::SafetensorsStreamWriter& writer, const void* src, DType src_dtype,
-              std::size_t count, Progress& progress) {
+              DType out_dtype, std::size_t count, Progress& progress) {
     const void* data = src;
-    if (src_dtype != out_ && src_dtype != DType::F32) {
+    if (src_dtype != out_dtype && src_dtype != DType::F32) {
       zero::kernels::cast_cpu(src, src_dtype, f32_.data(), DType::F32, count);
       data = f32_.data();
       src_dtype = DType::F32;
     }
-    if (src_dtype != out_) {
-      zero::kernels::cast_cpu(data, DType::F32, narrow_.data(), out_, count);
+    if (src_dtype != out_dtype) {
+      narrow_.resize(std::max(narrow_.size(), f32_.size() * zero::dtype_size(out_dtype)));
+      zero::kernels::cast_cpu(data, DType::F32, narrow_.data(), out_dtype, count);
       data = narrow_.data();
     }
-    const std::size_t bytes = count * zero::dtype_size(out_);
+    const std::size_t bytes = count * zero::dtype_size(out_dtype);
     writer.append(data, bytes);
     progress.advance(bytes);
   }
 
  private:
-  DType out_;
   std::vector<float> f32_;
-  std::vector<std::byte> narrow_;
+  std::vector<std::byte> narrow_;  // sized on first use
 };
 
 void write_tensor(const ckpt::CheckpointSource& reader, const Item& item,
@@ -233,8 +232,8 @@ void write_tensor(const ckpt::CheckpointSource& reader, const Item& item,
     for (std::uint64_t begin = 0; begin < item.numel;) {
       const std::uint64_t count = std::min(kChunkElems, item.numel - begin);
       reader.read(item.param, "master", begin, count, appender.f32());
-      appender.append(writer, appender.f32(), DType::F32, static_cast<std::size_t>(count),
-                      progress);
+      appender.append(writer, appender.f32(), DType::F32, item.out_dtype,
+                      static_cast<std::size_t>(count), progress);
       begin += count;
     }
     return;
@@ -248,7 +247,7 @@ void write_tensor(const ckpt::CheckpointSource& reader, const Item& item,
   for (std::uint64_t begin = 0; begin < item.numel;) {
     const std::uint64_t count = std::min(kChunkElems, item.numel - begin);
     appender.append(writer, whole.data() + begin * element_bytes, item.source_dtype,
-                    static_cast<std::size_t>(count), progress);
+                    item.out_dtype, static_cast<std::size_t>(count), progress);
     begin += count;
   }
 }
@@ -317,11 +316,29 @@ void verify_all(const ckpt::CheckpointSource& source) {
 int write_output(const Options& o, const ckpt::CheckpointSource& reader, std::vector<Item> items,
                  std::size_t frozen_left_out, Clock::time_point start);
 
+// "fp32", or "fp32; 2 frozen in bf16" when frozen parameters keep another dtype.
+std::string dtypes_text(const Options& o, const std::vector<Item>& items) {
+  const DType main = o.dtype.value_or(DType::F32);
+  std::map<DType, std::size_t> others;
+  for (const Item& item : items) {
+    if (item.out_dtype != main) ++others[item.out_dtype];
+  }
+  std::string text(zero::dtype_name(main));
+  for (const auto& [dtype, n] : others)
+    text += fmt::format("; {} frozen in {}", n, zero::dtype_name(dtype));
+  return text;
+}
+
 int run(const Options& o) {
   const Clock::time_point start = Clock::now();
   const Location where = locate_checkpoint(o);
   const std::unique_ptr<ckpt::CheckpointSource> source =
       ckpt::CheckpointSource::open(where.dir, where.tag);
+  if (source->format() == ckpt::Format::DeepSpeed) {
+    fmt::print(stderr, "zero_to_fp32: {} checkpoint {} ({} rank{}, {} tensors)\n", source->kind(),
+               source->path(), source->world_size(), source->world_size() == 1 ? "" : "s",
+               source->params().size());
+  }
   verify_all(*source);
 
   // Every tensor, in the checkpoint's order; DeepSpeed's buffers are written like parameters
@@ -340,6 +357,10 @@ int run(const Options& o) {
                      .numel = p.numel,
                      .trainable = p.trainable,
                      .source_dtype = p.trainable ? DType::F32 : p.frozen_dtype,
+                     // As DeepSpeed's zero_to_fp32: frozen parameters keep their dtype,
+                     // buffers become fp32.
+                     .out_dtype = o.dtype.value_or(p.trainable || p.buffer ? DType::F32
+                                                                             : p.frozen_dtype),
                      .aliases = p.aliases});
   }
   return write_output(o, *source, std::move(items), frozen_left_out, start);
@@ -355,7 +376,7 @@ int write_output(const Options& o, const ckpt::CheckpointSource& reader, std::ve
   }
   std::vector<zero::to_fp32::OutputTensor> sizes;
   for (const Item& item : items)
-    sizes.push_back({item.name, item.numel * zero::dtype_size(o.dtype)});
+    sizes.push_back({item.name, item.numel * zero::dtype_size(item.out_dtype)});
 
   // A path that names an existing directory is one, whatever its name.
   const bool output_is_file = o.output.ends_with(".safetensors") && !fs::is_directory(o.output);
@@ -391,13 +412,14 @@ int write_output(const Options& o, const ckpt::CheckpointSource& reader, std::ve
   if (!aliases.empty()) metadata["aliases"] = aliases.dump();
   std::uint64_t largest_numel = 0;
   for (const Item& item : items) largest_numel = std::max(largest_numel, item.numel);
-  Appender appender(o.dtype, std::min(kChunkElems, largest_numel));
+  Appender appender(std::min(kChunkElems, largest_numel));
   {
     Progress progress("writing", total_bytes);
     for (const zero::to_fp32::ShardFile& shard : plan.files) {
       std::vector<zero::io::TensorDecl> decls;
       for (const std::size_t t : shard.tensors) {
-        decls.push_back({.name = items[t].name, .dtype = o.dtype, .shape = items[t].shape});
+        decls.push_back(
+            {.name = items[t].name, .dtype = items[t].out_dtype, .shape = items[t].shape});
       }
       zero::io::SafetensorsStreamWriter writer(shard.path, std::move(decls), metadata);
       for (const std::size_t t : shard.tensors) {
@@ -419,7 +441,7 @@ int write_output(const Options& o, const ckpt::CheckpointSource& reader, std::ve
   fmt::print(stderr,
              "zero_to_fp32: wrote {} tensors ({}{}), {} bytes ({}) to {} in {:.3f} s "
              "({:.3f} GB/s); {:.3f} s in all; peak RSS {}\n",
-             items.size(), zero::dtype_name(o.dtype),
+             items.size(), dtypes_text(o, items),
              frozen_left_out > 0 ? fmt::format("; {} frozen left out", frozen_left_out) : "",
              total_bytes, format_bytes(total_bytes), destination, write_seconds,
              write_seconds > 0 ? static_cast<double>(total_bytes) / write_seconds / 1e9 : 0.0,

@@ -32,8 +32,9 @@ options:
   -t, --tag TAG               the checkpoint tag to read (default: the one `latest` names)
   --max-shard-size SIZE       largest shard, e.g. 5GB, 500MB, 64KiB or a byte count (default 5GB;
                               a tensor larger than this gets a shard of its own)
-  --dtype fp32|bf16|fp16      the output dtype; master weights are rounded to nearest even
-                              (default fp32)
+  --dtype fp32|bf16|fp16      the output dtype of every tensor; master weights are rounded to
+                              nearest even (default: fp32, and frozen parameters in the dtype
+                              they were saved in, as DeepSpeed's zero_to_fp32 writes them)
   --exclude-frozen            leave out frozen (non-trainable) parameters
   --help                      this text
 

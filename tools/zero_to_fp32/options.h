@@ -27,7 +27,9 @@ struct Options {
   std::string output;          // a .safetensors file, or a directory
   std::string tag;             // empty: the one `latest` names
   std::uint64_t max_shard_bytes = kDefaultMaxShardBytes;
-  DType dtype = DType::F32;
+  // Every tensor's dtype; nothing: fp32, but frozen parameters keep the dtype they were saved in
+  // (as DeepSpeed's zero_to_fp32 does).
+  std::optional<DType> dtype;
   bool exclude_frozen = false;
   bool help = false;  // --help: print kUsage and exit 0; nothing else is checked
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cast.h"
 #include "kernels/combine.h"
 #include "zero/base/error.h"
 #include "zero/base/shape.h"
@@ -34,6 +35,9 @@ class ZeroSource final : public CheckpointSource {
 
   Format format() const override { return Format::Zero; }
   std::string path() const override { return r_.path(); }
+  std::string kind() const override {
+    return fmt::format("zero (ZeRO stage {})", r_.manifest().stage);
+  }
   int stage() const override { return r_.manifest().stage; }
   int world_size() const override { return r_.manifest().world_size; }
   std::string model_dtype() const override {
@@ -113,13 +117,14 @@ class DeepSpeedSource final : public CheckpointSource {
                          .numel = numel_of(p.shape),
                          .trainable = p.trainable,
                          .buffer = p.buffer,
-                         .frozen_dtype = DType::F32,
+                         .frozen_dtype = p.trainable ? DType::F32 : p.saved_dtype,
                          .tied_to = p.tied_to});
     }
   }
 
   Format format() const override { return Format::DeepSpeed; }
   std::string path() const override { return d_.tag_dir(); }
+  std::string kind() const override { return "DeepSpeed " + d_.kind_name(); }
   int stage() const override { return d_.stage(); }
   int world_size() const override { return d_.world_size(); }
   std::string model_dtype() const override { return d_.dtype(); }
@@ -157,10 +162,12 @@ class DeepSpeedSource final : public CheckpointSource {
     std::copy_n(cached_.begin() + static_cast<std::ptrdiff_t>(begin), count, out);
   }
   std::vector<float> read_frozen(std::size_t p) const override { return d_.read_fp32(p); }
+  // The saved values were widened exactly on read, so narrowing them back is exact too.
   std::vector<std::byte> read_frozen_raw(std::size_t p) const override {
     const std::vector<float> v = d_.read_fp32(p);
-    std::vector<std::byte> out(v.size() * sizeof(float));
-    std::memcpy(out.data(), v.data(), out.size());
+    const DType dtype = params_[p].frozen_dtype;
+    std::vector<std::byte> out(v.size() * dtype_size(dtype));
+    kernels::cast_cpu(v.data(), DType::F32, out.data(), dtype, v.size());
     return out;
   }
 

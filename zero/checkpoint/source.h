@@ -50,7 +50,7 @@ struct SourceParam {
   // DeepSpeed: a persistent buffer of the module (not trainable; zero_to_fp32 writes it).
   bool buffer = false;
   // The dtype read_frozen_raw() returns a non-trainable parameter in: zero — the model copy's;
-  // DeepSpeed — F32 (its values are converted from the saved dtype on read).
+  // DeepSpeed — the dtype it was saved in (fp32 when that was another, e.g. float64).
   DType frozen_dtype = DType::F32;
   // zero: other names of this tensor (tied parameters), stored once under `name`.
   std::vector<std::string> aliases = {};
@@ -86,7 +86,12 @@ class CheckpointSource {
   virtual Format format() const = 0;
   // The tag folder.
   virtual std::string path() const = 0;
-  // The ZeRO stage and the number of ranks the checkpoint was saved from.
+  // What wrote it, for messages: "zero (ZeRO stage 2)", "DeepSpeed ZeRO stage 3", "DeepSpeed
+  // BF16_Optimizer (stage 1)", "DeepSpeed ZeRO stage 0 (bf16, fp32 master copies in
+  // optimizer.fp32_groups)", "DeepSpeed universal (from ZeRO stage 2)".
+  virtual std::string kind() const = 0;
+  // The ZeRO stage (0 for DeepSpeed's stage 0) and the number of ranks the checkpoint was saved
+  // from.
   virtual int stage() const = 0;
   virtual int world_size() const = 0;
   // The model's dtype as saved: "fp32", "fp16" or "bf16" (DeepSpeed: another torch dtype name

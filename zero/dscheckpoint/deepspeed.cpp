@@ -26,14 +26,20 @@ namespace {
 // Archives kept open between reads; a parameter read visits every rank's file in turn.
 constexpr std::size_t kMaxOpenArchives = 64;
 
-bool has_optim_files(const fs::path& dir) {
+// What kind of tag folder `dir` is, from its file names alone (a BF16_Optimizer folder shows as
+// Zero until its optimizer states are read); nothing when it is none.
+std::optional<DsKind> tag_folder_kind(const fs::path& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return false;
+  if (!fs::is_directory(dir, ec)) return std::nullopt;
+  if (fs::is_regular_file(dir / "zero" / "optimizer_state.pt", ec)) return DsKind::Universal;
+  bool model_states = false;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.ends_with("optim_states.pt")) return true;
+    if (name.ends_with("optim_states.pt")) return DsKind::Zero;
+    if (name.starts_with("mp_rank_") && name.ends_with("_model_states.pt")) model_states = true;
   }
-  return false;
+  if (model_states) return DsKind::Zero0;
+  return std::nullopt;
 }
 
 std::string read_latest(const fs::path& file) {
@@ -60,11 +66,13 @@ std::int64_t DsParam::numel() const {
 bool is_deepspeed_checkpoint(const std::string& dir) {
   const fs::path root(dir);
   std::error_code ec;
-  if (fs::is_regular_file(root / "latest", ec)) {
-    const std::string tag = read_latest(root / "latest");
-    return !tag.empty() && has_optim_files(root / tag);
+  for (const char* latest : {"latest", "latest_universal"}) {
+    if (fs::is_regular_file(root / latest, ec)) {
+      const std::string tag = read_latest(root / latest);
+      if (!tag.empty() && tag_folder_kind(root / tag)) return true;
+    }
   }
-  return has_optim_files(root);
+  return tag_folder_kind(root).has_value();
 }
 
 // --- the implementation -------------------------------------------------------------------------
@@ -142,26 +150,59 @@ DeepSpeedCheckpoint DeepSpeedCheckpoint::open(const std::string& dir, const std:
   if (!tag.empty()) {
     tag_path = root / tag;
     ZERO_CHECK_AS(IoError, fs::is_directory(tag_path, ec), "{}: no tag folder '{}'", dir, tag);
-  } else if (fs::is_regular_file(root / "latest", ec)) {
-    const std::string latest = read_latest(root / "latest");
+  } else if (fs::is_regular_file(root / "latest", ec) ||
+             fs::is_regular_file(root / "latest_universal", ec)) {
+    // DeepSpeed loads the tag `latest` names unless told to load the universal one; so here.
+    const char* file = fs::is_regular_file(root / "latest", ec) ? "latest" : "latest_universal";
+    const std::string latest = read_latest(root / file);
     tag_path = root / latest;
     ZERO_CHECK_AS(IoError, !latest.empty() && fs::is_directory(tag_path, ec),
-                  "{}: 'latest' names tag '{}', but there is no such folder", dir, latest);
-  } else if (has_optim_files(root)) {
+                  "{}: '{}' names tag '{}', but there is no such folder", dir, file, latest);
+  } else if (tag_folder_kind(root)) {
     tag_path = root;
   } else {
     throw IoError(fmt::format(
-        "{}: not a DeepSpeed checkpoint: expected a 'latest' file naming the tag folder, or "
-        "*_optim_states.pt files (pass the tag to pick a folder)",
+        "{}: not a DeepSpeed checkpoint: expected a 'latest' (or 'latest_universal') file naming "
+        "the tag folder, or a tag folder itself (*_optim_states.pt, mp_rank_00_model_states.pt "
+        "or zero/optimizer_state.pt in it)",
         dir));
   }
   impl->tag_dir = tag_path.string();
-  impl->open_layout(tag_path);
+  const std::optional<DsKind> kind = tag_folder_kind(tag_path);
+  if (!kind) {
+    throw IoError(fmt::format(
+        "{}: holds no DeepSpeed checkpoint files (*_optim_states.pt, mp_rank_00_model_states.pt "
+        "or zero/optimizer_state.pt)",
+        tag_path.string()));
+  }
+  impl->kind = *kind;
+  switch (*kind) {
+    case DsKind::Universal: impl->open_universal(tag_path); break;
+    case DsKind::Zero0: impl->open_zero0(tag_path); break;
+    case DsKind::Zero:
+    case DsKind::Bf16Optimizer: impl->open_partitioned(tag_path); break;
+  }
   return DeepSpeedCheckpoint(std::move(impl));
 }
 
 const std::string& DeepSpeedCheckpoint::tag_dir() const {
   return impl_->tag_dir;
+}
+DsKind DeepSpeedCheckpoint::kind() const {
+  return impl_->kind;
+}
+std::string DeepSpeedCheckpoint::kind_name() const {
+  switch (impl_->kind) {
+    case DsKind::Zero: return fmt::format("ZeRO stage {}", impl_->stage);
+    case DsKind::Bf16Optimizer: return "BF16_Optimizer (stage 1)";
+    case DsKind::Zero0:
+      return impl_->zero0_masters.empty()
+                 ? fmt::format("ZeRO stage 0 ({})", impl_->dtype)
+                 : fmt::format("ZeRO stage 0 ({}, fp32 master copies in {})", impl_->dtype,
+                               impl_->zero0_masters);
+    case DsKind::Universal: return fmt::format("universal (from ZeRO stage {})", impl_->stage);
+  }
+  return "?";
 }
 int DeepSpeedCheckpoint::stage() const {
   return impl_->stage;

@@ -1,12 +1,20 @@
-// DeepSpeed's own checkpoint directories (SPEC_DEEPSPEED.md §8), read without Python:
-//   <dir>/latest                       the tag
-//   <dir>/<tag>/mp_rank_00_model_states.pt                         stage 1/2
-//   <dir>/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt        stage 3, one per rank
-//   <dir>/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt every rank
+// DeepSpeed's own checkpoint directories (SPEC_DEEPSPEED.md §8), read without Python. Kinds:
+//   ZeRO 1/2/3   <dir>/latest names <tag>;
+//                <tag>/mp_rank_00_model_states.pt                         stage 1/2
+//                <tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt        stage 3, one per rank
+//                <tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt every rank
+//   BF16_Optimizer  (bf16 + stage 1 + fp32 gradient accumulation) the same files, its own
+//                partition layout (no zero_stage; partitions keep their padding)
+//   ZeRO stage 0 only <tag>/mp_rank_00_model_states.pt: the weights in `module`, the optimizer
+//                (torch's state dict, or DeepSpeed's fp16/bf16 wrapper holding the fp32 master
+//                copies in fp32_groups / fp32_groups_flat) in `optimizer`
+//   universal    ds_to_universal's output: <dir>/latest_universal names <tag>;
+//                <tag>/zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt whole tensors,
+//                <tag>/zero/optimizer_state.pt, <tag>/mp_rank_00_model_states.pt
 // Parameters are reconstructed as DeepSpeed's zero_to_fp32.py does (§8.5): rank partitions
-// concatenated in order, padding dropped, frozen parameters from the model states, tied
-// parameters resolved to their owner. Model-parallel (mp_rank_01...), MoE, universal and
-// BF16_Optimizer checkpoints are refused with an error saying so.
+// concatenated in order, padding dropped, frozen parameters from the model states (in the dtype
+// they were saved in), tied parameters resolved to their owner. Model-parallel (mp_rank_01...)
+// and MoE checkpoints are refused with an error naming the kind and why.
 //
 // Memory: open() parses each rank's pickles once, one at a time, and keeps only where each
 // tensor lives (a few dozen bytes per tensor); read_fp32/read_state read one parameter's bytes
@@ -23,19 +31,27 @@
 #include <string>
 #include <vector>
 
+#include "zero/base/dtype.h"
+
 namespace zero::dscheckpoint {
 
-// True when `dir` holds a `latest` file naming a folder with *_optim_states.pt files, or holds
-// *_optim_states.pt files itself (a tag folder).
+// True when `dir` is a DeepSpeed save directory (its `latest` or `latest_universal` names a tag
+// folder of any kind above) or a tag folder itself (it holds *_optim_states.pt files,
+// mp_rank_NN_model_states.pt, or zero/optimizer_state.pt).
 bool is_deepspeed_checkpoint(const std::string& dir);
+
+enum class DsKind { Zero, Bf16Optimizer, Zero0, Universal };
 
 struct DsParam {
   std::string name;
   std::vector<std::int64_t> shape;
   bool trainable = true;  // false: frozen parameter or buffer (no optimizer state)
   bool buffer = false;    // a persistent buffer from the model states (zero_to_fp32 keeps them)
+  // Frozen parameters and buffers: the dtype they were saved in, fp32, fp16 or bf16 (read_fp32
+  // widens it exactly; another dtype shows as F32); F32 for trainable parameters.
+  DType saved_dtype = DType::F32;
   // A tied parameter: reading it reads its owner (SPEC §8.2 shared_params).
-  std::optional<std::string> tied_to;
+  std::optional<std::string> tied_to = {};
 
   std::int64_t numel() const;
 };
@@ -54,8 +70,14 @@ class DeepSpeedCheckpoint {
   ~DeepSpeedCheckpoint();
 
   const std::string& tag_dir() const;
+  DsKind kind() const;
+  // The kind as messages name it: "ZeRO stage 2", "BF16_Optimizer (stage 1)", "ZeRO stage 0
+  // (bf16, fp32 master copies in optimizer.fp32_groups)", "universal (from ZeRO stage 2)".
+  std::string kind_name() const;
+  // 0 for a stage-0 checkpoint; a universal checkpoint's is the stage it was converted from.
   int stage() const;
-  // Ranks the optimizer states are partitioned over (partition_count).
+  // Ranks the optimizer states are partitioned over (partition_count); stage 0: the model
+  // states' dp_world_size.
   int world_size() const;
   // The model's (low-precision) dtype as saved in the model states: "fp32", "fp16" or "bf16".
   std::string dtype() const;

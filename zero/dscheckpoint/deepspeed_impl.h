@@ -52,6 +52,9 @@ struct DeepSpeedCheckpoint::Impl {
 
   std::string dir;
   std::string tag_dir;
+  DsKind kind = DsKind::Zero;
+  int dp_world_size = 1;     // the model states' dp_world_size
+  std::string zero0_masters;  // stage 0: where the fp32 master copies were ("" : module)
   std::vector<std::string> files;
   int stage = 0;
   int world = 0;
@@ -93,8 +96,12 @@ struct DeepSpeedCheckpoint::Impl {
                    const std::unordered_map<std::size_t, std::size_t>* map,
                    std::span<float> out) const;
 
-  // Fills everything above from the tag folder's files (deepspeed_layout.cpp).
-  void open_layout(const std::filesystem::path& tag_path);
+  // Fill everything above from the tag folder's files, one per kind: ZeRO 1/2/3 and
+  // BF16_Optimizer (deepspeed_layout.cpp), stage 0 (deepspeed_zero0.cpp), universal
+  // (deepspeed_universal.cpp).
+  void open_partitioned(const std::filesystem::path& tag_path);
+  void open_zero0(const std::filesystem::path& tag_path);
+  void open_universal(const std::filesystem::path& tag_path);
 };
 
 }  // namespace zero::dscheckpoint

@@ -1,8 +1,13 @@
-// DeepSpeedCheckpoint::open's layout pass (SPEC_DEEPSPEED.md §8): which files the tag folder
-// holds, what rank 0's model states and every rank's optimizer states say, and from that where
-// each parameter's elements lie in the ranks' partitions. One step per function, called in
-// order by Impl::open_layout; each parses its pickles once and keeps only tensor locations.
-// Steps 1 and 3, the tag folder's files, are deepspeed_tag_dir.cpp's.
+// DeepSpeedCheckpoint::open's layout pass for ZeRO 1/2/3 and BF16_Optimizer checkpoints
+// (SPEC_DEEPSPEED.md §8): which files the tag folder holds, what rank 0's model states and every
+// rank's optimizer states say, and from that where each parameter's elements lie in the ranks'
+// partitions. One step per function, called in order by open_partitioned_layout; each parses its
+// pickles once and keeps only tensor locations. Steps 1 and 3, the tag folder's files, are
+// deepspeed_tag_dir.cpp's; step 4 and the last ones are shared with the other kinds
+// (deepspeed_model_states.h).
+//
+// BF16_Optimizer (bf16, stage 1, fp32 gradient accumulation) saves like ZeRO-1 but without
+// `zero_stage`, and its single_partition_of_fp32_groups keep their padding (group_paddings).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -12,6 +17,7 @@
 
 #include "zero/base/error.h"
 #include "zero/dscheckpoint/deepspeed_impl.h"
+#include "zero/dscheckpoint/deepspeed_model_states.h"
 #include "zero/dscheckpoint/deepspeed_tag_dir.h"
 
 namespace zero::dscheckpoint {
@@ -22,27 +28,6 @@ using Impl = DeepSpeedCheckpoint::Impl;
 
 std::uint64_t align_up(std::uint64_t x, std::uint64_t a) {
   return (x + a - 1) / a * a;
-}
-
-// The stage from `zero_stage`: a pickled ZeroStageEnum (an Object whose argument is the value)
-// or a plain int.
-std::int64_t stage_value(const PickleView& v) {
-  if (v.is(PickleValue::Kind::Int)) return v.as_int();
-  if (v.is(PickleValue::Kind::Object) && v.size() == 1) return v.element(0).as_int();
-  v.fail("a ZeroStageEnum or an int");
-}
-
-// A number that may be saved as an int, a float or a 0-d tensor (torch >= 1.12 keeps Adam's
-// step as a tensor).
-double scalar_number(const PtFile& file, const PickleView& v) {
-  if (v.is(PickleValue::Kind::Tensor)) {
-    const TensorRef& t = file.tensor(v);
-    if (t.numel() != 1) v.fail("a one-element tensor");
-    float x = 0;
-    file.read_f32(v, 0, std::span<float>(&x, 1));
-    return x;
-  }
-  return v.as_number();
 }
 
 // --- step 2: stage and world size from rank 0's optimizer states ------------------------------
@@ -56,105 +41,20 @@ void read_stage_and_world(Impl& ck, const TagListing& listing, const fs::path& t
   const PtFile f = PtFile::open(listing.optim.at(0).string());
   const PickleView osd = f.root().get("optimizer_state_dict");
   const auto zs = osd.find("zero_stage");
-  if (!zs) {
-    osd.error(fmt::format(
-        "unknown DeepSpeed layout: expected key 'zero_stage' (ZeRO stage 1, 2 or 3); without "
-        "it this is {} (DeepSpeed's zero_to_fp32 refuses it too; convert it with "
-        "ds_to_universal)",
-        osd.has("single_partition_of_fp32_groups") ? "a BF16_Optimizer checkpoint"
-                                                   : "not a ZeRO checkpoint"));
-  }
-  const std::int64_t s = stage_value(*zs);
-  if (s < 1 || s > 3) zs->fail("ZeRO stage 1, 2 or 3");
-  ck.stage = static_cast<int>(s);
-  const PickleView pc = osd.get("partition_count");
-  std::int64_t w = 0;
-  if (pc.is(PickleValue::Kind::Int)) {
-    w = pc.as_int();
+  if (zs) {
+    const std::int64_t s = stage_value(*zs);
+    if (s < 1 || s > 3) zs->fail("ZeRO stage 1, 2 or 3");
+    ck.stage = static_cast<int>(s);
+    ck.kind = DsKind::Zero;
+  } else if (osd.has("single_partition_of_fp32_groups") && osd.has("group_paddings")) {
+    ck.stage = 1;
+    ck.kind = DsKind::Bf16Optimizer;
   } else {
-    for (const PickleView& e : pc.elements()) w = std::max(w, e.as_int());
+    osd.error(
+        "unknown DeepSpeed optimizer states: neither 'zero_stage' (ZeRO stage 1, 2 or 3) nor "
+        "BF16_Optimizer's 'single_partition_of_fp32_groups' and 'group_paddings'");
   }
-  if (w < 1 || w > (1 << 20)) pc.fail("a positive partition count");
-  ck.world = static_cast<int>(w);
-}
-
-// --- step 4: rank 0's model states: names, shapes, frozen and tied parameters, buffers ---------
-
-struct Named {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  std::string where;
-};
-
-struct ModelStates {
-  std::vector<std::vector<Named>> group_shapes;  // stage 1/2: per group; stage 3: per sub-group
-  std::vector<Named> frozen;
-  std::vector<std::pair<std::string, std::string>> shared;  // alias, owner
-  std::vector<std::string> module_order;
-  std::map<std::string, Impl::TensorLoc> buffers;
-  std::map<std::string, Impl::Source> frozen_sources;  // name → fragments, in rank order
-};
-
-// Also sets the model dtype and the engine counters (global_steps, lr_scheduler, ...) of `ck`.
-ModelStates read_model_states(Impl& ck, const fs::path& rank0_model) {
-  ModelStates ms;
-  const std::size_t file = ck.add_file(rank0_model);
-  const PtFile f = PtFile::open(ck.files[file]);
-  const PickleView root = f.root();
-  const PickleView module = root.get("module");
-  std::set<std::string> buffer_names;
-  if (auto b = root.find("buffer_names"); b && !b->is_none()) {
-    for (const PickleView& e : b->elements()) buffer_names.insert(e.as_string());
-  }
-  bool dtype_set = false;
-  for (const auto& [k, v] : module.entries()) {
-    ms.module_order.push_back(k.as_string());
-    if (!dtype_set && v.is(PickleValue::Kind::Tensor)) {
-      switch (v.as_tensor().dtype) {
-        case ScalarType::F32: ck.dtype = "fp32"; break;
-        case ScalarType::F16: ck.dtype = "fp16"; break;
-        case ScalarType::BF16: ck.dtype = "bf16"; break;
-        default: ck.dtype = std::string(scalar_name(v.as_tensor().dtype)); break;
-      }
-      dtype_set = true;
-    }
-    if (buffer_names.count(k.as_string())) ms.buffers.emplace(k.as_string(), ck.locate(file, f, v));
-  }
-  for (const std::string& b : buffer_names) {
-    if (!ms.buffers.count(b))
-      module.error(fmt::format("expected buffer '{}' (listed in buffer_names)", b));
-  }
-  const PickleView shapes = root.get("param_shapes");
-  for (const PickleView& group : shapes.elements()) {
-    std::vector<Named> named;
-    for (const auto& [k, v] : group.entries())
-      named.push_back({k.as_string(), v.as_shape(), where_of(v)});
-    ms.group_shapes.push_back(std::move(named));
-  }
-  if (auto fs_ = root.find("frozen_param_shapes"); fs_ && !fs_->is_none()) {
-    for (const auto& [k, v] : fs_->entries())
-      ms.frozen.push_back({k.as_string(), v.as_shape(), where_of(v)});
-  }
-  if (!ms.frozen.empty()) {
-    const PickleView frags = root.get("frozen_param_fragments");
-    for (const Named& p : ms.frozen)
-      ms.frozen_sources[p.name].add(ck.locate(file, f, frags.get(p.name)));
-  }
-  if (auto sp = root.find("shared_params"); sp && !sp->is_none()) {
-    for (const auto& [k, v] : sp->entries()) ms.shared.emplace_back(k.as_string(), v.as_string());
-  }
-  auto int_or_zero = [&](const char* key) -> std::int64_t {
-    auto v = root.find(key);
-    return v && !v->is_none() ? v->as_int() : 0;
-  };
-  ck.global_steps = int_or_zero("global_steps");
-  ck.global_samples = int_or_zero("global_samples");
-  ck.skipped_steps = int_or_zero("skipped_steps");
-  if (auto v = root.find("lr_scheduler")) ck.lr_scheduler = v->to_json();
-  if (auto v = root.find("ds_config")) ck.ds_config = v->to_json();
-  if (auto v = root.find("ds_version"); v && v->is(PickleValue::Kind::String))
-    ck.ds_version = v->as_string();
-  return ms;
+  ck.world = partition_count(osd.get("partition_count"));
 }
 
 // Stage 3 frozen fragments: each rank's own partition, appended in rank order after rank 0's.
@@ -236,28 +136,13 @@ std::optional<PickleView> state_of_master(const Impl& ck, const RankGroups& grou
 // From rank 0: the state names, the step, the loss scaler, clip_grad and the param groups.
 void read_optimizer_facts(Impl& ck, const PtFile& f, const PickleView& osd,
                           const RankGroups& groups) {
-  if (auto st = state_of_master(ck, groups, 0, 0)) {
-    for (const auto& [k, v] : st->entries()) {
-      if (k.is(PickleValue::Kind::String) && v.is(PickleValue::Kind::Tensor) &&
-          k.as_string() != "step") {
-        ck.state_names.push_back(k.as_string());
-      }
-    }
-    if (auto s = st->find("step")) ck.step = std::llround(scalar_number(f, *s));
-  }
+  if (auto st = state_of_master(ck, groups, 0, 0)) read_state_names_and_step(ck, f, *st);
   if (auto s = osd.find("base_optimizer_state_step")) ck.step = std::llround(scalar_number(f, *s));
   if (auto ls = osd.find("loss_scaler"); ls && !ls->is_none()) ck.scaler = ls->to_json();
   if (auto d = osd.find("dynamic_loss_scale"); d && d->is(PickleValue::Kind::Bool))
     ck.dynamic_loss_scale = d->as_bool();
   if (auto c = osd.find("clip_grad"); c && !c->is_none()) ck.clip_grad = c->as_number();
-  if (groups.param_groups) {
-    for (const PickleView& pg : groups.param_groups->elements()) {
-      nlohmann::json j = pg.to_json();
-      if (!j.is_object()) pg.fail("a param group dict");
-      j.erase("params");
-      ck.param_groups.push_back(std::move(j));
-    }
-  }
+  if (groups.param_groups) read_param_groups(ck, *groups.param_groups);
 }
 
 // masters[g][r]: source id of rank r's partition of group g (stage 3: one "group", the
@@ -302,13 +187,32 @@ Masters read_optimizer_states(Impl& ck, const TagListing& listing,
     const std::size_t file = ck.add_file(listing.optim.at(r));
     const PtFile f = PtFile::open(ck.files[file]);
     const PickleView osd = f.root().get("optimizer_state_dict");
-    if (stage_value(osd.get("zero_stage")) != ck.stage) {
+    if (ck.kind == DsKind::Zero && stage_value(osd.get("zero_stage")) != ck.stage) {
       osd.get("zero_stage").fail(fmt::format("stage {} like rank 0", ck.stage));
     }
+    if (ck.kind == DsKind::Bf16Optimizer && osd.has("zero_stage")) {
+      osd.get("zero_stage").error("a ZeRO rank file among BF16_Optimizer ones (rank 0 has none)");
+    }
     const RankGroups groups = rank_groups(ck, osd, ms, model_files[0]);
+    std::optional<PickleView> paddings;
+    if (ck.kind == DsKind::Bf16Optimizer) {
+      paddings = osd.get("group_paddings");
+      if (paddings->size() != n_groups) paddings->fail(fmt::format("{} paddings", n_groups));
+    }
     for (std::size_t g = 0; g < n_groups; ++g) {
       Impl::Source master;
-      for (const PickleView& v : groups.masters[g]) master.add(ck.locate(file, f, v));
+      for (const PickleView& v : groups.masters[g]) {
+        Impl::TensorLoc t = ck.locate(file, f, v);
+        if (paddings) {
+          // BF16_Optimizer keeps the padding in its partitions; ZeRO-1/2 drop it when saving.
+          const PickleView pad = paddings->element(g);
+          const std::int64_t n = pad.as_int();
+          if (n < 0 || static_cast<std::uint64_t>(n) > t.numel)
+            pad.fail(fmt::format("a padding of at most the partition's {} elements", t.numel));
+          t.numel -= static_cast<std::uint64_t>(n);
+        }
+        master.add(std::move(t));
+      }
       masters[g][r] = ck.add_source(std::move(master));
     }
     if (r == 0) read_optimizer_facts(ck, f, osd, groups);
@@ -318,16 +222,6 @@ Masters read_optimizer_states(Impl& ck, const TagListing& listing,
 }
 
 // --- step 6: trainable parameters: where each lies in the ranks' partitions (SPEC §8.5) -------
-
-// Parameters with how to read each, in the order they were found.
-struct Found {
-  std::vector<DsParam> params;
-  std::vector<Impl::Recipe> recipes;
-  void add(DsParam p, Impl::Recipe r) {
-    params.push_back(std::move(p));
-    recipes.push_back(std::move(r));
-  }
-};
 
 // Stage 1/2: each group's parameters are packed back to back over the ranks' partitions taken
 // in rank order; the padding at the end of the last partition is dropped.
@@ -355,7 +249,7 @@ Found place_stage12(const Impl& ck, const ModelStates& ms, const Masters& master
         const std::uint64_t hi = std::min(offset + n, starts[r + 1]);
         if (lo < hi) recipe.pieces.push_back({masters[g][r], lo - starts[r], hi - lo});
       }
-      out.add({p.name, p.shape, true, false, std::nullopt}, std::move(recipe));
+      out.add({.name = p.name, .shape = p.shape}, std::move(recipe));
       offset += n;
     }
     // zero_to_fp32's check: both sides aligned to 2·W (stage 1/2 flat alignment).
@@ -401,7 +295,7 @@ Found place_stage3(const Impl& ck, const ModelStates& ms, const Masters& masters
       for (std::uint64_t r = 0; r < w && r * c < n; ++r) {
         recipe.pieces.push_back({masters[0][r], offset, std::min(c, n - r * c)});
       }
-      out.add({p.name, p.shape, true, false, std::nullopt}, std::move(recipe));
+      out.add({.name = p.name, .shape = p.shape}, std::move(recipe));
       offset += c;
     }
   }
@@ -414,78 +308,9 @@ Found place_stage3(const Impl& ck, const ModelStates& ms, const Masters& masters
   return out;
 }
 
-// --- step 7: frozen parameters and buffers, appended to `found` -------------------------------
-
-void add_frozen_and_buffers(Impl& ck, ModelStates& ms, Found& found) {
-  for (const Named& p : ms.frozen) {
-    const auto n = static_cast<std::uint64_t>(shape_numel(p.shape, p.where));
-    Impl::Source& s = ms.frozen_sources.at(p.name);
-    // Stage 3 fragments are the ranks' padded shares; the padding is dropped on read.
-    const bool ok = ck.stage == 3 ? s.numel >= n : s.numel == n;
-    if (!ok) {
-      throw IoError(
-          fmt::format("{}: frozen_param_fragments['{}'] hold {} elements, expected {} "
-                      "for shape [{}]",
-                      s.parts.front().where, p.name, s.numel, n, fmt::join(p.shape, ", ")));
-    }
-    const std::size_t id = ck.add_source(std::move(s));
-    found.add({p.name, p.shape, false, false, std::nullopt}, {{{id, 0, n}}, false});
-  }
-  for (auto& [name, loc] : ms.buffers) {
-    const std::vector<std::int64_t> shape = loc.ref.shape;
-    const std::uint64_t n = loc.numel;
-    Impl::Source s;
-    s.add(std::move(loc));
-    const std::size_t id = ck.add_source(std::move(s));
-    found.add({name, shape, false, true, std::nullopt}, {{{id, 0, n}}, false});
-  }
-}
-
-// --- step 8: tied parameters, then the model's order ------------------------------------------
-
-// Each alias whose owner is known becomes a parameter of its own reading the owner's recipe.
-void add_tied(const ModelStates& ms, const std::string& model0, Found& found,
-              std::unordered_map<std::string, std::size_t>& index) {
-  for (std::size_t i = 0; i < found.params.size(); ++i) {
-    if (!index.emplace(found.params[i].name, i).second) {
-      throw IoError(
-          fmt::format("{}: parameter '{}' appears twice (in param_shapes, "
-                      "frozen_param_shapes or buffer_names)",
-                      model0, found.params[i].name));
-    }
-  }
-  for (const auto& [alias, owner] : ms.shared) {
-    auto it = index.find(owner);
-    if (it == index.end() || index.count(alias)) continue;  // as zero_to_fp32: only known owners
-    DsParam p = found.params[it->second];
-    p.name = alias;
-    p.tied_to = owner;
-    Impl::Recipe rec = found.recipes[it->second];
-    found.add(std::move(p), std::move(rec));
-    index.emplace(alias, found.params.size() - 1);
-  }
-}
-
-// Model order: the saved module state_dict's, then whatever it does not list.
-void place_in_model_order(Impl& ck, const ModelStates& ms, const Found& found,
-                          const std::unordered_map<std::string, std::size_t>& index) {
-  std::vector<bool> placed(found.params.size(), false);
-  auto place = [&](std::size_t i) {
-    if (placed[i]) return;
-    placed[i] = true;
-    ck.by_name.emplace(found.params[i].name, ck.params.size());
-    ck.params.push_back(found.params[i]);
-    ck.recipes.push_back(found.recipes[i]);
-  };
-  for (const std::string& name : ms.module_order) {
-    if (auto it = index.find(name); it != index.end()) place(it->second);
-  }
-  for (std::size_t i = 0; i < found.params.size(); ++i) place(i);
-}
-
 }  // namespace
 
-void DeepSpeedCheckpoint::Impl::open_layout(const fs::path& tag) {
+void DeepSpeedCheckpoint::Impl::open_partitioned(const fs::path& tag) {
   const TagListing listing = list_tag_dir(tag);
   read_stage_and_world(*this, listing, tag);
   check_optimizer_files(listing, tag, world);
@@ -498,10 +323,7 @@ void DeepSpeedCheckpoint::Impl::open_layout(const fs::path& tag) {
   const std::string model0 = model_files[0].string();
   Found found = stage <= 2 ? place_stage12(*this, ms, masters, model0)
                            : place_stage3(*this, ms, masters, listing, model0);
-  add_frozen_and_buffers(*this, ms, found);
-  std::unordered_map<std::string, std::size_t> index;
-  add_tied(ms, model0, found, index);
-  place_in_model_order(*this, ms, found, index);
+  finish_layout(*this, ms, std::move(found), model0);
 }
 
 }  // namespace zero::dscheckpoint

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 // --- step 1: the tag folder's files ---------------------------------------------------------
 
-TagListing list_tag_dir(const fs::path& tag) {
+TagListing list_tag_dir(const fs::path& tag, bool need_optim) {
   static const std::regex optim_re(
       R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_?optim_states\.pt$)");
   static const std::regex zmodel_re(R"(^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$)");
@@ -59,13 +59,13 @@ TagListing list_tag_dir(const fs::path& tag) {
     }
   }
   ZERO_CHECK_AS(IoError, !ec, "{}: cannot list: {}", tag.string(), ec.message());
-  if (out.optim.empty()) {
+  if (out.optim.empty() && need_optim) {
     throw IoError(fmt::format(
         "{}: no zero_pp_rank_<r>_mp_rank_00_optim_states.pt files; expected a DeepSpeed ZeRO "
         "(stage 1-3) checkpoint folder",
         tag.string()));
   }
-  out.bf16_prefix = *prefixes.begin();
+  out.bf16_prefix = !prefixes.empty() && *prefixes.begin();
   return out;
 }
 

@@ -21,9 +21,9 @@ struct TagListing {
 };
 
 // Lists `tag`. Throws IoError for a model-parallel (mp_rank other than 00) or mixture-of-experts
-// checkpoint, two optimizer-state files of one rank, a folder that cannot be listed, or one
-// without optimizer states.
-TagListing list_tag_dir(const std::filesystem::path& tag);
+// checkpoint, two optimizer-state files of one rank, a folder that cannot be listed, or (when
+// `need_optim`) one without optimizer states.
+TagListing list_tag_dir(const std::filesystem::path& tag, bool need_optim = true);
 
 // The ranks `files` holds, ascending (for messages).
 std::vector<int> ranks_of(const std::map<int, std::filesystem::path>& files);

@@ -206,7 +206,7 @@ TEST_CASE("an unknown DeepSpeed layout is refused, saying what was expected") {
   const fs::path tag = tmp.path() / "global_step1";
   fs::create_directories(tag);
   std::ofstream(tmp.path() / "latest") << "global_step1";
-  // A BF16_Optimizer-style file: master partitions but no zero_stage.
+  // Neither ZeRO nor BF16_Optimizer: master partitions but no zero_stage and no group_paddings.
   t::write_pt((tag / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").string(),
               "bf16_zero_pp_rank_0_mp_rank_00_optim_states",
               t::Pickler::dumps(
@@ -218,8 +218,10 @@ TEST_CASE("an unknown DeepSpeed layout is refused, saying what was expected") {
   INFO(msg);
   CHECK(msg.find("bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt: optimizer_state_dict:") !=
         std::string::npos);
-  CHECK(msg.find("unknown DeepSpeed layout: expected key 'zero_stage'") != std::string::npos);
-  CHECK(msg.find("BF16_Optimizer") != std::string::npos);
+  CHECK(msg.find("unknown DeepSpeed optimizer states: neither 'zero_stage'") !=
+        std::string::npos);
+  CHECK(msg.find("BF16_Optimizer's 'single_partition_of_fp32_groups' and 'group_paddings'") !=
+        std::string::npos);
 
   // Model parallelism is refused by file name.
   std::ofstream(tag / "mp_rank_01_model_states.pt") << "x";

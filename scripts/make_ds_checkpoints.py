@@ -199,6 +199,17 @@ def expected_universal(universal_dir, what="fp32"):
     return out
 
 
+def saved_step(save_dir):
+    """The torch optimizer's step in rank 0's optimizer states (stage 3 nests it deeper)."""
+    import glob
+    import torch
+    tag = open(os.path.join(save_dir, "latest")).read().strip()
+    f = sorted(glob.glob(os.path.join(save_dir, tag, "*zero_pp_rank_0_*optim_states.pt")))[0]
+    osd = torch.load(f, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+    inner = osd.get("base_optimizer_state") or osd["optimizer_state_dict"]
+    return torch.tensor([float(inner["state"][0]["step"])])
+
+
 def to_universal(src_dir, out_dir):
     tag = open(os.path.join(src_dir, "latest")).read().strip()
     os.makedirs(out_dir, exist_ok=True)
@@ -240,6 +251,7 @@ def make(kind, out_root, world, big_params):
             # The moments as DeepSpeed's ds_to_universal cuts them out of the partitions.
             to_universal(out, tmp)
             states = expected_universal(tmp, "states")
+            states.setdefault("step", saved_step(out))  # ds_to_universal: none from stage 3
             if kind == "bf16_zero1":  # DeepSpeed's zero_to_fp32 refuses BF16_Optimizer files
                 expected = expected_universal(tmp)
             else:  # DeepSpeed's own zero_to_fp32: frozen parameters keep their saved dtype

@@ -344,12 +344,15 @@ class ZeroEngine(torch.nn.Module):
         return True
 
     def load_checkpoint(self, load_dir, tag=None, **_ignored):
-        """Loads load_dir/tag (tag None: what load_dir/latest names), a zero or DeepSpeed
-        checkpoint, whatever world size and stage it was saved at. Returns (path, client_state);
+        """Loads load_dir/tag (tag None: what load_dir/latest, or latest_universal, names), a zero
+        or DeepSpeed checkpoint of any kind (ZeRO 0-3, BF16_Optimizer, universal), whatever world
+        size and stage it was saved at. Returns (path, client_state);
         (None, None) when tag is None and there is no `latest` file, as DeepSpeed does."""
         self._check_alive()
         load_dir = os.fspath(load_dir)
-        if tag is None and not os.path.isfile(os.path.join(load_dir, "latest")):
+        # DeepSpeed's universal checkpoints name their tag in latest_universal.
+        if tag is None and not any(os.path.isfile(os.path.join(load_dir, f))
+                                   for f in ("latest", "latest_universal")):
             warnings.warn(f"zero: no 'latest' file in {load_dir}; nothing loaded")
             return None, None
         if self._fetcher is not None:

@@ -277,7 +277,8 @@ int zero_engine_reset_timings(zero_engine* engine);
  */
 typedef struct zero_checkpoint zero_checkpoint;
 
-/* Opens <dir>/<tag> (tag null: <dir>/latest), zero or DeepSpeed format. */
+/* Opens <dir>/<tag> (tag null: <dir>/latest, or <dir>/latest_universal), zero or DeepSpeed
+ * format (any kind: ZeRO 0-3, BF16_Optimizer, universal). */
 int zero_checkpoint_open(const char* dir, const char* tag, zero_checkpoint** out);
 int zero_checkpoint_close(zero_checkpoint* ckpt);
 /* The tensors zero_to_fp32 would write, in its order (tied names are separate entries that read
@@ -288,6 +289,10 @@ int zero_checkpoint_tensor(const zero_checkpoint* ckpt, size_t i, const char** n
                            int64_t* shape, size_t max_ndim, size_t* ndim);
 /* Tensor i whole, as fp32, into out[0..numel). */
 int zero_checkpoint_read_fp32(zero_checkpoint* ckpt, size_t i, float* out, size_t numel);
+/* The dtype (ZERO_DTYPE_*) tensor i is stored in: F32 for trained parameters (their fp32 master
+ * weights) and buffers, a frozen parameter's own (read_fp32 widened it exactly, so narrowing it
+ * back gives the stored values). */
+int zero_checkpoint_tensor_dtype(const zero_checkpoint* ckpt, size_t i, int* dtype);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -117,6 +117,7 @@ _SIGNATURES = {
     "zero_checkpoint_tensor": ([P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_char_p), c_int64_p,
                                 ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int),
     "zero_checkpoint_read_fp32": ([P, ctypes.c_size_t, P, ctypes.c_size_t], ctypes.c_int),
+    "zero_checkpoint_tensor_dtype": ([P, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
 }
 
 

@@ -8,10 +8,15 @@ import torch
 from ._lib import call
 
 
+# ZERO_DTYPE_F32 / F16 / BF16 (zero/zero_c.h)
+_STORED_DTYPES = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}
+
+
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
-    """{name: fp32 tensor} of a zero or DeepSpeed checkpoint (checkpoint_dir/tag; tag None: what
-    checkpoint_dir/latest names), consolidated from every rank's partitions, tied names included.
-    Reads no pickle and needs no engine or process group."""
+    """{name: tensor} of a zero or DeepSpeed checkpoint (checkpoint_dir/tag; tag None: what
+    checkpoint_dir/latest, or latest_universal, names), consolidated from every rank's partitions,
+    tied names included: fp32, but frozen parameters in the dtype they were saved in, as
+    DeepSpeed's function returns them. Reads no pickle and needs no engine or process group."""
     h = ctypes.c_void_p()
     call("zero_checkpoint_open", os.fspath(checkpoint_dir).encode(),
          None if tag is None else str(tag).encode(), ctypes.byref(h))
@@ -26,7 +31,9 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
             dims = tuple(shape[d] for d in range(ndim.value))
             t = torch.empty(dims, dtype=torch.float32)
             call("zero_checkpoint_read_fp32", h, i, ctypes.c_void_p(t.data_ptr()), t.numel())
-            out[name.value.decode()] = t
+            dtype = ctypes.c_int()
+            call("zero_checkpoint_tensor_dtype", h, i, ctypes.byref(dtype))
+            out[name.value.decode()] = t.to(_STORED_DTYPES[dtype.value])
         return out
     finally:
         call("zero_checkpoint_close", h)

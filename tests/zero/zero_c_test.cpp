@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -327,8 +328,31 @@ TEST_CASE("the C ABI reports versions, info, memory and timings, and saves and r
   std::vector<float> read(kNumel[0]);
   REQUIRE(zero_checkpoint_read_fp32(ck, 0, read.data(), read.size()) == ZERO_OK);
   CHECK(read == saved);
+  int dtype = -1;
+  REQUIRE(zero_checkpoint_tensor_dtype(ck, 0, &dtype) == ZERO_OK);
+  CHECK(dtype == ZERO_DTYPE_F32);
   CHECK(zero_checkpoint_read_fp32(ck, 0, read.data(), 3) == ZERO_ERR_INVALID_ARGUMENT);
   CHECK_THAT(zero_last_error(), Catch::Contains("has 32 elements, but numel is 3"));
   CHECK(zero_checkpoint_close(ck) == ZERO_OK);
   CHECK(zero_checkpoint_open("/nonexistent/ckpt", nullptr, &ck) == ZERO_ERR_IO);
+
+  // A DeepSpeed checkpoint's frozen parameters are stored in bf16; the trained ones as fp32.
+  const std::string ds = ZERO_TEST_DATA_DIR "/deepspeed_checkpoints/zero2_frozen_bf16";
+  REQUIRE(zero_checkpoint_open(ds.c_str(), nullptr, &ck) == ZERO_OK);
+  REQUIRE(zero_checkpoint_num_tensors(ck, &n) == ZERO_OK);
+  std::map<std::string, int> dtypes;
+  for (std::size_t i = 0; i < n; ++i) {
+    REQUIRE(zero_checkpoint_tensor(ck, i, &name, shape, 4, &ndim) == ZERO_OK);
+    REQUIRE(zero_checkpoint_tensor_dtype(ck, i, &dtype) == ZERO_OK);
+    dtypes[name] = dtype;
+  }
+  CHECK(dtypes == std::map<std::string, int>{{"0.weight", ZERO_DTYPE_F32},
+                                             {"0.bias", ZERO_DTYPE_F32},
+                                             {"2.weight", ZERO_DTYPE_BF16},
+                                             {"2.bias", ZERO_DTYPE_BF16},
+                                             {"3.weight", ZERO_DTYPE_F32},
+                                             {"3.bias", ZERO_DTYPE_F32},
+                                             {"5.weight", ZERO_DTYPE_F32},
+                                             {"5.bias", ZERO_DTYPE_F32}});
+  CHECK(zero_checkpoint_close(ck) == ZERO_OK);
 }

@@ -497,7 +497,8 @@ TEST_CASE("DeepSpeed checkpoints convert to exactly what DeepSpeed's own zero_to
     const Run r = to_fp32("'" + fixture + "' " + (dir / (name + ".safetensors")));
     INFO(r.out);
     REQUIRE(r.status == 0);
-    CHECK_THAT(r.out, Catch::Contains("is a DeepSpeed checkpoint (ZeRO stage"));
+    CHECK_THAT(r.out, Catch::Contains(std::string("is a DeepSpeed ZeRO stage ") + name[4] +
+                                      " checkpoint (2 ranks, fp32, 6 tensors)"));
     const std::map<std::string, Tensor> got = read_all(dir / (name + ".safetensors"));
     const std::map<std::string, Tensor> want = read_all(fixture + "/expected_fp32.safetensors");
     REQUIRE(want.size() >= 6);
@@ -515,6 +516,45 @@ TEST_CASE("DeepSpeed checkpoints convert to exactly what DeepSpeed's own zero_to
     REQUIRE(bf16.status == 0);
     CHECK(read_all(dir / "bf16.safetensors").begin()->second.dtype == zero::DType::BF16);
   }
+}
+
+TEST_CASE("every kind of DeepSpeed checkpoint converts, naming its kind; bad ones write nothing") {
+  const TempDir dir("deepspeed_kinds");
+  const std::string fixtures = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints/";
+  const std::pair<const char*, const char*> kinds[] = {
+      {"zero0_bf16", "is a DeepSpeed ZeRO stage 0 (bf16, fp32 master copies in "
+                     "optimizer.fp32_groups) checkpoint"},
+      {"bf16_zero1", "is a DeepSpeed BF16_Optimizer (stage 1) checkpoint"},
+      {"universal", "is a DeepSpeed universal (from ZeRO stage 2) checkpoint"},
+      {"zero3_frozen_bf16", "is a DeepSpeed ZeRO stage 3 checkpoint"}};
+  for (const auto& [name, says] : kinds) {
+    INFO(name);
+    const std::string out = dir / (std::string(name) + ".safetensors");
+    const Run r = to_fp32("'" + fixtures + name + "' " + out);
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains(says));
+    const std::map<std::string, Tensor> got = read_all(out);
+    const std::map<std::string, Tensor> want =
+        read_all(fixtures + name + "/expected_fp32.safetensors");
+    REQUIRE(got.size() == want.size());
+    for (const auto& [tensor, t] : want) {
+      INFO(tensor);
+      CHECK(got.at(tensor).dtype == t.dtype);  // frozen ones stay bf16
+      CHECK(got.at(tensor).bytes == t.bytes);
+    }
+  }
+  // A universal checkpoint missing a parameter's folder: exit 1 naming it, and no output.
+  const std::string broken = dir / "broken";
+  std::filesystem::copy(fixtures + "universal", broken, std::filesystem::copy_options::recursive);
+  std::filesystem::remove_all(broken + "/step5_universal/zero/3.bias");
+  const std::string out = dir / "broken.safetensors";
+  const Run r = to_fp32(broken + " " + out);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::Contains("step5_universal/zero/3.bias: missing") &&
+                        Catch::Contains("no folder for parameter '3.bias'"));
+  CHECK_FALSE(std::filesystem::exists(out));
+  CHECK_FALSE(std::filesystem::exists(out + ".tmp"));
 }
 
 TEST_CASE("tied parameters are written once, with their other names in the metadata") {

@@ -286,10 +286,9 @@ void verify_all(const ckpt::CheckpointSource& source) {
   const std::vector<ckpt::ChecksummedFile> files = source.checksummed_files();
   const int world = source.world_size();
   if (files.empty()) {
-    fmt::print(stderr,
-               "zero_to_fp32: {} is a {} checkpoint (ZeRO stage {}, {} rank{}, {}, {} tensors)\n",
-               source.path(), ckpt::format_name(source.format()), source.stage(), world,
-               world == 1 ? "" : "s", source.model_dtype(), source.params().size());
+    fmt::print(stderr, "zero_to_fp32: {} is a {} checkpoint ({} rank{}, {}, {} tensors)\n",
+               source.path(), source.kind(), world, world == 1 ? "" : "s", source.model_dtype(),
+               source.params().size());
     return;
   }
   std::uint64_t checked_bytes = 0;
@@ -334,11 +333,6 @@ int run(const Options& o) {
   const Location where = locate_checkpoint(o);
   const std::unique_ptr<ckpt::CheckpointSource> source =
       ckpt::CheckpointSource::open(where.dir, where.tag);
-  if (source->format() == ckpt::Format::DeepSpeed) {
-    fmt::print(stderr, "zero_to_fp32: {} checkpoint {} ({} rank{}, {} tensors)\n", source->kind(),
-               source->path(), source->world_size(), source->world_size() == 1 ? "" : "s",
-               source->params().size());
-  }
   verify_all(*source);
 
   // Every tensor, in the checkpoint's order; DeepSpeed's buffers are written like parameters

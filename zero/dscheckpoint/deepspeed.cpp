@@ -245,9 +245,11 @@ void DeepSpeedCheckpoint::read_state(std::size_t param, const std::string& name,
   ZERO_CHECK_AS(IoError, param < impl_->params.size(), "{}: parameter index {} of {}",
                 impl_->tag_dir, param, impl_->params.size());
   const DsParam& p = impl_->params[param];
-  ZERO_CHECK_AS(IoError, impl_->recipes[param].has_state,
-                "{}: '{}' is a {} and has no optimizer state", impl_->tag_dir, p.name,
-                p.buffer ? "buffer" : "frozen parameter");
+  ZERO_CHECK_AS(IoError, impl_->recipes[param].has_state, "{}: '{}' {}", impl_->tag_dir, p.name,
+                p.buffer       ? "is a buffer and has no optimizer state"
+                : !p.trainable ? "is a frozen parameter and has no optimizer state"
+                               : "has no optimizer state (the checkpoint was saved without the "
+                                 "optimizer's)");
   auto it = impl_->state_sources.find(name);
   ZERO_CHECK_AS(IoError, it != impl_->state_sources.end(),
                 "{}: no optimizer state '{}'; the checkpoint holds [{}]", impl_->tag_dir, name,

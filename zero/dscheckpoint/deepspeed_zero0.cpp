@@ -168,15 +168,9 @@ void DeepSpeedCheckpoint::Impl::open_zero0(const fs::path& tag) {
       }
     }
   } else {
-    for (std::size_t j = 0; j < ms.module_params.size(); ++j) opt.push_back({});
+    opt.resize(ms.module_params.size());  // no optimizer: every parameter, shapes unknown
   }
-  const std::vector<std::size_t> module_of =
-      inner ? match_to_module(opt, ms.module_params, model0)
-            : [&] {
-                std::vector<std::size_t> all(ms.module_params.size());
-                for (std::size_t j = 0; j < all.size(); ++j) all[j] = j;
-                return all;
-              }();
+  const std::vector<std::size_t> module_of = match_to_module(opt, ms.module_params, model0);
 
   // The fp32_groups_flat groups: one source each, sliced by the parameters in order.
   std::vector<std::size_t> flat_source;

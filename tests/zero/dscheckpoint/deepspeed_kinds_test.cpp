@@ -147,7 +147,7 @@ TEST_CASE("a universal checkpoint missing a parameter's folder or file is refuse
 namespace {
 
 // A stage-0 model-states file: module {"a.weight": [4, 3], "b.bias": [5]} and an fp16/bf16
-// wrapper whose fp32_groups have the given shapes.
+// wrapper whose fp32_groups have the given shapes (none: saved without the optimizer).
 void write_stage0(const fs::path& tag, const std::vector<std::vector<std::int64_t>>& fp32_shapes) {
   fs::create_directories(tag);
   std::map<std::string, std::vector<float>> storages;
@@ -174,7 +174,7 @@ void write_stage0(const fs::path& tag, const std::vector<std::vector<std::int64_
       {{t::str("module"), t::odict({{t::str("a.weight"), tensor({4, 3})},
                                     {t::str("b.bias"), tensor({5})}})},
        {t::str("buffer_names"), t::list({})},
-       {t::str("optimizer"), optimizer},
+       {t::str("optimizer"), fp32_shapes.empty() ? t::none() : optimizer},
        {t::str("param_shapes"), t::none()},
        {t::str("global_steps"), t::integer(3)}});
   t::write_pt((tag / "mp_rank_00_model_states.pt").string(), "mp_rank_00_model_states",
@@ -193,6 +193,17 @@ TEST_CASE("a stage-0 file whose fp32_groups do not match the module's shapes is 
     CHECK(ck.kind() == ds::DsKind::Zero0);
     REQUIRE(ck.params().size() == 2);
     CHECK(ck.read_fp32(1) == std::vector<float>(5, 0.5f));
+  }
+  SECTION("saved without the optimizer: the weights alone") {
+    write_stage0(tag, {});
+    const auto ck = ds::DeepSpeedCheckpoint::open(tmp.str());
+    REQUIRE(ck.params().size() == 2);
+    CHECK(ck.params()[0].trainable);
+    CHECK(ck.state_names().empty());
+    CHECK(ck.read_fp32(0) == std::vector<float>(12, 0.5f));
+    CHECK_THROWS_WITH(ck.read_state(0, "exp_avg"),
+                      Catch::Contains("'a.weight' has no optimizer state (the checkpoint was saved "
+                                      "without the optimizer's)"));
   }
   SECTION("a transposed weight") {
     write_stage0(tag, {{3, 4}, {5}});

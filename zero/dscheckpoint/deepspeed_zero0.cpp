@@ -137,7 +137,24 @@ void DeepSpeedCheckpoint::Impl::open_zero0(const fs::path& tag) {
   if (inner) {
     state = inner->get("state");
     const PickleView pgs = inner->get("param_groups");
-    for (std::size_t g = 0; g < pgs.size(); ++g) {
+    for (const auto& masters : {groups, flat_groups}) {
+      if (masters && masters->size() != pgs.size())
+        masters->fail(fmt::format("{} groups, as many as the optimizer's param_groups", pgs.size()));
+    }
+    for (std::size_t g = 0; g < pgs.size() && flat_groups; ++g) {
+      // FP16_Optimizer: each group is one flat parameter, the module's trainable parameters of
+      // that group back to back; they are taken in model order until its flat is full.
+      const PickleView ids = pgs.element(g).get("params");
+      if (ids.size() != 1) ids.fail("one flat parameter per group (FP16_Optimizer)");
+      const std::uint64_t flat_numel =
+          static_cast<std::uint64_t>(flat_groups->element(g).as_tensor().numel());
+      std::uint64_t used = 0;
+      while (used < flat_numel && opt.size() < ms.module_params.size()) {
+        used += ms.module_params[opt.size()].second.numel;
+        opt.push_back({ids.element(0).as_int(), g, 0, std::nullopt, where_of(ids.element(0))});
+      }
+    }
+    for (std::size_t g = 0; g < pgs.size() && !flat_groups; ++g) {
       const PickleView ids = pgs.element(g).get("params");
       for (std::size_t i = 0; i < ids.size(); ++i) {
         OptParam o{ids.element(i).as_int(), g, i, std::nullopt, where_of(ids.element(i))};
@@ -145,7 +162,7 @@ void DeepSpeedCheckpoint::Impl::open_zero0(const fs::path& tag) {
           const PickleView t = groups->element(g).element(i);
           o.shape = t.as_tensor().shape;
           o.where = where_of(t);
-        } else if (!flat_groups) {
+        } else {
           if (auto st = state->find(o.id); st && st->has("exp_avg")) {
             o.shape = st->get("exp_avg").as_tensor().shape;
             o.where = where_of(st->get("exp_avg"));
@@ -153,12 +170,6 @@ void DeepSpeedCheckpoint::Impl::open_zero0(const fs::path& tag) {
         }
         opt.push_back(std::move(o));
       }
-    }
-    if (groups && groups->size() != pgs.size())
-      groups->fail(fmt::format("{} groups, as many as the optimizer's param_groups", pgs.size()));
-    if (flat_groups && flat_groups->size() != pgs.size()) {
-      flat_groups->fail(
-          fmt::format("{} groups, as many as the optimizer's param_groups", pgs.size()));
     }
     read_param_groups(*this, pgs);
     for (const OptParam& o : opt) {
@@ -216,11 +227,10 @@ void DeepSpeedCheckpoint::Impl::open_zero0(const fs::path& tag) {
     recipe.pieces.push_back({master, offset, n});
     recipe.has_state = !state_names.empty();
     for (const std::string& sn : state_names) {
-      // fp32_groups_flat: the moments are flat per group (the state id of the group).
-      const std::int64_t id = flat_groups ? static_cast<std::int64_t>(opt[k].group) : opt[k].id;
+      // fp32_groups_flat: the moments are flat per group too, under the group's one id.
       auto& by_master = state_sources[sn];
       if (by_master.count(master)) continue;
-      const PickleView t = state->get(id).get(sn);
+      const PickleView t = state->get(opt[k].id).get(sn);
       Source s;
       s.add(locate(model_file, f, t));
       if (s.numel != sources[master].numel) {

@@ -232,6 +232,73 @@ TEST_CASE("a stage-0 file whose fp32_groups do not match the module's shapes is 
   }
 }
 
+TEST_CASE("a stage-0 FP16_Optimizer file: flat fp32 groups and flat moments cut per parameter") {
+  // FP16_Optimizer (fp16/bf16 with a fused optimizer): group 0 holds a.weight [4, 3] and b.bias
+  // [5] in one flat of 17, group 1 c.weight [2, 2] in a flat of 4; the moments are flat too.
+  TempDir tmp;
+  std::ofstream(tmp.path() / "latest") << "global_step3";
+  const fs::path tag = tmp.path() / "global_step3";
+  fs::create_directories(tag);
+  std::map<std::string, std::vector<float>> storages;
+  auto tensor = [&](std::vector<float> v, std::vector<std::int64_t> shape) {
+    const std::string key = std::to_string(storages.size());
+    const auto n = static_cast<std::int64_t>(v.size());
+    storages[key] = std::move(v);
+    return t::tensor(key, n, 0, std::move(shape));
+  };
+  auto ramp = [](std::size_t n, float base) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i);
+    return v;
+  };
+  auto state = [&](std::size_t n, float base) {
+    return t::dict({{t::str("step"), t::integer(3)},
+                    {t::str("exp_avg"), tensor(ramp(n, base + 100), {static_cast<std::int64_t>(n)})},
+                    {t::str("exp_avg_sq"),
+                     tensor(ramp(n, base + 200), {static_cast<std::int64_t>(n)})}});
+  };
+  const t::Py optimizer = t::dict(
+      {{t::str("dynamic_loss_scale"), t::boolean(true)},
+       {t::str("cur_scale"), t::number(4096.0)},
+       {t::str("cur_iter"), t::integer(3)},
+       {t::str("last_overflow_iter"), t::integer(-1)},
+       {t::str("optimizer_state_dict"),
+        t::dict({{t::str("state"), t::dict({{t::integer(0), state(17, 0)},
+                                            {t::integer(1), state(4, 1000)}})},
+                 {t::str("param_groups"),
+                  t::list({t::dict({{t::str("params"), t::list({t::integer(0)})}}),
+                           t::dict({{t::str("params"), t::list({t::integer(1)})}})})}})},
+       {t::str("fp32_groups_flat"),
+        t::list({tensor(ramp(17, 0), {17}), tensor(ramp(4, 1000), {4})})},
+       {t::str("clip_grad"), t::number(1.0)}});
+  const t::Py root = t::dict(
+      {{t::str("module"), t::odict({{t::str("a.weight"), tensor(std::vector<float>(12), {4, 3})},
+                                    {t::str("b.bias"), tensor(std::vector<float>(5), {5})},
+                                    {t::str("c.weight"), tensor(std::vector<float>(4), {2, 2})}})},
+       {t::str("buffer_names"), t::list({})},
+       {t::str("optimizer"), optimizer},
+       {t::str("global_steps"), t::integer(3)}});
+  t::write_pt((tag / "mp_rank_00_model_states.pt").string(), "mp_rank_00_model_states",
+              t::Pickler::dumps(root), storages);
+
+  const auto ck = ds::DeepSpeedCheckpoint::open(tmp.str());
+  CHECK(ck.kind_name() == "ZeRO stage 0 (fp32, fp32 master copies in optimizer.fp32_groups_flat)");
+  REQUIRE(ck.params().size() == 3);
+  auto slice = [&](std::size_t from, std::size_t n, float base) {
+    const std::vector<float> all = ramp(from + n, base);
+    return std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(from), all.end());
+  };
+  CHECK(ck.read_fp32(0) == slice(0, 12, 0));
+  CHECK(ck.read_fp32(1) == slice(12, 5, 0));
+  CHECK(ck.read_fp32(2) == slice(0, 4, 1000));
+  CHECK(ck.read_state(1, "exp_avg") == slice(12, 5, 100));
+  CHECK(ck.read_state(2, "exp_avg_sq") == slice(0, 4, 1200));
+  CHECK(ck.step() == 3);
+  CHECK(ck.loss_scale() == 4096.0);
+  CHECK(ck.dynamic_loss_scale());
+  CHECK(ck.clip_grad() == 1.0);
+}
+
 TEST_CASE("detection names the kind: a folder of neither kind is not taken for DeepSpeed's") {
   TempDir tmp;
   CHECK_FALSE(ds::is_deepspeed_checkpoint(tmp.str()));

@@ -351,10 +351,7 @@ int run(const Options& o) {
                      .numel = p.numel,
                      .trainable = p.trainable,
                      .source_dtype = p.trainable ? DType::F32 : p.frozen_dtype,
-                     // As DeepSpeed's zero_to_fp32: frozen parameters keep their dtype,
-                     // buffers become fp32.
-                     .out_dtype = o.dtype.value_or(p.trainable || p.buffer ? DType::F32
-                                                                             : p.frozen_dtype),
+                     .out_dtype = o.dtype.value_or(p.stored_dtype()),
                      .aliases = p.aliases});
   }
   return write_output(o, *source, std::move(items), frozen_left_out, start);

@@ -102,11 +102,8 @@ int zero_checkpoint_read_fp32(zero_checkpoint* ckpt, size_t i, float* out, size_
 int zero_checkpoint_tensor_dtype(const zero_checkpoint* ckpt, size_t i, int* dtype) {
   return guarded("zero_checkpoint_tensor_dtype", [&] {
     const zero_checkpoint& c = checked(ckpt);
-    const zero::ckpt::SourceParam& p = c.source->params()[entry(c, i).param];
     ZERO_C_REQUIRE(dtype != nullptr, "dtype is null");
-    const zero::DType d = p.trainable || p.buffer ? zero::DType::F32 : p.frozen_dtype;
-    *dtype = d == zero::DType::F16 ? ZERO_DTYPE_F16 : d == zero::DType::BF16 ? ZERO_DTYPE_BF16
-                                                                               : ZERO_DTYPE_F32;
+    *dtype = zero::c_abi::c_dtype_of(c.source->params()[entry(c, i).param].stored_dtype());
   });
 }
 

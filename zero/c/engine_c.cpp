@@ -33,15 +33,6 @@ zero::DType model_dtype_of(int dtype, std::size_t index) {
                   index, dtype));
 }
 
-int c_dtype_of(zero::DType dtype) {
-  switch (dtype) {
-    case zero::DType::F16: return ZERO_DTYPE_F16;
-    case zero::DType::BF16: return ZERO_DTYPE_BF16;
-    case zero::DType::F64: return ZERO_DTYPE_F64;
-    default: return ZERO_DTYPE_F32;
-  }
-}
-
 std::vector<zero::ParamSpec> specs_of(const zero_param_spec* specs, std::size_t n) {
   ZERO_C_REQUIRE(specs != nullptr || n == 0, "specs is null but n is {}", n);
   std::vector<zero::ParamSpec> params;
@@ -177,7 +168,7 @@ int zero_engine_info_get(const zero_engine* engine, zero_engine_info* info) {
     i.stage = e.stage();
     i.rank = e.rank();
     i.world_size = e.world_size();
-    i.dtype = c_dtype_of(config.model_dtype);
+    i.dtype = zero::c_abi::c_dtype_of(config.model_dtype);
     i.train_batch_size = config.train_batch_size.value_or(0);
     i.train_micro_batch_size_per_gpu = config.train_micro_batch_size_per_gpu.value_or(0);
     i.gradient_accumulation_steps = e.gradient_accumulation_steps();

@@ -1,6 +1,6 @@
 // How the C ABI reports failure (zero/zero_c.h, "Errors"): every entry point runs its body
 // through guarded(), which turns any exception into a ZERO_ERR_* status and keeps the message
-// for zero_last_error(). Internal to zero/c.
+// for zero_last_error(); and the small conversions every entry point shares. Internal to zero/c.
 #pragma once
 
 #include <fmt/format.h>
@@ -9,6 +9,7 @@
 #include <new>
 #include <string>
 
+#include "zero/base/dtype.h"
 #include "zero/base/error.h"
 #include "zero/zero_c.h"
 
@@ -51,6 +52,16 @@ int guarded(const char* function, Fn&& fn) noexcept {
     }
   } catch (...) {
     return fail(ZERO_ERR_RUNTIME, std::string(function) + ": unknown exception");
+  }
+}
+
+// The ZERO_DTYPE_* of a dtype.
+inline int c_dtype_of(DType dtype) {
+  switch (dtype) {
+    case DType::F16: return ZERO_DTYPE_F16;
+    case DType::BF16: return ZERO_DTYPE_BF16;
+    case DType::F64: return ZERO_DTYPE_F64;
+    default: return ZERO_DTYPE_F32;
   }
 }
 

@@ -117,7 +117,7 @@ class DeepSpeedSource final : public CheckpointSource {
                          .numel = numel_of(p.shape),
                          .trainable = p.trainable,
                          .buffer = p.buffer,
-                         .frozen_dtype = p.trainable ? DType::F32 : p.saved_dtype,
+                         .frozen_dtype = p.saved_dtype,
                          .tied_to = p.tied_to});
     }
   }

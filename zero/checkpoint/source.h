@@ -57,6 +57,10 @@ struct SourceParam {
   // DeepSpeed: this entry is a tied parameter listed under its own name; it reads the values of
   // its owner `tied_to`.
   std::optional<std::string> tied_to = {};
+
+  // The dtype a consolidated copy keeps it in, as DeepSpeed's zero_to_fp32 does: F32 for a
+  // trainable parameter's master weights and for a buffer, frozen_dtype for a frozen parameter.
+  DType stored_dtype() const { return trainable || buffer ? DType::F32 : frozen_dtype; }
 };
 
 // The training position a checkpoint records.

@@ -1,7 +1,7 @@
 // DeepSpeedCheckpoint::open's layout pass for ZeRO 1/2/3 and BF16_Optimizer checkpoints
 // (SPEC_DEEPSPEED.md §8): which files the tag folder holds, what rank 0's model states and every
 // rank's optimizer states say, and from that where each parameter's elements lie in the ranks'
-// partitions. One step per function, called in order by open_partitioned_layout; each parses its
+// partitions. One step per function, called in order by Impl::open_partitioned; each parses its
 // pickles once and keeps only tensor locations. Steps 1 and 3, the tag folder's files, are
 // deepspeed_tag_dir.cpp's; step 4 and the last ones are shared with the other kinds
 // (deepspeed_model_states.h).

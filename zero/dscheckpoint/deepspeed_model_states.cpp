@@ -14,8 +14,6 @@ namespace zero::dscheckpoint {
 namespace fs = std::filesystem;
 using Impl = DeepSpeedCheckpoint::Impl;
 
-namespace {
-
 DType saved_dtype(const TensorRef& t) {
   switch (t.dtype) {
     case ScalarType::F16: return DType::F16;
@@ -23,8 +21,6 @@ DType saved_dtype(const TensorRef& t) {
     default: return DType::F32;
   }
 }
-
-}  // namespace
 
 double scalar_number(const PtFile& file, const PickleView& v) {
   if (v.is(PickleValue::Kind::Tensor)) {
@@ -74,9 +70,12 @@ void read_param_groups(Impl& ck, const PickleView& param_groups) {
 }
 
 ModelStates read_model_states(Impl& ck, const fs::path& model_file) {
-  ModelStates ms;
   const std::size_t file = ck.add_file(model_file);
-  const PtFile f = PtFile::open(ck.files[file]);
+  return read_model_states(ck, file, PtFile::open(ck.files[file]));
+}
+
+ModelStates read_model_states(Impl& ck, std::size_t file, const PtFile& f) {
+  ModelStates ms;
   const PickleView root = f.root();
   const PickleView module = root.get("module");
   std::set<std::string> buffer_names;

@@ -41,6 +41,12 @@ struct ModelStates {
 // Reads a model-states file (rank 0's, or the one of a stage-0 or universal tag folder). Also
 // sets the model dtype and the engine counters (global_steps, lr_scheduler, ...) of `ck`.
 ModelStates read_model_states(DeepSpeedCheckpoint::Impl& ck, const std::filesystem::path& file);
+// The same from a file already opened and added as ck.files[file].
+ModelStates read_model_states(DeepSpeedCheckpoint::Impl& ck, std::size_t file, const PtFile& f);
+
+// The DType of a saved tensor: fp32, fp16 or bf16 as they are, any other as F32 (read widened or
+// rounded to fp32).
+DType saved_dtype(const TensorRef& t);
 
 // A number that may be saved as an int, a float or a 0-d tensor (torch >= 1.12 keeps Adam's
 // step as a tensor).

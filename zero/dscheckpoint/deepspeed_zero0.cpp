@@ -101,11 +101,11 @@ void DeepSpeedCheckpoint::Impl::open_zero0(const fs::path& tag) {
   ZERO_CHECK_AS(IoError, listing.model.has_value(), "{}: no mp_rank_00_model_states.pt",
                 tag.string());
   stage = 0;
-  const std::size_t model_file = files.size();
-  ModelStates ms = read_model_states(*this, *listing.model);
-  world = dp_world_size;
+  const std::size_t model_file = add_file(*listing.model);
   const std::string model0 = files[model_file];
   const PtFile f = PtFile::open(model0);
+  ModelStates ms = read_model_states(*this, model_file, f);
+  world = dp_world_size;
   const PickleView root = f.root();
   const PickleView optimizer = root.get("optimizer");
 
@@ -257,26 +257,23 @@ void DeepSpeedCheckpoint::Impl::open_zero0(const fs::path& tag) {
   for (std::size_t j = 0; j < ms.module_params.size(); ++j) {
     if (trainable[j]) continue;
     const auto& [name, loc] = ms.module_params[j];
-    DType dt = DType::F32;
-    if (loc.ref.dtype == ScalarType::BF16) dt = DType::BF16;
-    if (loc.ref.dtype == ScalarType::F16) dt = DType::F16;
     Source s;
     s.add(loc);
     const std::uint64_t n = loc.numel;
-    found.add({.name = name, .shape = loc.ref.shape, .trainable = false, .saved_dtype = dt},
+    found.add({.name = name, .shape = loc.ref.shape, .trainable = false,
+               .saved_dtype = saved_dtype(loc.ref)},
               {{{add_source(std::move(s)), 0, n}}, false});
   }
 
   // The wrapper's loss scaler and clip_grad.
   if (!optimizer.is_none() && (groups || flat_groups)) {
     nlohmann::json sc = nlohmann::json::object();
-    for (const char* key : {"cur_scale", "cur_iter", "last_overflow_iter", "scale_factor",
-                            "scale_window"}) {
+    for (const char* key : {"cur_scale", "scale_factor"}) {
       if (auto v = optimizer.find(key); v && !v->is_none()) sc[key] = v->as_number();
     }
-    if (sc.contains("cur_iter")) sc["cur_iter"] = static_cast<std::int64_t>(sc["cur_iter"].get<double>());
-    if (sc.contains("last_overflow_iter"))
-      sc["last_overflow_iter"] = static_cast<std::int64_t>(sc["last_overflow_iter"].get<double>());
+    for (const char* key : {"cur_iter", "last_overflow_iter", "scale_window"}) {
+      if (auto v = optimizer.find(key); v && !v->is_none()) sc[key] = v->as_int();
+    }
     if (!sc.empty()) scaler = sc;
     if (auto d = optimizer.find("dynamic_loss_scale"); d && d->is(PickleValue::Kind::Bool))
       dynamic_loss_scale = d->as_bool();

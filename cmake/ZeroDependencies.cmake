@@ -15,22 +15,13 @@ if(NOT TARGET yaml-cpp)
   message(FATAL_ERROR "yaml-cpp not found: apt-get install libyaml-cpp-dev (scripts/install-deps.sh does)")
 endif()
 
-# OpenBLAS (Debian libopenblas-pthread-dev): the matrix products of the teacher-student MLP
-# (models/). The pthread variant first: set to one thread (models/gemm.cpp), it is the Debian build
-# that rank threads may call at once; the serial or OpenMP variant, found instead, works with every
-# call serialised (the serial one computes wrong products for concurrent callers). Debian installs
-# each variant in its own folder, whichever the alternatives name.
-find_path(ZERO_OPENBLAS_INCLUDE cblas.h
-  PATH_SUFFIXES openblas-pthread openblas openblas-serial openblas-openmp)
-find_library(ZERO_OPENBLAS_LIBRARY openblas
-  PATH_SUFFIXES openblas-pthread openblas-serial openblas-openmp)
-if(NOT ZERO_OPENBLAS_INCLUDE OR NOT ZERO_OPENBLAS_LIBRARY)
-  message(FATAL_ERROR "OpenBLAS not found: apt-get install libopenblas-pthread-dev "
-                      "(scripts/install-deps.sh does)")
+# oneDNN (Debian libdnnl-dev): the matrix products of the teacher-student MLP (models/gemm.h), fp32
+# and bf16 (AVX-512 BF16 where the CPU has it). Debian builds it on OpenMP; every calling thread
+# (a rank) gets an OpenMP team of its own.
+find_package(dnnl CONFIG QUIET)
+if(NOT TARGET DNNL::dnnl)
+  message(FATAL_ERROR "oneDNN not found: apt-get install libdnnl-dev (scripts/install-deps.sh does)")
 endif()
-add_library(zero_openblas INTERFACE)
-target_include_directories(zero_openblas SYSTEM INTERFACE ${ZERO_OPENBLAS_INCLUDE})
-target_link_libraries(zero_openblas INTERFACE ${ZERO_OPENBLAS_LIBRARY})
 
 # libzip reads PyTorch's zip checkpoints (.pt) for zero/dscheckpoint. Exposed as zero_libzip.
 find_package(PkgConfig QUIET)

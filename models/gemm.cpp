@@ -1,12 +1,14 @@
 #include "models/gemm.h"
 
-#include <cblas.h>
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
-#include <cstdint>
-#include <limits>
-#include <mutex>
+#include <cstring>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <unordered_map>
 
 #include "zero/base/error.h"
 
@@ -14,88 +16,158 @@ namespace zero::models {
 
 namespace {
 
-// How this process calls OpenBLAS, settled at the first product.
-struct BlasMode {
-  // Debian's serial build of 0.3.21 corrupts products when unrelated threads call it at once (its
-  // packing buffers are not guarded for that; measured with 3 and more callers); the pthread build
-  // locks them. The OpenMP build passed the same check but is not made for callers outside its
-  // own OpenMP team. Anything but the pthread build is called under this lock.
-  bool serialise = false;
-  std::mutex lock;
-};
+using dnnl::memory;
+using Dims = memory::dims;
 
-BlasMode& blas_mode() {
-  static BlasMode mode;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    constexpr int kPthreadBuild = 1;  // openblas_get_parallel(): 0 serial, 1 pthreads, 2 OpenMP
-    if (openblas_get_parallel() == kPthreadBuild) {
-      // Its own threads would multiply with the ranks; the caller's thread runs the product.
-      openblas_set_num_threads(1);
-    } else {
-      mode.serialise = true;
-    }
-  });
-  return mode;
+// The CPU engine; oneDNN's engines are safe to share between threads, its streams are not.
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
 }
 
-// The block of C at rows [row, row + rows) and columns [col, col + cols), on this thread.
-// REQUIRES: g checked by gemm().
-void gemm_block_impl(const Gemm& g, std::size_t row, std::size_t rows, std::size_t col,
-                     std::size_t cols) {
-  // Leading dimensions are the whole operands'; OpenBLAS rejects 0 even for an empty side.
-  const blasint lda = static_cast<blasint>(std::max<std::size_t>(1, g.a_transposed ? g.m : g.k));
-  const blasint ldb = static_cast<blasint>(std::max<std::size_t>(1, g.b_transposed ? g.k : g.n));
-  const blasint ldc = static_cast<blasint>(std::max<std::size_t>(1, g.n));
-  const float* a = g.a_transposed ? g.a + row : g.a + row * g.k;
-  const float* b = g.b_transposed ? g.b + col * g.k : g.b + col;
-  BlasMode& mode = blas_mode();
-  std::unique_lock<std::mutex> serialised(mode.lock, std::defer_lock);
-  if (mode.serialise) serialised.lock();
-  cblas_sgemm(CblasRowMajor, g.a_transposed ? CblasTrans : CblasNoTrans,
-              g.b_transposed ? CblasTrans : CblasNoTrans, static_cast<blasint>(rows),
-              static_cast<blasint>(cols), static_cast<blasint>(g.k), 1.0f, a, lda, b, ldb, g.beta,
-              g.c + row * g.n + col, ldc);
+memory::data_type onednn_type(DType t) {
+  return t == DType::BF16 ? memory::data_type::bf16 : memory::data_type::f32;
+}
+
+// Everything a primitive depends on: shape, layouts, precisions, the sum post-op and the threads
+// it was built for (oneDNN splits the work for the thread count of its creation).
+struct Key {
+  std::size_t m, n, k;
+  bool a_transposed, b_transposed, accumulate;
+  DType inputs, output;
+  int threads;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  std::size_t operator()(const Key& key) const {
+    std::size_t h = std::hash<std::size_t>{}(key.m);
+    for (const std::size_t v :
+         {key.n, key.k, static_cast<std::size_t>(key.a_transposed),
+          static_cast<std::size_t>(key.b_transposed), static_cast<std::size_t>(key.accumulate),
+          static_cast<std::size_t>(key.inputs), static_cast<std::size_t>(key.output),
+          static_cast<std::size_t>(key.threads)}) {
+      h = h * 1000003u ^ std::hash<std::size_t>{}(v);
+    }
+    return h;
+  }
+};
+
+struct Product {
+  memory::desc a, b, c;
+  dnnl::matmul primitive;
+  std::string kernel;  // oneDNN's name for the implementation it chose
+};
+
+// A row-major m × k matrix, or its transpose stored k × m, as oneDNN strides.
+memory::desc matrix(std::size_t rows, std::size_t cols, bool transposed, DType type) {
+  const auto r = static_cast<memory::dim>(rows), c = static_cast<memory::dim>(cols);
+  return {Dims{r, c}, onednn_type(type), transposed ? Dims{1, r} : Dims{c, 1}};
+}
+
+Product build(const Key& key) {
+  Product p;
+  p.a = matrix(key.m, key.k, key.a_transposed, key.inputs);
+  p.b = matrix(key.k, key.n, key.b_transposed, key.inputs);
+  p.c = matrix(key.m, key.n, false, key.output);
+  dnnl::primitive_attr attr;
+  if (key.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
+  p.primitive = dnnl::matmul(pd);
+  p.kernel = pd.impl_info_str();
+  return p;
+}
+
+// The calling thread's OpenMP team size for oneDNN, restored on leaving: oneDNN sizes its work
+// from omp_get_max_threads() when it builds a primitive and when it runs one.
+class TeamSize {
+ public:
+  explicit TeamSize(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~TeamSize() { omp_set_num_threads(saved_); }
+  TeamSize(const TeamSize&) = delete;
+  TeamSize& operator=(const TeamSize&) = delete;
+
+ private:
+  int saved_;
+};
+
+// This thread's primitives and stream.
+struct ThreadProducts {
+  dnnl::stream stream{cpu_engine()};
+  std::unordered_map<Key, Product, KeyHash> products;
+};
+
+const Product& product_for(ThreadProducts& mine, const Key& key) {
+  auto it = mine.products.find(key);
+  if (it == mine.products.end()) it = mine.products.emplace(key, build(key)).first;
+  return it->second;
+}
+
+ThreadProducts& thread_products() {
+  thread_local ThreadProducts mine;
+  return mine;
+}
+
+void check_precision(const Gemm& g) {
+  ZERO_CHECK(g.inputs == DType::F32 || g.inputs == DType::BF16,
+             "gemm: operands in {}; expected fp32 or bf16", dtype_name(g.inputs));
+  ZERO_CHECK(g.output == DType::F32 || g.output == DType::BF16,
+             "gemm: result in {}; expected fp32 or bf16", dtype_name(g.output));
 }
 
 }  // namespace
 
 void gemm(const Gemm& g, int threads) {
-  constexpr auto kMaxDim = static_cast<std::size_t>(std::numeric_limits<blasint>::max());
-  ZERO_CHECK(g.m <= kMaxDim && g.n <= kMaxDim && g.k <= kMaxDim && g.m * g.k <= kMaxDim &&
-                 g.k * g.n <= kMaxDim && g.m * g.n <= kMaxDim,
-             "gemm: {}x{}x{} exceeds OpenBLAS's {}-bit index", g.m, g.n, g.k, sizeof(blasint) * 8);
   ZERO_CHECK(threads >= 1, "gemm: threads = {}, expected at least 1", threads);
   ZERO_CHECK(g.beta == 0.0f || g.beta == 1.0f, "gemm: beta = {}, expected 0 or 1", g.beta);
+  check_precision(g);
   if (g.m == 0 || g.n == 0) return;
   ZERO_CHECK(g.c != nullptr && (g.k == 0 || (g.a != nullptr && g.b != nullptr)),
              "gemm: null operand for a {}x{}x{} product", g.m, g.n, g.k);
-
-  // Threads split C's longer side, so each packs only its share of the larger operand.
-  const bool by_rows = g.m >= g.n;
-  const std::size_t split = by_rows ? g.m : g.n;
-  const auto team =
-      static_cast<int>(std::min<std::size_t>(split, static_cast<std::size_t>(threads)));
-  if (team <= 1) {
-    gemm_block_impl(g, 0, g.m, 0, g.n);
+  if (g.k == 0) {  // an empty sum: C = beta · C
+    if (g.beta == 0.0f) std::memset(g.c, 0, g.m * g.n * dtype_size(g.output));
     return;
   }
-#pragma omp parallel for schedule(static) num_threads(team)
-  for (int t = 0; t < team; ++t) {
-    const std::size_t first = split * static_cast<std::size_t>(t) / static_cast<std::size_t>(team);
-    const std::size_t last =
-        split * static_cast<std::size_t>(t + 1) / static_cast<std::size_t>(team);
-    if (by_rows) {
-      gemm_block_impl(g, first, last - first, 0, g.n);
-    } else {
-      gemm_block_impl(g, 0, g.m, first, last - first);
-    }
+  const Key key{.m = g.m,
+                .n = g.n,
+                .k = g.k,
+                .a_transposed = g.a_transposed,
+                .b_transposed = g.b_transposed,
+                .accumulate = g.beta == 1.0f,
+                .inputs = g.inputs,
+                .output = g.output,
+                .threads = threads};
+  const TeamSize team(threads);
+  ThreadProducts& mine = thread_products();
+  try {
+    const Product& p = product_for(mine, key);
+    // oneDNN takes non-const handles; it only reads the operands.
+    memory a(p.a, cpu_engine(), const_cast<void*>(g.a));
+    memory b(p.b, cpu_engine(), const_cast<void*>(g.b));
+    memory c(p.c, cpu_engine(), g.c);
+    p.primitive.execute(mine.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    mine.stream.wait();
+  } catch (const dnnl::error& e) {
+    throw Error(fmt::format("gemm: oneDNN refused a {}x{}x{} {} product (A{}, B{}, C in {}): {}",
+                            g.m, g.n, g.k, dtype_name(g.inputs), g.a_transposed ? "ᵀ" : "",
+                            g.b_transposed ? "ᵀ" : "", dtype_name(g.output), e.what()));
   }
 }
 
-std::string blas_description() {
-  return fmt::format("{} ({} kernels{})", openblas_get_config(), openblas_get_corename(),
-                     blas_mode().serialise ? ", calls serialised" : "");
+std::string gemm_description() {
+  const dnnl_version_t* v = dnnl_version();
+  const auto kernel = [](DType inputs) {
+    const Key key{.m = 16, .n = 64, .k = 64, .a_transposed = false, .b_transposed = true,
+                  .accumulate = false, .inputs = inputs, .output = DType::F32, .threads = 1};
+    const TeamSize team(1);
+    return product_for(thread_products(), key).kernel;
+  };
+  return fmt::format("oneDNN {}.{}.{} (fp32: {}, bf16: {})", v->major, v->minor, v->patch,
+                     kernel(DType::F32), kernel(DType::BF16));
 }
 
 }  // namespace zero::models

@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <numbers>
 #include <sstream>
 
 #include "models/gemm.h"
 #include "zero/base/error.h"
+#include "zero/base/half.h"
 #include "zero/base/shape.h"
 
 namespace zero::models {
@@ -38,38 +40,126 @@ float normal(std::uint64_t k) {
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
 }
 
-// y = x · Wᵀ + b over `rows` rows: y starts as b in every row and the product is added to it.
-void linear_forward(const float* x, const float* w, const float* b, float* y, std::size_t rows,
-                    std::size_t in, std::size_t out, int threads) {
-  for (std::size_t r = 0; r < rows; ++r) std::copy(b, b + out, y + r * out);
-  gemm({.m = rows, .n = out, .k = in, .a = x, .b = w, .b_transposed = true, .c = y, .beta = 1.0f},
-       threads);
+float load(const std::byte* p, DType t, std::size_t e) {
+  switch (t) {
+    case DType::BF16: {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * e, 2);
+      return half::bf16_to_float(h);
+    }
+    case DType::F16: {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * e, 2);
+      return half::f16_to_float(h);
+    }
+    default: {
+      float f;
+      std::memcpy(&f, p + 4 * e, 4);
+      return f;
+    }
+  }
+}
+
+// Rounds n fp32 values into `out` (F32, BF16 or F16).
+void store(const float* in, std::size_t n, std::byte* out, DType t) {
+  if (t == DType::F32) {
+    std::memcpy(out, in, n * sizeof(float));
+    return;
+  }
+  for (std::size_t e = 0; e < n; ++e) {
+    const std::uint16_t h =
+        t == DType::BF16 ? half::float_to_bf16(in[e]) : half::float_to_f16(in[e]);
+    std::memcpy(out + 2 * e, &h, 2);
+  }
+}
+
+std::vector<std::uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<std::uint16_t> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = half::float_to_bf16(v[i]);
+  return out;
+}
+
+// The precision of the products for weights of dtype t (the CPU has no fp16 product).
+DType compute_type(DType t) {
+  return t == DType::BF16 ? DType::BF16 : DType::F32;
 }
 
 struct Activations {
-  std::vector<std::vector<float>> values;  // values[k]: input of layer k (values[0] = inputs)
+  DType compute = DType::F32;
+  std::vector<std::vector<float>> values;           // values[k]: input of layer k (k = 0: inputs)
+  std::vector<std::vector<std::uint16_t>> rounded;  // values[k] in bf16, for bf16 products
+  std::vector<std::vector<float>> widened;          // fp16 weights as fp32, for fp32 products
   std::vector<float> output;
+
+  // Layer k's weight as a product operand (compute precision).
+  const void* weight(std::span<const ParamView> weights, std::size_t k) const {
+    return widened.empty() ? static_cast<const void*>(weights[2 * k].bytes.data())
+                           : static_cast<const void*>(widened[k].data());
+  }
+  const void* input(std::size_t k) const {
+    return compute == DType::BF16 ? static_cast<const void*>(rounded[k].data())
+                                  : static_cast<const void*>(values[k].data());
+  }
 };
 
-Activations run_forward(const MlpShape& shape, std::span<const std::span<const float>> weights,
-                        const float* inputs, std::size_t rows, int threads) {
+void check_weights(const MlpShape& shape, std::span<const ParamView> weights) {
   const std::size_t layers = shape.layers();
   ZERO_CHECK(weights.size() == 2 * layers, "mlp: expected {} parameters, got {}", 2 * layers,
              weights.size());
+  const DType t = weights.front().dtype;
+  ZERO_CHECK(t == DType::F32 || t == DType::BF16 || t == DType::F16,
+             "mlp: weights in {}; expected fp32, bf16 or fp16", dtype_name(t));
   for (std::size_t k = 0; k < layers; ++k) {
     const std::size_t in = shape.widths[k], out = shape.widths[k + 1];
-    ZERO_CHECK(weights[2 * k].size() == in * out && weights[2 * k + 1].size() == out,
-               "mlp: parameters of layer {} have {} and {} elements, expected {} and {}", k,
-               weights[2 * k].size(), weights[2 * k + 1].size(), in * out, out);
+    for (std::size_t i : {2 * k, 2 * k + 1}) {
+      ZERO_CHECK(weights[i].dtype == t, "mlp: parameter {} is {}, parameter 0 is {}", i,
+                 dtype_name(weights[i].dtype), dtype_name(t));
+    }
+    const std::size_t size = dtype_size(t);
+    ZERO_CHECK(weights[2 * k].bytes.size() == in * out * size &&
+                   weights[2 * k + 1].bytes.size() == out * size,
+               "mlp: parameters of layer {} have {} and {} bytes, expected {} and {} ({})", k,
+               weights[2 * k].bytes.size(), weights[2 * k + 1].bytes.size(), in * out * size,
+               out * size, dtype_name(t));
   }
+}
+
+Activations run_forward(const MlpShape& shape, std::span<const ParamView> weights,
+                        const float* inputs, std::size_t rows, int threads) {
+  check_weights(shape, weights);
+  const std::size_t layers = shape.layers();
+  const DType stored = weights.front().dtype;
   Activations a;
+  a.compute = compute_type(stored);
   a.values.resize(layers);
   a.values[0].assign(inputs, inputs + rows * shape.widths.front());
+  if (a.compute == DType::BF16) a.rounded.resize(layers);
+  if (stored == DType::F16) {
+    for (std::size_t k = 0; k < layers; ++k) {
+      const ParamView& w = weights[2 * k];
+      std::vector<float>& wide = a.widened.emplace_back(w.bytes.size() / 2);
+      for (std::size_t e = 0; e < wide.size(); ++e) wide[e] = load(w.bytes.data(), stored, e);
+    }
+  }
   for (std::size_t k = 0; k < layers; ++k) {
     const std::size_t in = shape.widths[k], out = shape.widths[k + 1];
+    if (a.compute == DType::BF16) a.rounded[k] = to_bf16(a.values[k]);
+    // y = x · Wᵀ, then + b in every row (and the ReLU but after the last layer).
     std::vector<float> y(rows * out);
-    linear_forward(a.values[k].data(), weights[2 * k].data(), weights[2 * k + 1].data(), y.data(),
-                   rows, in, out, threads);
+    gemm({.m = rows,
+          .n = out,
+          .k = in,
+          .a = a.input(k),
+          .b = a.weight(weights, k),
+          .b_transposed = true,
+          .c = y.data(),
+          .inputs = a.compute},
+         threads);
+    const std::byte* bias = weights[2 * k + 1].bytes.data();
+    for (std::size_t o = 0; o < out; ++o) {
+      const float b = load(bias, stored, o);
+      for (std::size_t r = 0; r < rows; ++r) y[r * out + o] += b;
+    }
     if (k + 1 < layers) {
       for (float& v : y) v = std::max(v, 0.0f);
       a.values[k + 1] = std::move(y);
@@ -80,7 +170,13 @@ Activations run_forward(const MlpShape& shape, std::span<const std::span<const f
   return a;
 }
 
-Activations run_forward(const MlpShape& shape, std::span<const std::span<const float>> weights,
+std::vector<ParamView> f32_views(std::span<const std::span<const float>> weights) {
+  std::vector<ParamView> views;
+  for (const auto& w : weights) views.push_back({std::as_bytes(w), DType::F32});
+  return views;
+}
+
+Activations run_forward(const MlpShape& shape, std::span<const ParamView> weights,
                         const Batch& batch, int threads) {
   ZERO_CHECK(batch.inputs.size() == batch.rows * shape.widths.front() &&
                  batch.targets.size() == batch.rows * shape.widths.back(),
@@ -88,6 +184,17 @@ Activations run_forward(const MlpShape& shape, std::span<const std::span<const f
              batch.inputs.size(), batch.targets.size(), batch.rows * shape.widths.front(),
              batch.rows * shape.widths.back());
   return run_forward(shape, weights, batch.inputs.data(), batch.rows, threads);
+}
+
+// The slot for parameter i, checked against its element count.
+GradView checked_slot(const GradSink& sink, std::size_t i, std::size_t numel) {
+  const GradView g = sink.slot(i);
+  ZERO_CHECK(g.dtype == DType::F32 || g.dtype == DType::BF16 || g.dtype == DType::F16,
+             "mlp: gradient slot {} is {}; expected fp32, bf16 or fp16", i, dtype_name(g.dtype));
+  ZERO_CHECK(g.bytes.size() == numel * dtype_size(g.dtype),
+             "mlp: gradient slot {} has {} bytes, expected {} ({} elements of {})", i,
+             g.bytes.size(), numel * dtype_size(g.dtype), numel, dtype_name(g.dtype));
+  return g;
 }
 
 double mse(const std::vector<float>& y, const std::vector<float>& target) {
@@ -185,9 +292,10 @@ Batch TeacherStudentData::batch(std::uint64_t step, std::uint64_t first, std::si
   if (rows == 0) return b;
 
   // The teacher runs on whole blocks of kTeacherBlockRows global samples, whatever share was
-  // asked for: a BLAS product's rows depend on how many rows it computes together (models/gemm.h),
+  // asked for: a product's rows depend on how many rows it computes together (models/gemm.h),
   // and the targets of sample j must not depend on which rank or micro-step asked for it.
-  const std::vector<std::span<const float>> w(teacher_.begin(), teacher_.end());
+  const std::vector<std::span<const float>> teacher(teacher_.begin(), teacher_.end());
+  const std::vector<ParamView> w = f32_views(teacher);
   const std::uint64_t end = first + rows;
   const auto first_block = static_cast<std::int64_t>(first / kTeacherBlockRows);
   const auto end_block = static_cast<std::int64_t>((end - 1) / kTeacherBlockRows + 1);
@@ -216,23 +324,16 @@ Batch TeacherStudentData::batch(std::uint64_t step, std::uint64_t first, std::si
 
 double forward_loss(const MlpShape& shape, std::span<const std::span<const float>> weights,
                     const Batch& batch, int threads) {
-  return mse(run_forward(shape, weights, batch, threads).output, batch.targets);
+  const std::vector<ParamView> views = f32_views(weights);
+  return mse(run_forward(shape, views, batch, threads).output, batch.targets);
 }
 
-double forward_backward(const MlpShape& shape, std::span<const std::span<const float>> weights,
-                        const Batch& batch, float loss_scale,
-                        std::span<const std::span<float>> grads, const BackwardOptions& options) {
+double forward_backward(const MlpShape& shape, std::span<const ParamView> weights,
+                        const Batch& batch, float loss_scale, const GradSink& sink,
+                        int threads) {
+  ZERO_CHECK(static_cast<bool>(sink.slot), "mlp: forward_backward needs GradSink::slot");
   const std::size_t layers = shape.layers();
-  ZERO_CHECK(grads.size() == 2 * layers, "mlp: expected {} gradient buffers, got {}", 2 * layers,
-             grads.size());
-  for (std::size_t k = 0; k < layers; ++k) {
-    const std::size_t in = shape.widths[k], out = shape.widths[k + 1];
-    ZERO_CHECK(grads[2 * k].size() == in * out && grads[2 * k + 1].size() == out,
-               "mlp: gradient buffers of layer {} have {} and {} elements, expected {} and {}", k,
-               grads[2 * k].size(), grads[2 * k + 1].size(), in * out, out);
-  }
-  const int threads = options.threads;
-  const Activations a = run_forward(shape, weights, batch, threads);
+  Activations a = run_forward(shape, weights, batch, threads);
   const double loss = mse(a.output, batch.targets);
 
   // d(scale · loss)/dy = scale · (y - target) / (rows · OUT)
@@ -242,34 +343,71 @@ double forward_backward(const MlpShape& shape, std::span<const std::span<const f
   for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = (a.output[i] - batch.targets[i]) * inv_count;
 
   const std::size_t rows = batch.rows;
+  std::vector<float> sums, scratch;
   for (std::size_t k = layers; k-- > 0;) {
     const std::size_t in = shape.widths[k], out = shape.widths[k + 1];
-    const std::span<float> gw = grads[2 * k], gb = grads[2 * k + 1];
-    const std::vector<float>& x = a.values[k];
-    // dW = dyᵀ · x; db sums the rows in ascending order.
+    std::vector<std::uint16_t> dy_rounded;
+    if (a.compute == DType::BF16) dy_rounded = to_bf16(dy);
+    const void* dy_operand = a.compute == DType::BF16 ? static_cast<const void*>(dy_rounded.data())
+                                                      : static_cast<const void*>(dy.data());
+
+    // db sums the rows in ascending order, in fp32.
+    const GradView gb = checked_slot(sink, 2 * k + 1, out);
+    sums.assign(out, 0.0f);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float* dyr = dy.data() + r * out;
+      for (std::size_t o = 0; o < out; ++o) sums[o] += dyr[o];
+    }
+    store(sums.data(), out, gb.bytes.data(), gb.dtype);
+
+    // dW = dyᵀ · x, straight into an f32 or bf16 slot, through fp32 into an f16 one.
+    const GradView gw = checked_slot(sink, 2 * k, in * out);
+    const bool direct = gw.dtype != DType::F16;
+    if (!direct) scratch.resize(in * out);
     gemm({.m = out,
           .n = in,
           .k = rows,
-          .a = dy.data(),
+          .a = dy_operand,
           .a_transposed = true,
-          .b = x.data(),
-          .c = gw.data()},
+          .b = a.input(k),
+          .c = direct ? static_cast<void*>(gw.bytes.data()) : scratch.data(),
+          .inputs = a.compute,
+          .output = direct ? gw.dtype : DType::F32},
          threads);
-    std::fill(gb.begin(), gb.end(), 0.0f);
-    for (std::size_t r = 0; r < rows; ++r) {
-      const float* dyr = dy.data() + r * out;
-      for (std::size_t o = 0; o < out; ++o) gb[o] += dyr[o];
+    if (!direct) store(scratch.data(), in * out, gw.bytes.data(), gw.dtype);
+
+    // dx = dy · W, then through the ReLU that produced x; then layer k's weights are done with.
+    std::vector<float> dx;
+    if (k > 0) {
+      dx.resize(rows * in);
+      gemm({.m = rows,
+            .n = in,
+            .k = out,
+            .a = dy_operand,
+            .b = a.weight(weights, k),
+            .c = dx.data(),
+            .inputs = a.compute},
+           threads);
+      const std::vector<float>& x = a.values[k];
+      for (std::size_t i = 0; i < dx.size(); ++i) dx[i] = x[i] > 0.0f ? dx[i] : 0.0f;
     }
-    if (options.on_layer_grads) options.on_layer_grads(k);
-    if (k == 0) break;
-    // dx = dy · W, then through the ReLU that produced x.
-    std::vector<float> dx(rows * in);
-    gemm({.m = rows, .n = in, .k = out, .a = dy.data(), .b = weights[2 * k].data(), .c = dx.data()},
-         threads);
-    for (std::size_t i = 0; i < dx.size(); ++i) dx[i] = x[i] > 0.0f ? dx[i] : 0.0f;
+    if (sink.on_layer_grads) sink.on_layer_grads(k);
     dy = std::move(dx);
   }
   return loss;
+}
+
+double forward_backward(const MlpShape& shape, std::span<const std::span<const float>> weights,
+                        const Batch& batch, float loss_scale,
+                        std::span<const std::span<float>> grads, const BackwardOptions& options) {
+  ZERO_CHECK(grads.size() == 2 * shape.layers(), "mlp: expected {} gradient buffers, got {}",
+             2 * shape.layers(), grads.size());
+  const std::vector<ParamView> views = f32_views(weights);
+  const GradSink sink{.slot = [&](std::size_t i) -> GradView {
+                        return {std::as_writable_bytes(grads[i]), DType::F32};
+                      },
+                      .on_layer_grads = options.on_layer_grads};
+  return forward_backward(shape, views, batch, loss_scale, sink, options.threads);
 }
 
 }  // namespace zero::models

@@ -1,7 +1,7 @@
 // The model zero-train trains (and zero-bench step and the engine tests): an MLP (IN, H1, ...,
 // OUT) with ReLU between layers, fitted with a mean-squared error to a fixed "teacher" MLP of the
 // same shape. Everything is a function of the seed, so any rank can produce its share of any
-// step's batch without talking to the others. Matrix products run on OpenBLAS (models/gemm.h).
+// step's batch without talking to the others. Matrix products run on oneDNN (models/gemm.h).
 #pragma once
 
 #include <cstddef>
@@ -10,6 +10,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "zero/base/dtype.h"
 
 namespace zero::models {
 
@@ -39,7 +41,7 @@ void init_param(const MlpShape& shape, std::size_t index, std::uint64_t seed, in
 
 // One batch of teacher-student samples: global sample j of optimizer step t has inputs drawn
 // from N(0, 1) keyed on (seed, t, j) and targets = teacher(inputs). Both are bitwise functions of
-// (seed, t, j) on a given OpenBLAS kernel: the teacher runs on fixed blocks of kTeacherBlockRows
+// (seed, t, j) on a given CPU: the teacher runs on fixed blocks of kTeacherBlockRows
 // global samples, so neither the share asked for nor `threads` changes a target.
 struct Batch {
   std::size_t rows = 0;
@@ -66,23 +68,51 @@ class TeacherStudentData {
   std::vector<std::vector<float>> teacher_;  // teacher parameters, mlp_params order
 };
 
+// One tensor's elements as the engine holds them: F32, BF16 or F16, densely packed.
+struct ParamView {
+  std::span<const std::byte> bytes;
+  DType dtype = DType::F32;
+};
+struct GradView {
+  std::span<std::byte> bytes;
+  DType dtype = DType::F32;
+};
+
+// Where backward writes, and whom it tells.
+struct GradSink {
+  // Called once per parameter, in backward order (layer k's bias, then its weight, from the last
+  // layer down), right before that gradient is written; returns where to write it (numel
+  // elements of any of the three dtypes). Required.
+  std::function<GradView(std::size_t param)> slot = nullptr;
+  // Called as soon as layer k's two gradients are written and its weights are read no more, for
+  // k = layers - 1 down to 0, so a trainer can hand them on (and let a gathered layer go) while
+  // backward goes on with the layers below. It must not change the weights of layers below k.
+  // An exception from either callback leaves forward_backward.
+  std::function<void(std::size_t layer)> on_layer_grads = nullptr;
+};
+
+// Forward and backward over one batch. The products run in the weights' precision: fp32 for F32,
+// bf16 with fp32 accumulation for BF16 (operands rounded to bf16: activations and output
+// gradients, as a bf16 framework keeps them), fp32 for F16 (weights widened first; the CPU has no
+// fp16 product). Activations, the loss and bias gradients are fp32 sums (rows in ascending order);
+// a weight gradient is rounded once into the slot's dtype. Bitwise deterministic for the same
+// weights, batch, loss scale and threads on the same CPU; not across batch splits (models/gemm.h).
+//   weights[i]: parameter i, mlp_params order, all of one dtype; read until the call returns.
+//   sink.slot(i) receives d(loss × loss_scale)/d(param i), overwritten, not accumulated.
+// Returns the unscaled loss: mean over rows and outputs of (y - target)^2 / 2.
+// Throws zero::Error when the counts, sizes or dtypes of weights, slots or the batch do not fit.
+double forward_backward(const MlpShape& shape, std::span<const ParamView> weights,
+                        const Batch& batch, float loss_scale, const GradSink& sink,
+                        int threads = 1);
+
 struct BackwardOptions {
   // OpenMP threads of each matrix product (models/gemm.h); results depend on it.
   int threads = 1;
-  // Called on the calling thread as soon as layer k's gradients (grads[2k], grads[2k + 1]) are
-  // final, for k = layers - 1 down to 0, so a trainer can hand them on while backward goes on
-  // with the layers below. It may read, copy or overwrite those two buffers; it must not change
-  // `weights` or any other gradient buffer. An exception from it leaves forward_backward.
-  std::function<void(std::size_t layer)> on_layer_grads;
+  // As GradSink::on_layer_grads, for grads[2k] and grads[2k + 1].
+  std::function<void(std::size_t layer)> on_layer_grads = nullptr;
 };
 
-// Forward and backward over one batch in fp32 (OpenBLAS sgemm; bias gradients summed over rows in
-// ascending order). Bitwise deterministic for the same weights, batch, loss scale and threads on
-// the same OpenBLAS kernel; not bitwise equal to a loop implementation or across batch splits.
-//   weights[i]: parameter i as fp32, mlp_params order; read until the call returns.
-//   grads[i]:   receives d(loss × loss_scale)/d(param i); overwritten, not accumulated.
-// Returns the unscaled loss: mean over rows and outputs of (y - target)^2 / 2.
-// Throws zero::Error when the counts or sizes of weights, grads or the batch do not fit `shape`.
+// The same in fp32 throughout, for fp32 weights and gradient buffers.
 double forward_backward(const MlpShape& shape, std::span<const std::span<const float>> weights,
                         const Batch& batch, float loss_scale,
                         std::span<const std::span<float>> grads,

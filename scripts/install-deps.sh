@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Installs what zero needs to build and test on Debian 12, as root (or through sudo).
 # Required: a C++20 compiler, CMake >= 3.25, Ninja, nlohmann/json, fmt, Catch2 2.13, xxHash, libzip,
-# yaml-cpp, OpenBLAS (the pthread variant, which rank threads may call at once: the model's matrix
-# products).
+# yaml-cpp, oneDNN (the model's matrix products, fp32 and bf16; its CMake package asks for the
+# OpenCL headers of its GPU runtime, which zero does not use).
 # Optional and detected at configure time: OpenMPI (CPU multi-process ranks), liburing (NVMe),
 # the CUDA toolkit (not from Debian; used when nvcc is on PATH).
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config
           nlohmann-json3-dev libfmt-dev catch2 libxxhash-dev libzip-dev libyaml-cpp-dev
-          libopenblas-dev libopenblas-pthread-dev
+          libdnnl-dev ocl-icd-opencl-dev
           libopenmpi-dev openmpi-bin liburing-dev)
 
 missing=()

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "zero/base/error.h"
+#include "zero/base/half.h"
 
 namespace zm = zero::models;
 
@@ -26,21 +27,29 @@ std::vector<float> random_matrix(std::size_t elems, std::uint32_t seed) {
   return v;
 }
 
-// op(A) · op(B) in double, row-major, as models::Gemm describes its operands.
-std::vector<double> reference(const zm::Gemm& g) {
+// op(A) · op(B) in double, row-major, as models::Gemm describes its operands, for fp32 operands
+// a and b (or the values bf16 operands hold).
+std::vector<double> reference(const zm::Gemm& g, const std::vector<float>& a,
+                              const std::vector<float>& b) {
   std::vector<double> c(g.m * g.n, 0.0);
   for (std::size_t i = 0; i < g.m; ++i) {
     for (std::size_t j = 0; j < g.n; ++j) {
       double acc = 0;
       for (std::size_t p = 0; p < g.k; ++p) {
-        const double a = g.a_transposed ? g.a[p * g.m + i] : g.a[i * g.k + p];
-        const double b = g.b_transposed ? g.b[j * g.k + p] : g.b[p * g.n + j];
-        acc += a * b;
+        const double x = g.a_transposed ? a[p * g.m + i] : a[i * g.k + p];
+        const double y = g.b_transposed ? b[j * g.k + p] : b[p * g.n + j];
+        acc += x * y;
       }
       c[i * g.n + j] = acc;
     }
   }
   return c;
+}
+
+std::vector<double> reference(const zm::Gemm& g) {
+  const auto* a = static_cast<const float*>(g.a);
+  const auto* b = static_cast<const float*>(g.b);
+  return reference(g, {a, a + g.m * g.k}, {b, b + g.k * g.n});
 }
 
 // Largest |c - expected| relative to the largest |expected|; requires a non-zero expectation.
@@ -78,6 +87,48 @@ TEST_CASE("every transposition of A and B matches a double-precision reference")
   }
 }
 
+TEST_CASE("bf16 operands accumulate in fp32; a bf16 result is that sum rounded once") {
+  const std::size_t m = 16, n = 40, k = 300;
+  const std::vector<float> a = random_matrix(m * k, 11), b = random_matrix(n * k, 12);
+  std::vector<std::uint16_t> a16(a.size()), b16(b.size());
+  std::vector<float> a_held(a.size()), b_held(b.size());  // the values the bf16 operands hold
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a16[i] = zero::half::float_to_bf16(a[i]);
+    a_held[i] = zero::half::bf16_to_float(a16[i]);
+  }
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    b16[i] = zero::half::float_to_bf16(b[i]);
+    b_held[i] = zero::half::bf16_to_float(b16[i]);
+  }
+  REQUIRE(a_held != a);  // the rounding is real, so the reference below is of the rounded values
+  zm::Gemm g{.m = m,
+             .n = n,
+             .k = k,
+             .a = a16.data(),
+             .b = b16.data(),
+             .b_transposed = true,
+             .inputs = zero::DType::BF16};
+  const std::vector<double> expected = reference(g, a_held, b_held);
+
+  std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
+  g.c = c.data();
+  zm::gemm(g);
+  // Exact products of bf16 values summed in fp32: as close as the fp32 case.
+  CHECK(relative_error(c, expected) < kTolerance);
+
+  std::vector<std::uint16_t> c16(m * n, 0x7fc0);
+  g.c = c16.data();
+  g.output = zero::DType::BF16;
+  zm::gemm(g);
+  std::vector<float> widened(c16.size());
+  for (std::size_t i = 0; i < c16.size(); ++i) widened[i] = zero::half::bf16_to_float(c16[i]);
+  // One rounding to bf16 (8 significant bits): within 2^-8 of each element, relative.
+  for (std::size_t i = 0; i < widened.size(); ++i) {
+    INFO("element " << i << ": " << widened[i] << " vs " << expected[i]);
+    CHECK(std::abs(widened[i] - expected[i]) <= std::abs(expected[i]) * 0x1p-8 + 1e-6);
+  }
+}
+
 TEST_CASE("beta 1 adds the product to C") {
   const std::size_t m = 8, n = 5, k = 16;
   const std::vector<float> a = random_matrix(m * k, 3), b = random_matrix(k * n, 4);
@@ -107,8 +158,8 @@ TEST_CASE("a product split among threads matches the reference and repeats bitwi
 }
 
 TEST_CASE("ranks' threads may call gemm at once and get what sequential calls give") {
-  // Debian's serial OpenBLAS 0.3.21, called without the lock, got a few hundred of 60,000 such
-  // products wrong with 3 callers (unguarded packing buffers); the pthread build got none.
+  // Each caller has its own primitives and stream; a shared one would race (an earlier BLAS,
+  // Debian's serial OpenBLAS, got a few hundred of 60,000 such products wrong with 3 callers).
   constexpr int kCallers = 8;
   constexpr int kProductsPerCaller = 4000;
   // The MLP's small products: forward (x · Wᵀ), dW (dyᵀ · x) and dx (dy · W) shapes.
@@ -153,9 +204,9 @@ TEST_CASE("ranks' threads may call gemm at once and get what sequential calls gi
     });
   }
   for (std::thread& c : callers) c.join();
-  INFO(zm::blas_description());
+  INFO(zm::gemm_description());
   for (int t = 0; t < kCallers; ++t) CHECK(mismatches[t] == 0);
-  CHECK(zm::blas_description().find("OpenBLAS") != std::string::npos);
+  CHECK(zm::gemm_description().find("oneDNN") != std::string::npos);
 }
 
 TEST_CASE("empty products leave C alone or zero it, and bad arguments throw") {
@@ -171,4 +222,12 @@ TEST_CASE("empty products leave C alone or zero it, and bad arguments throw") {
       Catch::Contains("beta"));
   REQUIRE_THROWS_WITH(zm::gemm({.m = 1, .n = 1, .k = 1, .a = nullptr, .b = &x, .c = c.data()}),
                       Catch::Contains("null"));
+  REQUIRE_THROWS_WITH(zm::gemm({.m = 1,
+                                .n = 1,
+                                .k = 1,
+                                .a = &x,
+                                .b = &x,
+                                .c = c.data(),
+                                .inputs = zero::DType::F16}),
+                      Catch::Contains("fp16"));
 }

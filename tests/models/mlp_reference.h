@@ -1,5 +1,5 @@
 // A naive reference for the teacher-student MLP (models/mlp.h): plain loops, every sum in double,
-// so it shares no code and no rounding with the OpenBLAS model it checks. Test-only.
+// so it shares no code and no rounding with the oneDNN model it checks. Test-only.
 #pragma once
 
 #include <algorithm>

@@ -6,12 +6,13 @@
 
 #include "tests/models/mlp_reference.h"
 #include "zero/base/error.h"
+#include "zero/base/half.h"
 
 namespace zt = zero::models;
 
 namespace {
 
-// The OpenBLAS model against the double-precision loop reference (mlp_reference.h): sums of up to
+// The fp32 model against the double-precision loop reference (mlp_reference.h): sums of up to
 // a few hundred fp32 products rounded in another order, each layer's error carried into the next
 // in backward. Relative to the largest |reference| of each tensor (and of the loss).
 constexpr double kGradTolerance = 1e-4;
@@ -126,8 +127,8 @@ TEST_CASE("plain gradient descent on the teacher-student task lowers the loss") 
   CHECK(after < 0.5 * before);
 }
 
-TEST_CASE("the OpenBLAS model's loss and gradients match a double-precision loop reference") {
-  // Widths above OpenBLAS's register blocking and below it, a batch larger than one teacher
+TEST_CASE("the fp32 model's loss and gradients match a double-precision loop reference") {
+  // Widths above the kernels' register blocking and below it, a batch larger than one teacher
   // block, and a loss scale as fp16 training uses.
   for (const std::string spec : {"mlp:5,7,6,3", "mlp:64,96,33,10"}) {
     for (auto [rows, threads] : {std::pair<std::size_t, int>{1, 1}, {7, 1}, {40, 1}, {40, 3}}) {
@@ -158,6 +159,86 @@ TEST_CASE("the OpenBLAS model's loss and gradients match a double-precision loop
       for (std::size_t i = 0; i < layers; ++i) CHECK(layers_seen[i] == layers - 1 - i);
     }
   }
+}
+
+TEST_CASE("16-bit models: bf16 products and f16 weights against the reference of the values held") {
+  // bf16: activations and output gradients are rounded to bf16 (8 significant bits) before each
+  // product, so each layer adds a relative error of about 2^-8 of |y|; the output gradient is
+  // y - target, much smaller than y, so that error is amplified (measured: up to 11% of the largest
+  // reference element of a weight gradient), and weight gradients are rounded once more into bf16
+  // slots. gemm_test checks the bf16 products themselves tightly; this catches a wrong operand,
+  // order or layout (errors of 100%). f16: the weights are widened exactly and the
+  // products run in fp32; only the f16 gradient slots round (11 bits). Tolerances relative to the
+  // largest |reference| of each tensor, and of the loss.
+  struct Case {
+    zero::DType dtype;
+    double grad_tolerance, loss_tolerance;
+  };
+  for (const Case c : {Case{zero::DType::BF16, 0.2, 2e-2}, Case{zero::DType::F16, 2e-3, 1e-4}}) {
+    INFO(zero::dtype_name(c.dtype));
+    Model m("mlp:64,96,33,10", 31);
+    const std::size_t n = m.w.size();
+    std::vector<std::vector<std::uint16_t>> w16(n), g16(n);
+    std::vector<std::vector<float>> held(n);  // the values the 16-bit weights hold
+    std::vector<zt::ParamView> views;
+    for (std::size_t p = 0; p < n; ++p) {
+      for (const float x : m.w[p]) {
+        const std::uint16_t h = c.dtype == zero::DType::BF16 ? zero::half::float_to_bf16(x)
+                                                             : zero::half::float_to_f16(x);
+        w16[p].push_back(h);
+        held[p].push_back(c.dtype == zero::DType::BF16 ? zero::half::bf16_to_float(h)
+                                                       : zero::half::f16_to_float(h));
+      }
+      g16[p].assign(m.w[p].size(), 0x7e00);  // NaN in both: every element must be written
+      views.push_back({std::as_bytes(std::span(w16[p])), c.dtype});
+    }
+    zt::TeacherStudentData data(m.shape, 31);
+    const auto batch = data.batch(1, 0, 16);
+    std::vector<std::size_t> slots_asked;
+    const zt::GradSink sink{.slot = [&](std::size_t p) -> zt::GradView {
+      slots_asked.push_back(p);
+      return {std::as_writable_bytes(std::span(g16[p])), c.dtype};
+    }};
+    const double loss = zt::forward_backward(m.shape, views, batch, 4.0f, sink);
+    CHECK(slots_asked == std::vector<std::size_t>{5, 4, 3, 2, 1, 0});  // bias, weight, downwards
+
+    const std::vector<std::span<const float>> held_views(held.begin(), held.end());
+    const auto ref = zero::test::reference_forward_backward(m.shape, held_views, batch, 4.0f);
+    REQUIRE(ref.loss > 1e-4);
+    CHECK(std::abs(loss - ref.loss) <= c.loss_tolerance * ref.loss);
+    for (std::size_t p = 0; p < n; ++p) {
+      double max_ref = 0, max_err = 0;
+      for (std::size_t e = 0; e < g16[p].size(); ++e) {
+        const double got = c.dtype == zero::DType::BF16 ? zero::half::bf16_to_float(g16[p][e])
+                                                        : zero::half::f16_to_float(g16[p][e]);
+        max_ref = std::max(max_ref, std::abs(ref.grads[p][e]));
+        max_err = std::max(max_err, std::abs(got - ref.grads[p][e]));  // NaN fails below
+      }
+      INFO("parameter " << p << ": max |reference| " << max_ref << ", max |error| " << max_err);
+      REQUIRE(max_ref > 0);
+      CHECK(max_err <= c.grad_tolerance * max_ref);
+    }
+  }
+}
+
+TEST_CASE("mixed or unsupported weight dtypes and mis-sized slots are errors naming them") {
+  Model m("mlp:4,6,2", 3);
+  zt::TeacherStudentData data(m.shape, 3);
+  const auto batch = data.batch(0, 0, 2);
+  std::vector<zt::ParamView> views;
+  for (const auto& w : m.w) views.push_back({std::as_bytes(std::span(w)), zero::DType::F32});
+  std::vector<float> small(3);
+  const zt::GradSink bad_slot{.slot = [&](std::size_t) -> zt::GradView {
+    return {std::as_writable_bytes(std::span(small)), zero::DType::F32};
+  }};
+  REQUIRE_THROWS_WITH(zt::forward_backward(m.shape, views, batch, 1.0f, bad_slot),
+                      Catch::Contains("gradient slot 3 has 12 bytes, expected 8"));
+  views[1].dtype = zero::DType::F64;
+  const zt::GradSink any{.slot = [&](std::size_t p) -> zt::GradView {
+    return {std::as_writable_bytes(std::span(m.g[p])), zero::DType::F32};
+  }};
+  REQUIRE_THROWS_WITH(zt::forward_backward(m.shape, views, batch, 1.0f, any),
+                      Catch::Contains("parameter 1 is fp64"));
 }
 
 TEST_CASE("a layer's gradients are final when backward hands the layer over") {

@@ -8,7 +8,6 @@
 #include <memory>
 #include <span>
 
-#include "kernels/cast.h"
 #include "models/mlp.h"
 #include "zero/base/error.h"
 #include "zero/base/timer.h"
@@ -135,7 +134,6 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   const std::unique_ptr<Device> device = make_device(kind, comm.rank(), device_options);
   EngineOptions engine_options;
   engine_options.kernel_threads = threads;
-  const kernels::CpuExec exec{.threads = threads};
   const InitFn init = [&](std::size_t index, std::span<float> out) {
     models::init_param(shape, index, options.seed, /*stream=*/0, out);
   };
@@ -242,33 +240,32 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   }
 
   const TeacherStudentData data(shape, options.seed, threads);
-  std::vector<std::vector<float>> weights(num_params), grads(num_params);
-  for (std::size_t i = 0; i < num_params; ++i) {
-    weights[i].resize(mlp[i].numel());
-    grads[i].resize(mlp[i].numel());
-  }
-  const std::vector<std::span<const float>> weight_views(weights.begin(), weights.end());
-  const std::vector<std::span<float>> grad_views(grads.begin(), grads.end());
   const int units = static_cast<int>(shape.layers());
   const std::size_t element_bytes = dtype_size(dtype);
 
-  // Hands layer u's gradients (bias, then weight: the order backward produces them) to the
-  // engine and releases the unit. Stage 2/3 may reduce a full bucket inside grad_ready(), so
-  // this runs from backward as each layer finishes, while the layers below are still to come.
+  // The model reads the engine's copy of the weights and writes gradients straight into the
+  // engine's slots, in the model dtype: no copy of either on the trainer's side.
+  std::vector<models::ParamView> weights(num_params);
   double handover_seconds = 0;
-  const auto hand_over_layer = [&](std::size_t u) {
-    const Clock::time_point start = Clock::now();
-    for (std::size_t i = 2 * u + 2; i-- > 2 * u;) {
-      const std::span<std::byte> slot = engine->grad(i);
-      ZERO_CHECK(slot.size() == grads[i].size() * element_bytes,
-                 "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
-                 grads[i].size() * element_bytes);
-      kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size(), exec);
-      engine->grad_ready(i);
-    }
-    engine->release(static_cast<int>(u));
-    handover_seconds += seconds_since(start);
-  };
+  const models::GradSink sink{
+      .slot = [&](std::size_t i) -> models::GradView {
+        const std::span<std::byte> slot = engine->grad(i);
+        ZERO_CHECK(slot.size() == mlp[i].numel() * element_bytes,
+                   "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
+                   mlp[i].numel() * element_bytes);
+        return {slot, dtype};
+      },
+      // Layer u's gradients are written (bias, then weight: the order backward produces them):
+      // hand them to the engine and release the unit. Stage 2/3 may reduce a full bucket inside
+      // grad_ready(), so this runs from backward as each layer finishes, while the layers below
+      // are still to come.
+      .on_layer_grads =
+          [&](std::size_t u) {
+            const Clock::time_point start = Clock::now();
+            for (std::size_t i = 2 * u + 2; i-- > 2 * u;) engine->grad_ready(i);
+            engine->release(static_cast<int>(u));
+            handover_seconds += seconds_since(start);
+          }};
 
   const Clock::time_point train_start = Clock::now();
   const double seconds_before_training = checkpoint_seconds;
@@ -291,23 +288,28 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
       for (int u = 0; u < units; ++u) engine->gather(u);
       for (std::size_t i = 0; i < num_params; ++i) {
         const std::span<const std::byte> p = engine->param(i);
-        ZERO_CHECK(p.size() == weights[i].size() * element_bytes,
+        ZERO_CHECK(p.size() == mlp[i].numel() * element_bytes,
                    "zero-train: engine->param({}) has {} bytes, expected {}", i, p.size(),
-                   weights[i].size() * element_bytes);
-        kernels::cast_cpu(p.data(), dtype, weights[i].data(), DType::F32, weights[i].size(), exec);
+                   mlp[i].numel() * element_bytes);
+        weights[i] = {p, dtype};
       }
       if (share.rows > 0) {
         handover_seconds = 0;
         const Clock::time_point model_start = Clock::now();
-        loss_sum +=
-            share.weight * models::forward_backward(
-                               shape, weight_views, batch,
-                               static_cast<float>(engine->backward_scale() * share.weight),
-                               grad_views, {.threads = threads, .on_layer_grads = hand_over_layer});
+        loss_sum += share.weight *
+                    models::forward_backward(
+                        shape, weights, batch,
+                        static_cast<float>(engine->backward_scale() * share.weight), sink, threads);
         model_seconds += seconds_since(model_start) - handover_seconds;
       } else {
-        for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
-        for (int u = units - 1; u >= 0; --u) hand_over_layer(static_cast<std::size_t>(u));
+        for (int u = units - 1; u >= 0; --u) {
+          for (std::size_t i = 2 * static_cast<std::size_t>(u) + 2;
+               i-- > 2 * static_cast<std::size_t>(u);) {
+            const models::GradView slot = sink.slot(i);
+            std::fill(slot.bytes.begin(), slot.bytes.end(), std::byte{0});  // +0 in every dtype
+          }
+          sink.on_layer_grads(static_cast<std::size_t>(u));
+        }
       }
       result = engine->step();
       ZERO_CHECK(result.boundary == (k + 1 == accumulation),

@@ -327,8 +327,9 @@ void EngineImpl::finish_micro_step() {
     if (u < layout_units_) {
       std::byte* staging = reducer_->staging(static_cast<int>(u));
       for (std::size_t i : us.trainable) {
-        if (params_[i].ready || params_[i].numel == 0 || !params_[i].slot_out) continue;
-        // A slot handed out but never marked ready holds partial data: count it as zero.
+        if (params_[i].ready || params_[i].numel == 0) continue;
+        // No gradient this micro-step: a slot handed out but never marked ready holds partial
+        // data, one never handed out holds whatever the buffer held; either counts as zero.
         const ParamPlacement& pl = layout_->placement(*params_[i].layout_index);
         compute_.fill_zero(staging + pl.offset * dtype_size(model_dtype_), model_dtype_, pl.numel,
                            exec_);

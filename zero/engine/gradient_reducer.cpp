@@ -61,7 +61,20 @@ std::byte* GradientReducer::staging(int unit) {
   if (n == 0) return nullptr;
   if (ub.staging.empty()) {
     ub.staging = alloc(n, options_.grad_dtype);
-    compute_.fill_zero(ub.staging.data(), options_.grad_dtype, n, options_.exec);
+    // Only what no parameter covers: the parameters' ranges are written (or zeroed) by the engine.
+    std::size_t covered = 0;
+    const auto zero_until = [&](std::size_t end) {
+      if (end > covered) {
+        compute_.fill_zero(element_at(ub.staging, options_.grad_dtype, covered),
+                           options_.grad_dtype, end - covered, options_.exec);
+      }
+    };
+    for (std::size_t param : layout_.unit(unit).params) {
+      const ParamPlacement& pl = layout_.placement(param);
+      zero_until(pl.offset);
+      covered = std::max(covered, pl.offset + pl.numel);
+    }
+    zero_until(n);
   }
   return static_cast<std::byte*>(ub.staging.data());
 }
@@ -79,6 +92,12 @@ void GradientReducer::unit_complete(int unit) {
   if (n == 0) return;
   if (options_.stage <= 1) {
     ScopedTimer timer(timings_.accumulate_s);
+    if (window_first_micro_ && options_.accum_dtype == options_.grad_dtype) {
+      // The window's sum so far is this micro-step's gradient: take the buffer, not a copy.
+      std::swap(ub.accum, ub.staging);
+      ub.staging.reset();
+      return;
+    }
     compute_.combine(ub.accum.data(), options_.accum_dtype, ub.staging.data(), options_.grad_dtype,
                      n, 1.0f, !window_first_micro_, options_.exec);
     ub.staging.reset();

@@ -64,12 +64,15 @@ class GradientReducer {
   std::size_t bucket_chunk_capacity() const { return chunk_capacity_; }
 
   // This micro-step's gradient buffer of `unit` (layout.unit(unit).padded_elems elements of the
-  // gradient dtype), allocated and zeroed on first use in a micro-step. Null for a unit with no
-  // elements. REQUIRES: unit < layout.num_units(); the unit is not complete in this micro-step.
+  // gradient dtype), allocated on first use in a micro-step with its alignment gaps and padding
+  // zeroed; every parameter's range is the caller's to write, or to zero (the engine zeroes the
+  // range of a parameter without a gradient this micro-step). Null for a unit with no elements.
+  // REQUIRES: unit < layout.num_units(); the unit is not complete in this micro-step.
   std::byte* staging(int unit);
 
-  // Every gradient of `unit` is in staging(unit) for this micro-step. Stage 0/1: accumulated
-  // (the staging buffer is freed). Stage 2/3: submitted to the buckets (a full bucket starts a
+  // Every gradient of `unit` is in staging(unit) for this micro-step. Stage 0/1: accumulated (the
+  // staging buffer is freed; in a window's first micro-step, when the dtypes agree, it becomes the
+  // accumulation buffer instead of being copied into it). Stage 2/3: submitted to the buckets (a full bucket starts a
   // reduction). A unit without elements, or beyond the layout, is a no-op.
   void unit_complete(int unit);
 

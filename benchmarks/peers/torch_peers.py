@@ -9,8 +9,8 @@ optimizer step, and whatever communication the peer does not overlap with backwa
 per process (getrusage); the last step's loss, checked to agree between peers (fp32: same model
 and data, so the same trajectory up to summation order).
 
-  python benchmarks/torch_peers.py [--model mlp|transformer] [--steps 20] [--repeats 3]
-                                   [--stages 0,1,2,3] [--nproc 2] [--json out.json]
+  python benchmarks/peers/torch_peers.py [--model mlp|transformer] [--steps 20] [--repeats 3]
+                                         [--stages 0,1,2,3] [--nproc 2] [--json out.json]
 
 Comparable pairs: zero stage 0 with DDP (both replicate everything), zero stages 1-3 with FSDP2
 (which shards parameters, gradients and optimizer state: stage 3's layout).
@@ -18,15 +18,15 @@ Comparable pairs: zero stage 0 with DDP (both replicate everything), zero stages
 import argparse
 import json
 import os
-import resource
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import common  # noqa: E402
 
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
 # Peers train the same model on the same data: their last losses agree but for summation order.
@@ -152,8 +152,7 @@ def make_trainer(peer, model, cls):
 
 
 def worker(args):
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = common.worker_rank()
     cls = MODELS[args.model]
     torch.manual_seed(0)
     model = cls()
@@ -174,43 +173,22 @@ def worker(args):
             times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
     med = [statistics.median(t[j] for t in times) * 1e3 for j in range(4)]
     result = {"rank": rank, "world": world, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
-              "ms_outside": med[3], "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-              "last_loss": loss.item()}
-    with open(f"{args.out}.rank{rank}.json", "w") as f:
-        json.dump(result, f)
+              "ms_outside": med[3], "peak_rss_mib": common.peak_rss_mib(), "last_loss": loss.item()}
+    common.write_rank(args.out, rank, result)
 
 
 # --- the driver --------------------------------------------------------------------------------
 
-def importable(module):
-    # From / and through initialize: run from the repository root, `import zero` alone would find
-    # the C++ sources' zero/ directory as a namespace package.
-    return subprocess.run([sys.executable, "-c", f"import {module}; {module}.initialize"], capture_output=True,
-                          cwd="/").returncode == 0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+TIMES = ("ms_step", "ms_forward", "ms_backward", "ms_outside")
 
 
 def run_once(args, peer, workdir, index):
     out = os.path.join(workdir, f"{peer}.{index}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.nproc),
-           "--master-port", str(free_port()), os.path.abspath(__file__), "--worker", peer, "--out", out,
-           "--model", args.model, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise SystemExit(f"torch_peers: {peer} failed (exit {proc.returncode}):\n{tail}")
-    ranks = [json.load(open(f"{out}.rank{r}.json")) for r in range(args.nproc)]
-    return {"peer": peer, "repeat": index,
-            # Collectives keep the ranks in step: the slowest rank's step is the step.
-            "ms_step": max(r["ms_step"] for r in ranks), "ms_forward": max(r["ms_forward"] for r in ranks),
-            "ms_backward": max(r["ms_backward"] for r in ranks), "ms_outside": max(r["ms_outside"] for r in ranks),
-            "peak_rss_mib": [r["peak_rss_mib"] for r in ranks], "last_loss": sum(r["last_loss"] for r in ranks) / len(ranks)}
+    common.torchrun(__file__, args.nproc, ["--worker", peer, "--out", out, "--model", args.model,
+                                           "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                    peer, args.timeout)
+    run, _ = common.read_ranks(out, args.nproc, TIMES)
+    return dict(run, peer=peer)
 
 
 def summarise(runs, peers):
@@ -218,8 +196,8 @@ def summarise(runs, peers):
     for peer in peers:
         mine = [r for r in runs if r["peer"] == peer]
         row = {"peer": peer}
-        for key in ("ms_step", "ms_forward", "ms_backward", "ms_outside"):
-            row[key] = statistics.median(r[key] for r in mine)
+        for key in TIMES:
+            row[key] = common.median_of(mine, key)
         row["peak_rss_mib"] = statistics.median(max(r["peak_rss_mib"]) for r in mine)
         row["last_loss"] = mine[0]["last_loss"]
         rows.append(row)
@@ -228,32 +206,24 @@ def summarise(runs, peers):
 
 def markdown(rows, args):
     kinds = {"zero": "zero", "deepspeed": "DeepSpeed", "ddp": "PyTorch DDP (gloo)", "fsdp2": "PyTorch FSDP2 (gloo)"}
-    lines = [f"{args.model}, {args.nproc} processes, {args.steps} steps after {args.warmup} warm-up, "
-             f"median of {args.repeats} alternating repeats (torch {torch.__version__}, CPU)", "",
-             "| peer | ZeRO stage | ms/step | forward ms | backward ms | outside fwd+bwd ms | peak RSS MiB/process | last loss |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    table = []
     for r in rows:
         kind, _, stage = r["peer"].partition("-s")
         stage = stage or {"ddp": "(0)", "fsdp2": "(3)"}[kind]
-        lines.append(f"| {kinds[kind]} | {stage} | {r['ms_step']:.1f} | {r['ms_forward']:.1f} | {r['ms_backward']:.1f} "
-                     f"| {r['ms_outside']:.1f} | {r['peak_rss_mib']:.0f} | {r['last_loss']:.6f} |")
-    return "\n".join(lines)
+        table.append([kinds[kind], stage, *(f"{r[key]:.1f}" for key in TIMES), f"{r['peak_rss_mib']:.0f}",
+                      f"{r['last_loss']:.6f}"])
+    headers = ["peer", "ZeRO stage", "ms/step", "forward ms", "backward ms", "outside fwd+bwd ms",
+               "peak RSS MiB/process", "last loss"]
+    return "\n".join([f"{args.model}, {args.nproc} processes, {args.steps} steps after {args.warmup} warm-up, "
+                      f"median of {args.repeats} alternating repeats (torch {torch.__version__}, CPU)", "",
+                      *common.markdown_table(headers, table, left=2)])
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="mlp")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--stages", default="0,1,2,3", help="ZeRO stages for zero (and DeepSpeed)")
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--peers", default="zero,ddp,fsdp2,deepspeed",
-                   help="which to run; zero and deepspeed only when they import")
-    p.add_argument("--timeout", type=float, default=600, help="seconds for one run")
-    p.add_argument("--json", help="also write every run and the summary here")
-    p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
+    common.run_flags(p, repeats=3, timeout=600, peers="zero,ddp,fsdp2,deepspeed",
+                     stages_help="ZeRO stages for zero (and DeepSpeed)")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -262,21 +232,16 @@ def main():
     stages = [int(s) for s in args.stages.split(",") if s]
     available = {k: k in wanted for k in ("ddp", "fsdp2")}
     for kind in ("zero", "deepspeed"):
-        available[kind] = kind in wanted and importable(kind)
+        available[kind] = kind in wanted and common.importable(kind)
         if kind in wanted and not available[kind]:
             print(f"torch_peers: {kind} does not import with {sys.executable}: left out", file=sys.stderr)
     peers = ([f"zero-s{s}" for s in stages if available["zero"]] + [k for k in ("ddp", "fsdp2") if available[k]]
              + [f"deepspeed-s{s}" for s in stages if available["deepspeed"]])
     if not peers:
         raise SystemExit("torch_peers: no peer to run")
-    runs = []
     with tempfile.TemporaryDirectory() as workdir:
-        for index in range(args.repeats):
-            for peer in peers:
-                run = run_once(args, peer, workdir, index)
-                print(f"torch_peers: repeat {index + 1}/{args.repeats} {peer}: {run['ms_step']:.1f} ms/step",
-                      file=sys.stderr)
-                runs.append(run)
+        runs = common.alternate("torch_peers", args.repeats, peers,
+                                lambda peer, index: run_once(args, peer, workdir, index))
     rows = summarise(runs, peers)
     losses = [r["last_loss"] for r in rows]
     spread = (max(losses) - min(losses)) / max(abs(min(losses)), 1e-12)

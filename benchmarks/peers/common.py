@@ -1,0 +1,183 @@
+"""What the side-by-side harnesses in this folder share (torch_peers.py, mlp_peers.py).
+
+The driver half: launching a child with a time limit and reading its peak RSS (wait4), launching N
+Python workers of a script under `python -m torch.distributed.run`, alternating the runs of every
+repeat, medians, markdown tables. The worker half: a rank's identity and one thread, writing and
+reading the per-rank result files. Nothing here imports torch, so the driver can start without it.
+"""
+import argparse
+import json
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RunFailed(Exception):
+    """A child that exited non-zero or ran out of time; `output` is what it printed."""
+
+    def __init__(self, what, status, output):
+        super().__init__(f"{what} failed ({status})")
+        self.what, self.status, self.output = what, status, output
+
+    def tail(self, lines=15):
+        return "\n".join(self.output.strip().splitlines()[-lines:])
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+def importable(module):
+    # From / and through initialize: run from the repository root, `import zero` alone would find
+    # the C++ sources' zero/ directory as a namespace package.
+    return subprocess.run([sys.executable, "-c", f"import {module}; {module}.initialize"], capture_output=True,
+                          cwd="/").returncode == 0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_thread_env(**extra):
+    return dict(os.environ, OMP_NUM_THREADS="1", **extra)
+
+
+def run_child(cmd, what, env=None, timeout=None, cwd=None):
+    """Runs cmd to its end: returns (output, rusage), the rusage from wait4 (ru_maxrss: the largest
+    of the child and the descendants it waited for, KiB). Raises RunFailed on a non-zero exit or
+    when `timeout` seconds pass (then the child's session gets SIGTERM, SIGKILL 10 s later)."""
+    with tempfile.TemporaryFile(mode="w+") as out:
+        proc = subprocess.Popen([str(c) for c in cmd], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True)
+        expired = threading.Event()
+
+        def stop(sig):
+            expired.set()
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+        timers = [threading.Timer(timeout, stop, (signal.SIGTERM,)), threading.Timer(timeout + 10, stop, (signal.SIGKILL,))] \
+            if timeout else []
+        for t in timers:
+            t.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            for t in timers:
+                t.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        out.seek(0)
+        text = out.read()
+    if expired.is_set():
+        raise RunFailed(what, f"no end after {timeout:g} s", text)
+    if proc.returncode != 0:
+        raise RunFailed(what, f"exit {proc.returncode}", text)
+    return text, usage
+
+
+def torchrun(script, nproc, worker_args, what, timeout, env=None):
+    """N processes of `script worker_args...` under torch.distributed.run (RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT set; one OpenMP thread each). Returns the launcher's output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           "--master-port", str(free_port()), os.path.abspath(script), *worker_args]
+    try:
+        return run_child(cmd, what, env=env or one_thread_env(), timeout=timeout)[0]
+    except RunFailed as e:
+        # The launcher ends with its own traceback and a report box: keep what the workers printed,
+        # and of the box the lines naming each failed rank's exit code.
+        end = e.output.rfind("ChildFailedError")
+        start = e.output.rfind("Traceback (most recent call last):", 0, end)
+        if end >= 0 and start >= 0:
+            codes = [line.strip() for line in e.output[end:].splitlines() if "exitcode" in line]
+            e.output = e.output[:start] + "\n".join(["torch.distributed.run:", *codes])
+        raise
+
+
+def alternate(name, repeats, labels, run_one, keep_going=False):
+    """Every repeat runs every label once, in order (A B C A B C ...), so a machine busy with
+    something else slows all alike. run_one(label, index) returns a dict with "ms_step". A failed
+    run prints its tail and ends the harness (exit 1), or with keep_going is recorded and skipped."""
+    runs = []
+    for index in range(repeats):
+        for label in labels:
+            try:
+                run = run_one(label, index)
+            except RunFailed as e:
+                message = f"{name}: repeat {index + 1}/{repeats} {label} failed ({e.status}):\n{e.tail()}"
+                if not keep_going:
+                    raise SystemExit(message)
+                print(f"{message}\n{name}: --keep-going: recorded, going on", file=sys.stderr)
+                run = {"failed": True, "status": e.status, "output_tail": e.tail(40)}
+            else:
+                print(f"{name}: repeat {index + 1}/{repeats} {label}: {run['ms_step']:.1f} ms/step", file=sys.stderr)
+            runs.append(dict(run, label=label, repeat=index))
+    return runs
+
+
+def median_of(runs, key):
+    values = [r[key] for r in runs if not r.get("failed")]
+    return statistics.median(values) if values else None
+
+
+def run_flags(p, repeats, timeout, peers, stages_help):
+    """The flags every harness here has; the caller adds its own."""
+    p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--stages", default="0,1,2,3", help=stages_help)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--peers", default=peers, help="which to run; those that cannot run here are left out, with a message")
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds for one run")
+    p.add_argument("--json", help="also write every run and the summary here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+
+
+def markdown_table(headers, rows, left=1):
+    """Lines of a markdown table; the first `left` columns aligned left, the others right."""
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join("---" if i < left else "---:" for i in range(len(headers))) + "|"]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+# --- the workers -------------------------------------------------------------------------------
+
+def worker_rank():
+    """(rank, world size) from the launcher's environment; this process computes on one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def peak_rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def write_rank(out, rank, result):
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+def read_ranks(out, nproc, time_keys):
+    """The ranks' results as one: the slowest rank's times (collectives keep the ranks in step, so
+    the slowest rank's step is the step), every rank's peak RSS, the mean of the last losses."""
+    ranks = []
+    for r in range(nproc):
+        with open(f"{out}.rank{r}.json") as f:
+            ranks.append(json.load(f))
+    merged = {key: max(r[key] for r in ranks) for key in time_keys}
+    merged["peak_rss_mib"] = [r["peak_rss_mib"] for r in ranks]
+    merged["last_loss"] = sum(r["last_loss"] for r in ranks) / len(ranks)
+    return merged, ranks

@@ -23,7 +23,7 @@ namespace {
 using zero::dscheckpoint::testing::error_of;
 using zero::dscheckpoint::testing::TempDir;
 
-const std::string kFixtures = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints";
+using zero::dscheckpoint::testing::kFixtures;
 
 struct Kind {
   const char* fixture;

@@ -24,7 +24,7 @@ namespace {
 using zero::dscheckpoint::testing::error_of;
 using zero::dscheckpoint::testing::TempDir;
 
-const std::string kFixtures = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints";
+using zero::dscheckpoint::testing::kFixtures;
 const char* const kFixtureNames[] = {"zero1_world2_fp32", "zero2_world2_fp32", "zero3_world2_fp32"};
 
 std::string slurp(const fs::path& p) {

@@ -22,7 +22,7 @@ namespace {
 using zero::dscheckpoint::testing::error_of;
 using zero::dscheckpoint::testing::TempDir;
 
-const std::string kFixtures = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints";
+using zero::dscheckpoint::testing::kFixtures;
 const std::string kOptim0 =
     kFixtures + "/zero1_world2_fp32/step5/zero_pp_rank_0_mp_rank_00_optim_states.pt";
 

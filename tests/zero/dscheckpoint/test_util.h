@@ -8,6 +8,9 @@
 
 namespace zero::dscheckpoint::testing {
 
+// The real DeepSpeed checkpoints the tests read (tests/data/deepspeed_checkpoints/README.md).
+inline const std::string kFixtures = std::string(ZERO_TEST_DATA_DIR) + "/deepspeed_checkpoints";
+
 using TempDir = zero::test::TempDir;  // tests/temp_dir.h
 
 // What f() throws as zero::IoError; empty when it does not throw.

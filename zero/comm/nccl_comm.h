@@ -14,7 +14,8 @@
 // makes the others fail with a CommError instead of hanging.
 //
 // Reductions: fp32 and fp64 go to NCCL as they are (ncclSum, ncclAvg, ncclMax), in NCCL's order
-// (ring or tree): results agree with InProcComm within rounding, not bitwise, as with MpiComm.
+// (ring or tree): results agree with InProcComm within rounding, not bitwise (MpiComm, which
+// reduces in rank order itself, is bitwise).
 // bf16/fp16 Sum and Avg are widened to fp32 in stream-ordered scratch, reduced in fp32 and
 // rounded once at the end, as the contract says (Avg multiplies the fp32 sum by 1/size() where
 // the contract divides: within one rounding of fp32 before the final rounding to 16 bits).

@@ -71,17 +71,4 @@ void narrow_from_f32(const float* src, void* dst, std::size_t elems, DType dtype
   }
 }
 
-void divide_in_place(void* data, std::size_t elems, DType dtype, int divisor) {
-  if (dtype == DType::F32) {
-    auto* x = static_cast<float*>(data);
-    const auto d = static_cast<float>(divisor);
-    for (std::size_t i = 0; i < elems; ++i) x[i] /= d;
-  } else {
-    ZERO_ASSERT(dtype == DType::F64);
-    auto* x = static_cast<double*>(data);
-    const auto d = static_cast<double>(divisor);
-    for (std::size_t i = 0; i < elems; ++i) x[i] /= d;
-  }
-}
-
 }  // namespace zero::comm_detail

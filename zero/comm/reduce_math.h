@@ -32,12 +32,9 @@ inline std::pair<std::size_t, std::size_t> chunk_bounds(std::size_t elems, int n
   return {begin, begin + base + (qq < extra ? 1 : 0)};
 }
 
-// 16-bit <-> fp32 conversion of whole buffers (MpiComm widens 16-bit sums through fp32).
+// 16-bit <-> fp32 conversion of whole buffers.
 void widen_to_f32(const void* src, float* dst, std::size_t elems, DType dtype);
 // dst[i] = round(src[i] / divisor) (divisor 1 for a sum, size() for Avg).
 void narrow_from_f32(const float* src, void* dst, std::size_t elems, DType dtype, float divisor);
-
-// x[i] /= divisor, for fp32 and fp64 buffers.
-void divide_in_place(void* data, std::size_t elems, DType dtype, int divisor);
 
 }  // namespace zero::comm_detail

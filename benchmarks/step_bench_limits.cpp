@@ -121,7 +121,10 @@ PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
   const bool check_overflow =
       cfg.fp16.enabled || (cfg.bf16.enabled && cfg.bf16.check_grad_overflow);
   PhaseBytes b;
-  if (stage <= 1) b.accumulate = N * (g + a);  // the micro-step's gradients into the window's
+  // At stage 0/1 the micro-step's gradients become the window's accumulation buffer: taken as
+  // they are when the dtypes agree (no bytes), converted into it when they differ.
+  const DType accum_dtype = cfg.data_types.grad_accum_dtype.value_or(cfg.model_dtype);
+  if (stage <= 1 && accum_dtype != cfg.model_dtype) b.accumulate = N * (g + a);
   b.pack = N * ((stage <= 1 ? a : g) + c);     // every rank's chunks, in the communication dtype
   b.reduce = N * c + S * c + (stage == 0 ? 2 * (N - S) * c : 0);
   b.unpack = domains * S * (c + a);

@@ -199,12 +199,7 @@ def worker(args):
     common.write_rank(args.out, rank, dict(info, rank=rank, world=world, ms_step=med[0], ms_batch_fwd_bwd=med[1],
                                            ms_opt=med[2], peak_rss_mib=common.peak_rss_mib(),
                                            last_loss=loss.item()))
-    # Out at once, without the interpreter's and the C++ libraries' teardown: in about one run of
-    # three, DeepSpeed's ranks abort there ("terminate called without an active exception", no
-    # Python frame left) after everything is written, and the run would count as failed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    common.exit_worker()
 
 
 # --- the driver: one run -----------------------------------------------------------------------

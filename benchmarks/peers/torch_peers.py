@@ -175,6 +175,7 @@ def worker(args):
     result = {"rank": rank, "world": world, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
               "ms_outside": med[3], "peak_rss_mib": common.peak_rss_mib(), "last_loss": loss.item()}
     common.write_rank(args.out, rank, result)
+    common.exit_worker()
 
 
 # --- the driver --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // each next to its roofline measured in the same run: kernels::traffic_probe_cpu moves the same
 // bytes in the same pattern (same arrays, tiles, threads) with no optimizer arithmetic.
 // The result is validated against the scalar path before timing.
+#include <fmt/format.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -117,10 +118,10 @@ struct Arrays {
   Buffer master, grad_f32, grad_bf16, state0_f32, state1_f32, state0_bf16, state1_bf16, out_bf16;
 };
 
-// First touch from the same threads and tiles the kernels use, so pages sit where they run.
-Arrays make_arrays(std::size_t n, int threads) {
-  Arrays a{allocate(4 * n), allocate(4 * n), allocate(2 * n), allocate(4 * n),
-           allocate(4 * n), allocate(2 * n), allocate(2 * n), allocate(2 * n)};
+// The starting values, written from the same threads and tiles the kernels use (the first
+// touch puts the pages where they run). Refilled before every case: a case's steps and traffic
+// probes drift the values (after enough of them to NaN), and every case validates from the start.
+void fill_arrays(const Arrays& a, std::size_t n, int threads) {
   auto* master = static_cast<float*>(a.master.get());
   auto* g32 = static_cast<float*>(a.grad_f32.get());
   auto* g16 = static_cast<std::uint16_t*>(a.grad_bf16.get());
@@ -144,6 +145,12 @@ Arrays make_arrays(std::size_t n, int threads) {
                                      out[i] = 0;
                                    }
                                  });
+}
+
+Arrays make_arrays(std::size_t n, int threads) {
+  Arrays a{allocate(4 * n), allocate(4 * n), allocate(2 * n), allocate(4 * n),
+           allocate(4 * n), allocate(2 * n), allocate(2 * n), allocate(2 * n)};
+  fill_arrays(a, n, threads);
   return a;
 }
 
@@ -200,8 +207,21 @@ struct Sample {
   }
 };
 
-bool same_bytes(const void* a, const void* b, std::size_t bytes) {
-  return std::memcmp(a, b, bytes) == 0;
+// Where two arrays of `elems` elements of `elem_bytes` first differ, or "" if they do not:
+// "master[17]: 0x3f800000 vs 0x3f800001".
+std::string first_difference(const char* name, const void* expected, const void* actual,
+                             std::size_t elems, std::size_t elem_bytes, std::size_t first) {
+  const auto* e = static_cast<const std::byte*>(expected);
+  const auto* a = static_cast<const std::byte*>(actual);
+  for (std::size_t i = 0; i < elems; ++i) {
+    if (std::memcmp(e + i * elem_bytes, a + i * elem_bytes, elem_bytes) == 0) continue;
+    std::uint32_t ve = 0, va = 0;
+    std::memcpy(&ve, e + i * elem_bytes, elem_bytes);
+    std::memcpy(&va, a + i * elem_bytes, elem_bytes);
+    return fmt::format("{}[{}]: scalar 0x{:0{}x}, benchmarked 0x{:0{}x}", name, first + i, ve,
+                       2 * elem_bytes, va, 2 * elem_bytes);
+  }
+  return "";
 }
 
 // One step on the full arrays with the benchmarked ISA and threads must equal, bit for bit, the
@@ -220,19 +240,24 @@ void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& 
     kernels::optimizer_step_cpu(c.hyper, scalars, s.view, {1, kernels::Isa::Scalar});
     const std::size_t first = starts[k];
     const std::size_t sb = dtype_size(t.state_dtype);
-    bool ok = same_bytes(s.master.data(), t.master + first, window * 4);
-    if (states > 0)
-      ok = ok &&
-           same_bytes(s.state0.data(), static_cast<std::byte*>(t.state0) + first * sb, window * sb);
-    if (states > 1)
-      ok = ok &&
-           same_bytes(s.state1.data(), static_cast<std::byte*>(t.state1) + first * sb, window * sb);
-    if (t.param_out != nullptr) {
-      ok = ok &&
-           same_bytes(s.out.data(), static_cast<std::byte*>(t.param_out) + first * 2, window * 2);
+    std::string diff = first_difference("master", s.master.data(), t.master + first, window, 4,
+                                        first);
+    if (diff.empty() && states > 0) {
+      diff = first_difference("state0", s.state0.data(),
+                              static_cast<std::byte*>(t.state0) + first * sb, window, sb, first);
     }
-    ZERO_CHECK(ok, "kernels bench: {} differs from the scalar path near element {}",
-               kernels::optimizer_name(c.hyper.kind), first);
+    if (diff.empty() && states > 1) {
+      diff = first_difference("state1", s.state1.data(),
+                              static_cast<std::byte*>(t.state1) + first * sb, window, sb, first);
+    }
+    if (diff.empty() && t.param_out != nullptr) {
+      diff = first_difference("param_out", s.out.data(),
+                              static_cast<std::byte*>(t.param_out) + first * 2, window, 2, first);
+    }
+    ZERO_CHECK(diff.empty(),
+               "kernels bench: {} (grad {}, state {}{}) differs from the scalar path: {}",
+               kernels::optimizer_name(c.hyper.kind), dtype_name(c.grad_dtype),
+               dtype_name(c.state_dtype), c.param_out ? ", bf16 param out" : "", diff);
   }
 }
 
@@ -269,6 +294,7 @@ int run_kernels(std::span<const std::string> argv) {
       for (DType state : {DType::F32, DType::BF16}) {
         for (bool param_out : {false, true}) {
           const Case c{hyper, grad, state, param_out};
+          fill_arrays(arrays, n, threads);
           const OptimizerTensors t = tensors_for(c, arrays, n);
           const int state_count = kernels::optimizer_state_count(hyper);
           validate(c, t, exec, step++);

@@ -27,7 +27,8 @@
 //
 // Stage 3 "gather" is reported as the engine times it: time inside gather(), with whatever the
 // ParamFetcher does under the config's defaults (DeepSpeed's stage3_prefetch_bucket_size and
-// persistence thresholds). "prefetch" says whether it issued any prefetch in the timed steps;
+// persistence thresholds). Stage 3 runs twice, prefetch off and on ("prefetch_enabled");
+// "prefetch" says whether it issued any prefetch in the timed steps;
 // "gather_wait" is every wait for a unit all-gather, including the re-gather of persistent units
 // at the end of step(), which is outside gather().
 #include "benchmarks/step_bench.h"

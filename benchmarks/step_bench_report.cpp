@@ -156,6 +156,7 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     j["step_limit_ratio"] = sig4(f.step_limit_ratio);
     j["buckets_per_step"] = static_cast<double>(p.buckets) / f.counted_steps;
     j["gathers_per_step"] = static_cast<double>(p.gathers) / f.counted_steps;
+    j["prefetch_enabled"] = f.prefetch_enabled;
     j["prefetch"] = f.prefetch_enabled && p.prefetches > 0;
     if (f.gather_hidden_fraction) j["gather_hidden_fraction"] = sig4(*f.gather_hidden_fraction);
     j["prefetches_per_step"] = static_cast<double>(p.prefetches) / f.counted_steps;

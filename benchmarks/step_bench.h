@@ -28,6 +28,8 @@ namespace zero::bench::step_bench {
 using Clock = std::chrono::steady_clock;
 
 constexpr int kSyntheticLayers = 8;
+// The synthetic workload's forward stand-in reads each gathered unit this many times.
+constexpr int kForwardPasses = 4;
 
 struct StepArgs {
   bool json = false;
@@ -67,6 +69,7 @@ nlohmann::json make_config_json(const StepArgs& args, int stage, bool prefetch);
 struct RankResult {
   std::vector<double> step_s;  // counted steps (rank 0's are reported)
   EngineTimings timings;       // over the counted steps
+  double model_s = 0;          // over the counted steps: the trainer's own work (Trainer)
   MemorySnapshot memory;
   std::size_t optimizer_elems = 0;  // fp32 master elements this rank updates per step
   std::size_t optimizer_bytes_per_elem = 0;
@@ -92,16 +95,18 @@ double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape,
 // the rank's partition: what no implementation of the phase can avoid, whatever it overlaps.
 // optimizer_elems / optimizer_bytes_per_elem: the optimizer's (RankResult); gathered_elems:
 // stage 3's unit elements all-gathered per step (EngineTimings::gathered_elems per step).
+// `model` is the trainer's own traffic with the synthetic workload (its forward stand-in's reads
+// and its gradient writes; 0 for --model, whose matrix products are not bound by memory).
 struct PhaseBytes {
-  double accumulate = 0, pack = 0, reduce = 0, unpack = 0, norm = 0, optimizer = 0, all_gather = 0,
-         gather = 0;
+  double model = 0, accumulate = 0, pack = 0, reduce = 0, unpack = 0, norm = 0, optimizer = 0,
+         all_gather = 0, gather = 0;
   double total() const {
-    return accumulate + pack + reduce + unpack + norm + optimizer + all_gather + gather;
+    return model + accumulate + pack + reduce + unpack + norm + optimizer + all_gather + gather;
   }
 };
 PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
                        std::size_t optimizer_elems, std::size_t optimizer_bytes_per_elem,
-                       double gathered_elems);
+                       double gathered_elems, bool synthetic);
 
 // Bytes under `tag` summed over memory kinds: peak or current (step_bench_workload.cpp).
 std::size_t tag_bytes(const MemorySnapshot& m, MemoryTag tag, bool peak);
@@ -111,7 +116,8 @@ struct Figure {
   int stage = 0;
   double step_s = 0, step_mean_s = 0;
   EngineTimings per_step;  // timings / counted steps
-  double other_s = 0;      // mean step minus the engine's phases
+  double model_s = 0;      // the trainer's own work per step (RankResult::model_s)
+  double other_s = 0;      // mean step minus the engine's phases and the trainer's work
   double optimizer_gbps = 0, memcpy_gbps = 0, probe_gbps = 0;
   std::size_t optimizer_elems = 0, optimizer_bytes_per_elem = 0;
   std::size_t peak_bytes = 0;  // the largest over ranks of the sum of per-kind peaks

@@ -108,7 +108,7 @@ double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape,
 // reduced chunks; an all-gather copies W − 1 slices.
 PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
                        std::size_t optimizer_elems, std::size_t optimizer_bytes_per_elem,
-                       double gathered_elems) {
+                       double gathered_elems, bool synthetic) {
   const double W = world;
   const double domains = stage == 0 ? W : 1;
   const double S = static_cast<double>(optimizer_elems) / domains;
@@ -121,6 +121,9 @@ PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
   const bool check_overflow =
       cfg.fp16.enabled || (cfg.bf16.enabled && cfg.bf16.check_grad_overflow);
   PhaseBytes b;
+  // The synthetic trainer reads every parameter kForwardPasses times and copies every gradient
+  // into its slot.
+  if (synthetic) b.model = N * (kForwardPasses * m + 2 * g);
   // At stage 0/1 the micro-step's gradients become the window's accumulation buffer: taken as
   // they are when the dtypes agree (no bytes), converted into it when they differ.
   const DType accum_dtype = cfg.data_types.grad_accum_dtype.value_or(cfg.model_dtype);

@@ -54,7 +54,8 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
   p.buckets = t.buckets;
   p.gathers = t.gathers;
   p.prefetches = t.prefetches;
-  f.other_s = f.step_mean_s - (p.pack_s + p.reduce_wait_s + p.unpack_s + p.accumulate_s + p.norm_s +
+  f.model_s = r0.model_s / n;
+  f.other_s = f.step_mean_s - f.model_s - (p.pack_s + p.reduce_wait_s + p.unpack_s + p.accumulate_s + p.norm_s +
                                p.optimizer_s + p.all_gather_s + p.gather_s);
   f.optimizer_elems = r0.optimizer_elems;
   f.optimizer_bytes_per_elem = r0.optimizer_bytes_per_elem;
@@ -65,7 +66,7 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
       static_cast<double>(r0.optimizer_elems * r0.probe_bytes_per_elem) / r0.probe_s / 1e9;
   f.limit_bytes =
       phase_bytes(stage, args.world_size, cfg, r0.optimizer_elems, r0.optimizer_bytes_per_elem,
-                  static_cast<double>(t.gathered_elems) / n);
+                  static_cast<double>(t.gathered_elems) / n, !w.mlp);
   f.step_limit_s = f.limit_bytes.total() / (f.memcpy_gbps * 1e9);
   f.step_limit_ratio = f.step_limit_s / f.step_s;
   for (const RankResult& r : ranks) {
@@ -102,8 +103,8 @@ void print_header(const StepArgs& args, const Workload& w, int threads) {
       "once\n",
       w.label.c_str(), w.params, args.world_size, threads, args.precision.c_str(),
       static_cast<long long>(args.bucket_elems), args.steps - 1);
-  std::printf("%5s %8s %7s %8s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s %6s %8s %6s %8s %6s %9s\n",
-              "stage", "step", "pack", "red.wait", "unpack", "accum", "norm", "optim", "allgath",
+  std::printf("%5s %8s %7s %7s %8s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s %6s %8s %6s %8s %6s %9s\n",
+              "stage", "step", "model", "pack", "red.wait", "unpack", "accum", "norm", "optim", "allgath",
               "gather", "g.wait", "other", "opt GB/s", "cpy GB/s", "ratio", "prb GB/s", "ratio",
               "limit", "l.ratio", "peak MiB");
 }
@@ -126,7 +127,8 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     j["skipped_steps"] = f.skipped_steps;
     j["step_s"] = sig4(f.step_s);
     j["step_mean_s"] = sig4(f.step_mean_s);
-    j["breakdown_s"] = {{"pack", sig4(p.pack_s)},
+    j["breakdown_s"] = {{"model", sig4(f.model_s)},
+                        {"pack", sig4(p.pack_s)},
                         {"reduce_wait", sig4(p.reduce_wait_s)},
                         {"unpack", sig4(p.unpack_s)},
                         {"accumulate", sig4(p.accumulate_s)},
@@ -140,7 +142,8 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     const PhaseBytes& lb = f.limit_bytes;
     const double limit_gbps = f.memcpy_gbps * 1e9;
     nlohmann::ordered_json limits_s;
-    for (const auto& [name, bytes] : {std::pair{"accumulate", lb.accumulate},
+    for (const auto& [name, bytes] : {std::pair{"model", lb.model},
+                                      {"accumulate", lb.accumulate},
                                       {"pack", lb.pack},
                                       {"reduce", lb.reduce},
                                       {"unpack", lb.unpack},
@@ -180,9 +183,9 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf(
-        "%5d %8.2f %7.2f %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %8.2f %8.2f %6.3f "
-        "%8.2f %6.3f %8.2f %6.3f %9.1f\n",
-        f.stage, f.step_s * 1e3, p.pack_s * 1e3, p.reduce_wait_s * 1e3, p.unpack_s * 1e3,
+        "%5d %8.2f %7.2f %7.2f %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %8.2f %8.2f "
+        "%6.3f %8.2f %6.3f %8.2f %6.3f %9.1f\n",
+        f.stage, f.step_s * 1e3, f.model_s * 1e3, p.pack_s * 1e3, p.reduce_wait_s * 1e3, p.unpack_s * 1e3,
         p.accumulate_s * 1e3, p.norm_s * 1e3, p.optimizer_s * 1e3, p.all_gather_s * 1e3,
         p.gather_s * 1e3, p.gather_wait_s * 1e3, f.other_s * 1e3, f.optimizer_gbps, f.memcpy_gbps,
         ratio, f.probe_gbps, f.optimizer_gbps / f.probe_gbps, f.step_limit_s * 1e3,
@@ -194,13 +197,14 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
 void print_footer(const StepArgs& args, const std::vector<Figure>& figures) {
   if (args.json) return;
   std::printf(
-      "\nother = mean step minus the engine's phases but g.wait (gradient writes%s, untimed "
-      "engine work). g.wait = waiting for stage-3 all-gathers, in gather() or not (after step(), "
+      "\nmodel = the trainer's own work between engine calls (%s and the gradient writes into "
+      "the engine's slots). other = mean step minus model and the engine's phases but g.wait "
+      "(untimed engine work). g.wait = waiting for stage-3 all-gathers, in gather() or not (after step(), "
       "persistent units are re-gathered outside gather()). limit = the bytes each phase must "
-      "move (pack, reduce, unpack, norm, optimizer, all-gather or gathers; accumulate at stages "
+      "move (model (--params), pack, reduce, unpack, norm, optimizer, all-gather or gathers; accumulate at stages "
       "0/1) at the memcpy speed, summed; l.ratio = limit / step (JSON: phase_limits_s, "
       "step_limit_s, step_limit_ratio).\n",
-      args.model ? ", MLP forward/backward" : "");
+      args.model ? "the MLP's forward and backward" : "the forward stand-in's reads");
   for (const Figure& f : figures) {
     if (f.stage != 3) continue;
     std::printf("stage 3: %.1f unit all-gathers per step, %.1f of them prefetched\n",

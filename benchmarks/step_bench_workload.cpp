@@ -126,12 +126,21 @@ class Trainer {
     }
   }
 
+  // Seconds this trainer spent on its own work since construction (not in an engine call): the
+  // forward stand-in and the gradient writes (--params), or the MLP's casts, forward and
+  // backward and the gradient writes (--model).
+  double model_seconds() const { return model_s_; }
+
   StepResult step() {
     // Forward, unit by unit: with prefetch, the next units' all-gathers run on the communicator's
     // thread while this one's parameters are read.
     for (int u = 0; u < w_.units; ++u) {
       engine_.gather(u);
-      if (!w_.mlp) forward_compute(u);
+      if (!w_.mlp) {
+        const Clock::time_point start = Clock::now();
+        forward_compute(u);
+        model_s_ += seconds_since(start);
+      }
     }
     if (w_.mlp) {
       compute_mlp_grads();  // hands each unit over from backward, as its gradients are done
@@ -159,8 +168,8 @@ class Trainer {
     }
     sink_ += acc;
   }
-  static constexpr int kForwardPasses = 4;
   std::uint64_t sink_ = 0;
+  double model_s_ = 0;
 
   // Gradients in [-0.01, 0.01) that differ per rank and parameter, times the loss scale the
   // engine asks for, stored in the model dtype so a step only copies them.
@@ -185,18 +194,24 @@ class Trainer {
     for (std::size_t i = w_.specs.size(); i-- > 0;) {
       if (w_.specs[i].unit != unit) continue;
       const std::span<std::byte> slot = engine_.grad(i);
+      const Clock::time_point start = Clock::now();
       if (w_.mlp) {
         kernels::cast_cpu(grads_f32_[i].data(), DType::F32, slot.data(), dtype_,
                           grads_f32_[i].size(), exec_);
       } else {
         std::memcpy(slot.data(), grads_[i].data(), slot.size());
       }
+      model_s_ += seconds_since(start);
       engine_.grad_ready(i);
     }
     engine_.release(unit);
   }
 
+  // The model's time is the whole of this minus the hand-overs from backward (hand_over counts
+  // its own gradient writes).
   void compute_mlp_grads() {
+    const Clock::time_point start = Clock::now();
+    double hand_over_s = 0;
     for (std::size_t i = 0; i < w_.specs.size(); ++i) {
       const std::span<const std::byte> p = engine_.param(i);
       kernels::cast_cpu(p.data(), dtype_, weights_[i].data(), DType::F32, weights_[i].size(),
@@ -208,10 +223,16 @@ class Trainer {
     const std::vector<std::span<float>> grad_views(grads_f32_.begin(), grads_f32_.end());
     const models::BackwardOptions backward{
         .threads = exec_.threads,
-        .on_layer_grads = [this](std::size_t layer) { hand_over(static_cast<int>(layer)); }};
+        .on_layer_grads =
+            [&](std::size_t layer) {
+              const Clock::time_point hand_over_start = Clock::now();
+              hand_over(static_cast<int>(layer));
+              hand_over_s += seconds_since(hand_over_start);
+            }};
     (void)models::forward_backward(*w_.mlp, weight_views, batch,
                                    static_cast<float>(engine_.backward_scale()), grad_views,
                                    backward);
+    model_s_ += seconds_since(start) - hand_over_s;
   }
 
   const Workload& w_;
@@ -290,12 +311,14 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
     validate(*engine, w, r, out.warmup_steps);
 
     engine->reset_timings();
+    const double model_before = trainer.model_seconds();
     for (int k = 1; k < args.steps; ++k) {
       const Clock::time_point start = Clock::now();
       r = trainer.step();
       out.step_s.push_back(seconds_since(start));
       out.skipped_steps += r.skipped;
     }
+    out.model_s = trainer.model_seconds() - model_before;
     out.timings = engine->timings();
     out.memory = engine->memory();
     out.optimizer_elems = tag_bytes(out.memory, MemoryTag::MasterParams, false) / sizeof(float);

@@ -121,9 +121,9 @@ PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
   const bool check_overflow =
       cfg.fp16.enabled || (cfg.bf16.enabled && cfg.bf16.check_grad_overflow);
   PhaseBytes b;
-  // The synthetic trainer reads every parameter kForwardPasses times and copies every gradient
-  // into its slot.
-  if (synthetic) b.model = N * (kForwardPasses * m + 2 * g);
+  // The synthetic trainer reads every parameter (kForwardPasses times, but a unit's later passes
+  // may hit the cache, so only the first counts) and copies every gradient into its slot.
+  if (synthetic) b.model = N * (m + 2 * g);
   // At stage 0/1 the micro-step's gradients become the window's accumulation buffer: taken as
   // they are when the dtypes agree (no bytes), converted into it when they differ.
   const DType accum_dtype = cfg.data_types.grad_accum_dtype.value_or(cfg.model_dtype);

@@ -401,6 +401,7 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
 StepResult EngineImpl::step() {
   if (fetcher_) fetcher_->end_micro_step();
   finish_micro_step();
+  if (fetcher_) fetcher_->finish_order_check();
   StepResult result;
   result.loss_scale = scaler_->scale();
   result.global_steps = global_steps_;

@@ -54,6 +54,12 @@ ParamFetcher::ParamFetcher(Communicator& comm, Device& device, const FlatLayout&
 
 ParamFetcher::~ParamFetcher() {
   // Buffers handed to a collective must outlive it.
+  if (order_check_pending_) {
+    try {
+      order_check_.wait();
+    } catch (...) {
+    }
+  }
   for (Unit& u : units_) {
     if (u.state != State::InFlight) continue;
     try {
@@ -201,7 +207,15 @@ void ParamFetcher::overwrite(int unit, std::size_t offset, const std::byte* src,
 }
 
 void ParamFetcher::end_micro_step() {
-  check_same_order();
+  finish_order_check();  // the previous micro-step's, when nobody waited for it
+  if (comm_.size() > 1) {
+    const auto h = static_cast<double>(order_hash(current_) >> 11);  // exact in a double
+    order_minmax_[0] = h;
+    order_minmax_[1] = -h;
+    order_check_ = comm_.all_reduce(order_minmax_, order_minmax_, 2, DType::F64, ReduceOp::Max);
+    order_check_pending_ = true;
+    checked_ = current_;
+  }
   for (Unit& u : units_) {
     if (u.prefetched) free(u);
   }
@@ -222,21 +236,23 @@ void ParamFetcher::refresh_after_step() {
   for (Unit& u : units_) wait(u);
 }
 
-// Collective: every rank must have gathered the same units in the same order this micro-step.
-void ParamFetcher::check_same_order() {
-  if (comm_.size() == 1) return;
-  const auto h = static_cast<double>(order_hash(current_) >> 11);  // exact in a double
-  double minmax[2] = {h, -h};
-  comm_.all_reduce(minmax, minmax, 2, DType::F64, ReduceOp::Max).wait();
-  if (minmax[0] == -minmax[1]) return;
-  // Someone differs: share the orders to say where.
+void ParamFetcher::finish_order_check() {
+  if (!order_check_pending_) return;
+  order_check_pending_ = false;
+  order_check_.wait();
+  if (order_minmax_[0] != -order_minmax_[1]) explain_order_difference();
+}
+
+// Collective, entered by every rank once the ranks' orders are known to differ: shares the
+// orders of the ended micro-step (checked_) to say where, then throws.
+void ParamFetcher::explain_order_difference() {
   const auto W = static_cast<std::size_t>(comm_.size());
-  double len = static_cast<double>(current_.size());
+  double len = static_cast<double>(checked_.size());
   comm_.all_reduce(&len, &len, 1, DType::F64, ReduceOp::Max).wait();
   const auto n = static_cast<std::size_t>(len);
   std::vector<double> mine(n + 1, -1.0), all(W * (n + 1));
-  for (std::size_t i = 0; i < current_.size(); ++i) mine[i] = current_[i];
-  mine[n] = static_cast<double>(current_.size());
+  for (std::size_t i = 0; i < checked_.size(); ++i) mine[i] = checked_[i];
+  mine[n] = static_cast<double>(checked_.size());
   comm_.all_gather(mine.data(), all.data(), n + 1, DType::F64).wait();
   std::string detail;
   for (std::size_t k = 0; k < n && detail.empty(); ++k) {

@@ -68,9 +68,16 @@ class ParamFetcher {
   // unit is not gathered.
   void overwrite(int unit, std::size_t offset, const std::byte* src, std::size_t elems);
 
-  // End of a micro-step: checks that every rank gathered the same units in the same order
-  // (collective), closes the trace recording, frees prefetches that were never used.
+  // End of a micro-step: starts the check that every rank gathered the same units in the same
+  // order (collective, asynchronous), closes the trace recording, frees prefetches that were
+  // never used.
   void end_micro_step();
+  // Waits for the check end_micro_step() started and throws a CommError naming the first
+  // difference (collective when they differ). The check's all-reduce is issued before the
+  // micro-step's last gradient buckets, so a caller that drained those first waits for nothing:
+  // the check adds no rendezvous of its own. Nothing when no check is pending (the next
+  // end_micro_step() also finishes a pending one first).
+  void finish_order_check();
   // After an optimizer step changed the slices: every gathered copy is stale. Frees them and
   // re-gathers the persistent units (collective).
   void refresh_after_step();
@@ -97,7 +104,7 @@ class ParamFetcher {
   void prefetch();
   void invalidate_trace();
   void make_room(int unit);
-  void check_same_order();
+  void explain_order_difference();
 
   Communicator& comm_;
   Device& device_;
@@ -113,6 +120,11 @@ class ParamFetcher {
   Trace mode_ = Trace::Record;
   std::vector<int> trace_;    // the recorded order
   std::vector<int> current_;  // this micro-step's gathers so far
+  // The order check in flight: the ended micro-step's gathers and {hash, -hash}, max-reduced.
+  std::vector<int> checked_;
+  double order_minmax_[2] = {0, 0};
+  Work order_check_;
+  bool order_check_pending_ = false;
 };
 
 }  // namespace zero::engine_detail

@@ -148,6 +148,7 @@ TEST_CASE("ranks that gather different units get an error naming the difference,
             fetcher.gather(rank == 0 ? 1 : 4);
             fetcher.release(rank == 0 ? 1 : 4);
             fetcher.end_micro_step();
+            fetcher.finish_order_check();
           }),
       Catch::Contains("unit"));
 }

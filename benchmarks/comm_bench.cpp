@@ -1,4 +1,4 @@
-// zero-bench comm: bus bandwidth of reduce_scatter, all_gather and all_reduce, fp32 and bf16, for
+// zero-bench comm: bus bandwidth of reduce_scatter, all_gather and all_reduce, fp32, bf16 and fp16, for
 // InProcComm (W ranks as threads of this process), ShmComm (W processes this command forks, over
 // shared memory) and, when launched by mpirun, MpiComm (the job's processes). Each figure is
 // validated (a sum over ranks of known values) before it is timed: best of R single ops after a
@@ -254,7 +254,7 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args,
   for (std::size_t bytes : args.sizes_bytes) {
     const double memcpy_gbps =
         static_cast<double>(bytes) / memcpy_seconds(comm, *device, bytes, args.repetitions) / 1e9;
-    for (DType dtype : {DType::F32, DType::BF16}) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       for (Collective op :
            {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
         // Single ops, each after its own validated warm-up run; every rank gets the same

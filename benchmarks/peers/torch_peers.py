@@ -4,10 +4,16 @@ torchrun) by zero (ZeRO stages), PyTorch DDP (gloo), PyTorch FSDP2 (fully_shard,
 DeepSpeed when it imports. Runs alternate (A B C A B C ...) so that a machine busy with something
 else slows every peer alike; each figure is the median over repeats of a run's median step.
 
-Per run: ms per step; forward and backward ms; the time outside them (the engine's share:
-optimizer step, and whatever communication the peer does not overlap with backward); peak RSS
-per process (getrusage); the last step's loss, checked to agree between peers (fp32: same model
-and data, so the same trajectory up to summation order).
+Per run: ms per step; forward and backward ms as the peer runs them (with its hooks, its
+all-gathers and the reductions it overlaps with backward); the time outside them (optimizer step
+and whatever communication the peer does not overlap with backward); the engine's share: ms per
+step minus the step of a *bare* run, launched the same way (N processes at once, same model,
+batches, forward, loss and backward; no wrapper, no optimizer, no process group), so work a peer
+moves into forward or backward counts as its own, as benchmarks/peers/mlp_peers.py measures it;
+peak RSS per process (getrusage); the last step's loss, checked to agree between peers (fp32:
+same model and data, so the same trajectory up to summation order; the bare run does not train
+and is not compared). For each zero stage the driver prints its engine share over the best
+(smallest) of DDP's, FSDP2's and DeepSpeed's at that stage.
 
   python benchmarks/peers/torch_peers.py [--model mlp|transformer] [--steps 20] [--repeats 3]
                                          [--stages 0,1,2,3] [--nproc 2] [--json out.json]
@@ -122,6 +128,12 @@ def zero_config(stage, micro_batch):
 def make_trainer(peer, model, cls):
     """Returns (forward, backward, step) closures for one peer."""
     kind, _, stage = peer.partition("-s")
+    if kind == "bare":
+        def drop_grads():
+            for p in model.parameters():
+                p.grad = None
+
+        return model, lambda loss: loss.backward(), drop_grads
     if kind in ("zero", "deepspeed"):
         lib = __import__("zero" if kind == "zero" else "deepspeed")
         engine, *_ = lib.initialize(model=model, model_parameters=model.parameters(),
@@ -202,28 +214,58 @@ def summarise(runs, peers):
         row["peak_rss_mib"] = statistics.median(max(r["peak_rss_mib"]) for r in mine)
         row["last_loss"] = mine[0]["last_loss"]
         rows.append(row)
+    bare = next((r for r in rows if r["peer"] == "bare"), None)
+    for r in rows:
+        if bare is not None and r is not bare:
+            r["ms_engine"] = r["ms_step"] - bare["ms_step"]
     return rows
 
 
+def engine_ratios(rows):
+    """{zero stage: (zero's engine share, best peer, its share)} for every zero row that has a
+    peer at its stage (DDP counts at stage 0, FSDP2 at 3, DeepSpeed at its own)."""
+    by_peer = {r["peer"]: r for r in rows if "ms_engine" in r}
+    out = {}
+    for peer, r in by_peer.items():
+        kind, _, stage = peer.partition("-s")
+        if kind != "zero":
+            continue
+        others = [p for p in ("ddp", "fsdp2", f"deepspeed-s{stage}") if p in by_peer]
+        if others:
+            best = min(others, key=lambda p: by_peer[p]["ms_engine"])
+            out[int(stage)] = (r["ms_engine"], best, by_peer[best]["ms_engine"])
+    return out
+
+
 def markdown(rows, args):
-    kinds = {"zero": "zero", "deepspeed": "DeepSpeed", "ddp": "PyTorch DDP (gloo)", "fsdp2": "PyTorch FSDP2 (gloo)"}
+    kinds = {"zero": "zero", "deepspeed": "DeepSpeed", "ddp": "PyTorch DDP (gloo)", "fsdp2": "PyTorch FSDP2 (gloo)",
+             "bare": "bare forward+backward"}
     table = []
     for r in rows:
         kind, _, stage = r["peer"].partition("-s")
-        stage = stage or {"ddp": "(0)", "fsdp2": "(3)"}[kind]
-        table.append([kinds[kind], stage, *(f"{r[key]:.1f}" for key in TIMES), f"{r['peak_rss_mib']:.0f}",
-                      f"{r['last_loss']:.6f}"])
+        stage = stage or {"ddp": "(0)", "fsdp2": "(3)", "bare": ""}[kind]
+        engine = f"{r['ms_engine']:.1f}" if "ms_engine" in r else ""
+        loss = "" if kind == "bare" else f"{r['last_loss']:.6f}"
+        table.append([kinds[kind], stage, *(f"{r[key]:.1f}" for key in TIMES), engine,
+                      f"{r['peak_rss_mib']:.0f}", loss])
     headers = ["peer", "ZeRO stage", "ms/step", "forward ms", "backward ms", "outside fwd+bwd ms",
-               "peak RSS MiB/process", "last loss"]
-    return "\n".join([f"{args.model}, {args.nproc} processes, {args.steps} steps after {args.warmup} warm-up, "
-                      f"median of {args.repeats} alternating repeats (torch {torch.__version__}, CPU)", "",
-                      *common.markdown_table(headers, table, left=2)])
+               "engine ms (step - bare)", "peak RSS MiB/process", "last loss"]
+    lines = [f"{args.model}, {args.nproc} processes, {args.steps} steps after {args.warmup} warm-up, "
+             f"median of {args.repeats} alternating repeats (torch {torch.__version__}, CPU)", "",
+             *common.markdown_table(headers, table, left=2)]
+    ratios = engine_ratios(rows)
+    if ratios:
+        lines.append("")
+        for stage, (mine, best, theirs) in sorted(ratios.items()):
+            lines.append(f"zero stage {stage}: engine share {mine:.1f} ms = {mine / theirs:.2f}x the best peer's "
+                         f"({best}, {theirs:.1f} ms)")
+    return "\n".join(lines)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="mlp")
-    common.run_flags(p, repeats=3, timeout=600, peers="zero,ddp,fsdp2,deepspeed",
+    common.run_flags(p, repeats=3, timeout=600, peers="zero,ddp,fsdp2,deepspeed,bare",
                      stages_help="ZeRO stages for zero (and DeepSpeed)")
     args = p.parse_args()
     if args.worker:
@@ -238,13 +280,15 @@ def main():
             print(f"torch_peers: {kind} does not import with {sys.executable}: left out", file=sys.stderr)
     peers = ([f"zero-s{s}" for s in stages if available["zero"]] + [k for k in ("ddp", "fsdp2") if available[k]]
              + [f"deepspeed-s{s}" for s in stages if available["deepspeed"]])
+    if peers and "bare" in wanted:
+        peers.append("bare")
     if not peers:
         raise SystemExit("torch_peers: no peer to run")
     with tempfile.TemporaryDirectory() as workdir:
         runs = common.alternate("torch_peers", args.repeats, peers,
                                 lambda peer, index: run_once(args, peer, workdir, index))
     rows = summarise(runs, peers)
-    losses = [r["last_loss"] for r in rows]
+    losses = [r["last_loss"] for r in rows if r["peer"] != "bare"]
     spread = (max(losses) - min(losses)) / max(abs(min(losses)), 1e-12)
     print(markdown(rows, args))
     if spread > LOSS_SPREAD:
@@ -254,6 +298,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
                        "repeats": args.repeats, "torch": torch.__version__, "summary": rows, "runs": runs,
+                       "engine_ratios": {str(k): {"zero_ms": v[0], "best_peer": v[1], "best_peer_ms": v[2],
+                                                  "ratio": v[0] / v[2]} for k, v in engine_ratios(rows).items()},
                        "last_loss_spread": spread}, f, indent=1)
     return 1 if spread > LOSS_SPREAD else 0
 

@@ -11,6 +11,7 @@
 #include "zero/comm/comm_thread.h"
 #include "zero/comm/shm_group.h"
 #include "zero/comm/shm_transport.h"
+#include "zero/device/shared_host_arena.h"
 
 namespace zero {
 namespace comm_detail {
@@ -71,6 +72,9 @@ class ShmComm final : public Communicator {
   std::string backend_name() const override { return "shm"; }
   ShmTransport transport() const {
     return group_->cross_memory_attach() ? ShmTransport::CrossMemoryAttach : ShmTransport::Segment;
+  }
+  ShmReadStats read_stats() const {
+    return {group_->read_stats().direct_bytes, group_->read_stats().kernel_bytes};
   }
 
  protected:
@@ -192,6 +196,9 @@ std::unique_ptr<Communicator> make_shm_communicator(const std::string& name, int
   ZERO_CHECK_AS(CommError, tuning.piece_bytes % 8 == 0,
                 "make_shm_communicator: piece_bytes {} must be a multiple of 8",
                 tuning.piece_bytes);
+  // Buffers the engine allocates from now on come from the shared host arena, which the peers
+  // map at bootstrap and read without a kernel copy.
+  (void)SharedHostArena::enable();
   comm_detail::ShmJoinArgs join;
   join.name = name;
   join.rank = rank;
@@ -203,6 +210,11 @@ std::unique_ptr<Communicator> make_shm_communicator(const std::string& name, int
 
 std::optional<ShmTransport> shm_transport(const Communicator& comm) {
   if (const auto* shm = dynamic_cast<const comm_detail::ShmComm*>(&comm)) return shm->transport();
+  return std::nullopt;
+}
+
+std::optional<ShmReadStats> shm_read_stats(const Communicator& comm) {
+  if (const auto* shm = dynamic_cast<const comm_detail::ShmComm*>(&comm)) return shm->read_stats();
   return std::nullopt;
 }
 

@@ -8,7 +8,9 @@
 // flag, and staging windows.
 //
 // Data: with cross-memory attach (process_vm_readv(2), probed at bootstrap between every pair of
-// ranks) a rank reads its peers' buffers directly, as InProcComm's threads do: the rank that
+// ranks) a rank reads its peers' buffers directly, as InProcComm's threads do (and with plain
+// loads when a buffer lies in the peer's shared host arena, which make_shm_communicator enables
+// and every rank maps at bootstrap; see zero/device/shared_host_arena.h): the rank that
 // owns an output chunk reduces it, reading the inputs of ranks 0, 1, ..., N-1 in that order in
 // cache-sized pieces. Without it (another pid namespace, ptrace forbidden), every rank copies
 // its input through its staging windows in the segment, round by round, and the same reduction
@@ -29,6 +31,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,6 +71,17 @@ std::unique_ptr<Communicator> make_shm_communicator(const std::string& name, int
 
 // The transport a ShmComm settled on at bootstrap (never Auto); nullopt for another backend.
 std::optional<ShmTransport> shm_transport(const Communicator& comm);
+// Bytes a ShmComm rank has read from its peers' buffers since it was made: in place, out of a
+// peer's shared host arena (zero/device/shared_host_arena.h: what a CpuDevice allocates once a
+// ShmComm exists in its process), and through the kernel (process_vm_readv). The segment
+// transport counts neither. nullopt for another backend. Call it after the Work of the
+// collectives it should count has completed.
+struct ShmReadStats {
+  std::uint64_t direct_bytes = 0;
+  std::uint64_t kernel_bytes = 0;
+};
+std::optional<ShmReadStats> shm_read_stats(const Communicator& comm);
+
 // "cma" or "segment" ("auto" for Auto).
 std::string_view shm_transport_name(ShmTransport transport);
 

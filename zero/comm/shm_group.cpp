@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <linux/futex.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -19,6 +20,8 @@
 #include <utility>
 
 #include "zero/base/error.h"
+#include "zero/base/log.h"
+#include "zero/device/shared_host_arena.h"
 
 namespace zero::comm_detail {
 
@@ -88,6 +91,9 @@ ShmGroup::ShmGroup(ShmSegment segment, const ShmJoinArgs& args)
 ShmGroup::~ShmGroup() {
   store_release(slot(rank_).state, static_cast<std::uint32_t>(kRankClosed));
   ring();
+  for (const PeerArena& a : arenas_) {
+    if (a.local != nullptr) ::munmap(const_cast<std::byte*>(a.local), a.bytes);
+  }
 }
 
 std::shared_ptr<ShmGroup> ShmGroup::join(const ShmJoinArgs& in) {
@@ -109,6 +115,12 @@ std::shared_ptr<ShmGroup> ShmGroup::join(const ShmJoinArgs& in) {
   mine.process = current_process();
   mine.probe_address = reinterpret_cast<std::uint64_t>(&g->probe_word_);
   mine.probe_value = g->probe_word_;
+  mine.arena_fd = -1;
+  if (const SharedHostArena* arena = SharedHostArena::get()) {
+    mine.arena_fd = arena->fd();
+    mine.arena_base = arena->base();
+    mine.arena_bytes = arena->reserve_bytes();
+  }
   store_release(mine.state, static_cast<std::uint32_t>(kRankAttached));
 
   const ShmOp op{fmt::format("bootstrap of segment {}", ShmSegment::path_of(args.name)), 0,
@@ -122,7 +134,43 @@ std::shared_ptr<ShmGroup> ShmGroup::join(const ShmJoinArgs& in) {
   }
   g->segment_.unlink_name();
   g->probe_cross_memory_attach(op);
+  if (g->cma_) g->map_peer_arenas();
   return g;
+}
+
+// Needs what cross-memory attach needs (PTRACE_MODE_READ on the peer, for /proc/<pid>/fd); a
+// peer whose arena cannot be mapped is read through the kernel, as without one.
+void ShmGroup::map_peer_arenas() {
+  arenas_.assign(static_cast<std::size_t>(size_), PeerArena{});
+  for (int q = 0; q < size_; ++q) {
+    const ShmRankSlot& peer = slot(q);
+    if (q == rank_ || peer.arena_fd < 0 || peer.arena_bytes == 0) continue;
+    const std::string path = fmt::format("/proc/{}/fd/{}", peer.process.pid, peer.arena_fd);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    void* local = MAP_FAILED;
+    if (fd >= 0) {
+      local = ::mmap(nullptr, peer.arena_bytes, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
+      ::close(fd);
+    }
+    if (local == MAP_FAILED) {
+      log::note("ShmComm: cannot map {}'s shared host arena ({}: {}); its buffers are read "
+                "through the kernel",
+                rank_name(q), path, std::strerror(errno));
+      continue;
+    }
+    arenas_[static_cast<std::size_t>(q)] = {peer.arena_base, peer.arena_bytes,
+                                            static_cast<const std::byte*>(local)};
+  }
+}
+
+const void* ShmGroup::direct(int q, std::uint64_t remote, std::size_t bytes) const {
+  if (arenas_.empty()) return nullptr;
+  const PeerArena& a = arenas_[static_cast<std::size_t>(q)];
+  if (a.local == nullptr || remote < a.remote_base || remote - a.remote_base > a.bytes ||
+      bytes > a.bytes - (remote - a.remote_base)) {
+    return nullptr;
+  }
+  return a.local + (remote - a.remote_base);
 }
 
 void ShmGroup::probe_cross_memory_attach(const ShmOp& op) {
@@ -337,6 +385,7 @@ void ShmGroup::read_peer(int q, std::uint64_t remote, void* local, std::size_t b
                          const ShmOp& op) {
   const pid_t pid = slot(q).process.pid;
   auto* dst = static_cast<char*>(local);
+  stats_.kernel_bytes += bytes;
   while (bytes > 0) {
     iovec l{dst, bytes};
     iovec r{reinterpret_cast<void*>(remote), bytes};

@@ -94,6 +94,17 @@ class ShmGroup {
   // Copies `bytes` at address `remote` of rank q's process to `local` (cross-memory attach).
   // Fails the op (see fail()) if q exited or the memory cannot be read.
   void read_peer(int q, std::uint64_t remote, void* local, std::size_t bytes, const ShmOp& op);
+  // Where `bytes` at address `remote` of rank q's process can be read with plain loads in this
+  // one (its shared host arena, mapped here at bootstrap), or null: then read_peer() them.
+  const void* direct(int q, std::uint64_t remote, std::size_t bytes) const;
+
+  // Bytes this rank read from peers so far: directly from their arenas, and through the kernel.
+  struct ReadStats {
+    std::uint64_t direct_bytes = 0;
+    std::uint64_t kernel_bytes = 0;
+  };
+  const ReadStats& read_stats() const { return stats_; }
+  void count_direct(std::size_t bytes) { stats_.direct_bytes += bytes; }
 
   // "rank 1 (pid 1234)".
   std::string rank_name(int q) const;
@@ -111,6 +122,14 @@ class ShmGroup {
   std::optional<std::string> gone(int q);
   std::string prefix() const;
   void probe_cross_memory_attach(const ShmOp& op);
+  void map_peer_arenas();
+
+  // A peer's shared host arena as mapped in this process (read-only).
+  struct PeerArena {
+    std::uint64_t remote_base = 0;
+    std::uint64_t bytes = 0;
+    const std::byte* local = nullptr;
+  };
 
   ShmSegment segment_;
   const int rank_;
@@ -122,6 +141,8 @@ class ShmGroup {
   std::uint64_t step_ = 0;             // barriers passed; the communication thread only
   bool cma_ = false;
   std::uint64_t probe_word_ = 0;  // what peers read to test cross-memory attach
+  std::vector<PeerArena> arenas_;  // per rank; empty ones are not mapped
+  ReadStats stats_;                // the communication thread only
 };
 
 }  // namespace zero::comm_detail

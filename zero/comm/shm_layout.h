@@ -17,7 +17,7 @@
 namespace zero::comm_detail {
 
 constexpr std::uint64_t kShmMagic = 0x316d68736f72657aull;  // "zeroshm1", little-endian
-constexpr std::uint32_t kShmLayoutVersion = 1;
+constexpr std::uint32_t kShmLayoutVersion = 2;
 constexpr std::size_t kShmAbortReasonBytes = 1024;
 
 template <typename T>
@@ -63,6 +63,12 @@ struct alignas(64) ShmRankSlot {
   // Cross-memory attach probe: peers read 8 bytes at probe_address and expect probe_value.
   std::uint64_t probe_address;
   std::uint64_t probe_value;
+  // The rank's shared host arena (zero/device/shared_host_arena.h): its memfd's descriptor
+  // number in the rank's process (-1: none), where it is mapped there, and its size. Peers map
+  // it through /proc/<pid>/fd/<arena_fd> and read blocks in it directly.
+  std::int32_t arena_fd;
+  std::uint64_t arena_base;
+  std::uint64_t arena_bytes;
   ShmCall call;
 };
 

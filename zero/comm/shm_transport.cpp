@@ -27,7 +27,8 @@ const ShmCall& call_of(const ShmGroup& g, int q) {
 }
 
 // dst[i] = reduction over ranks of their send[first + i], for i < count, in pieces: each piece
-// is read from every peer into scratch, then reduced with this rank's own input in rank order.
+// is read from every peer into scratch (or, in a peer's shared host arena, in place), then
+// reduced with this rank's own input in rank order.
 void cma_reduce(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmScratch& scratch,
                 std::size_t first, std::size_t count, void* dst) {
   const int n = g.size();
@@ -45,6 +46,11 @@ void cma_reduce(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmScratc
         continue;
       }
       const std::uint64_t remote = call_of(g, q).send + offset;
+      if (const void* direct = g.direct(q, remote, m * esz)) {
+        g.count_direct(m * esz);
+        srcs[static_cast<std::size_t>(q)] = direct;
+        continue;
+      }
       char* local = scratch.for_peer(k++, remote);
       g.read_peer(q, remote, local, m * esz, op);
       srcs[static_cast<std::size_t>(q)] = local;
@@ -53,11 +59,17 @@ void cma_reduce(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmScratc
   }
 }
 
-// Copies `bytes` at `remote` in rank q to `local`. The kernel copies fast only between
+// Copies `bytes` at `remote` in rank q to `local`: a plain copy out of q's shared host arena
+// when the bytes are there, else through the kernel, which copies fast only between
 // addresses equally aligned modulo 64; otherwise the bytes go through scratch (aligned like
 // the remote) and a user-space copy.
 void cma_copy(ShmGroup& g, int q, std::uint64_t remote, void* local, std::size_t bytes,
               const ShmOp& op, ShmScratch& scratch) {
+  if (const void* direct = g.direct(q, remote, bytes)) {
+    g.count_direct(bytes);
+    std::memcpy(local, direct, bytes);
+    return;
+  }
   if (((remote ^ reinterpret_cast<std::uint64_t>(local)) & (kAlign - 1)) == 0) {
     g.read_peer(q, remote, local, bytes, op);
     return;

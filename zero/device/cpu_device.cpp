@@ -11,6 +11,7 @@
 
 #include "kernels/compute.h"
 #include "zero/base/error.h"
+#include "zero/device/shared_host_arena.h"
 
 namespace zero {
 
@@ -179,17 +180,31 @@ CpuStream& as_cpu(Stream& stream) {
 }
 
 // Aligned host memory. Large blocks are page aligned so they can later be registered for DMA or
-// O_DIRECT I/O.
+// O_DIRECT I/O, and come from the process's shared host arena while it is enabled (ShmComm
+// peers then read them without a kernel copy).
 class AlignedHostSource final : public BlockSource {
  public:
   void* allocate(std::size_t bytes) noexcept override {
     constexpr std::size_t kPage = 4096;
+    if (bytes >= SharedHostArena::kMinBytes) {
+      if (SharedHostArena* arena = SharedHostArena::get()) {
+        if (void* p = arena->allocate(bytes)) return p;
+      }
+    }
     const std::size_t alignment = bytes >= kPage ? kPage : Device::kMinAlignment;
     if (bytes > SIZE_MAX - alignment) return nullptr;
     const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     return std::aligned_alloc(alignment, rounded);
   }
-  void free(void* data, std::size_t /*bytes*/) noexcept override { std::free(data); }
+  void free(void* data, std::size_t bytes) noexcept override {
+    // Any arena, not get(): a block may outlive a fork, and a child's arena is not its
+    // parent's.
+    if (SharedHostArena* arena = SharedHostArena::any_containing(data)) {
+      arena->free(data, bytes);
+    } else {
+      std::free(data);
+    }
+  }
 };
 
 // Exact sizes: a block is reused only by an allocation of the same size, so the engine's

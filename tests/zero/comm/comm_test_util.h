@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -201,9 +203,14 @@ inline std::size_t output_elems(const Case& c, int world) {
   return whole ? static_cast<std::size_t>(world) * c.elems : c.elems;
 }
 
+// Where perform_case runs a collective, when not on its own vectors: a buffer of `bytes`
+// (e.g. in ShmComm's shared host arena), freed by the deleter.
+using Place = std::function<std::shared_ptr<std::byte>(std::size_t bytes)>;
+
 // Issues case `c` on `comm` with this rank's input (make_input) and waits: the output buffer
-// (output_elems) as the collective left it, -99 where it wrote nothing.
-inline Bytes perform_case(Communicator& comm, const Case& c) {
+// (output_elems) as the collective left it, -99 where it wrote nothing. With `place`, the
+// collective runs on copies of the input and output in the buffers it gives.
+inline Bytes perform_case(Communicator& comm, const Case& c, const Place& place = {}) {
   const int world = comm.size();
   const int me = comm.rank();
   const std::size_t n = c.elems;
@@ -212,40 +219,42 @@ inline Bytes perform_case(Communicator& comm, const Case& c) {
   Bytes send = make_input(c.id, c.dtype, me, in_elems);
   Bytes out(c.dtype, output_elems(c, world));
   for (std::size_t i = 0; i < out.elems(); ++i) out.set(i, -99.0);  // sentinel
+  // What an in-place call (and broadcast) starts from in the output buffer.
+  if (c.kind == Collective::Broadcast ||
+      (c.in_place && c.kind != Collective::AllGather && c.kind != Collective::Barrier)) {
+    out = send;
+  } else if (c.in_place && c.kind == Collective::AllGather) {
+    for (std::size_t i = 0; i < n; ++i) out.set(static_cast<std::size_t>(me) * n + i, send.get(i));
+  }
+  std::shared_ptr<std::byte> placed_send, placed_out;
+  void* in = send.data();
+  void* result = out.data();
+  if (place) {
+    placed_send = place(send.size_bytes());
+    placed_out = place(out.size_bytes());
+    if (send.size_bytes() > 0) std::memcpy(placed_send.get(), send.data(), send.size_bytes());
+    if (out.size_bytes() > 0) std::memcpy(placed_out.get(), out.data(), out.size_bytes());
+    in = placed_send.get();
+    result = placed_out.get();
+  }
   Work work;
   switch (c.kind) {
     case Collective::ReduceScatter:
-      if (c.in_place) {
-        out = send;
-        work = comm.reduce_scatter_in_place(out.data(), n, c.dtype, c.op);
-      } else {
-        work = comm.reduce_scatter(send.data(), out.data(), n, c.dtype, c.op);
-      }
+      work = c.in_place ? comm.reduce_scatter_in_place(result, n, c.dtype, c.op)
+                        : comm.reduce_scatter(in, result, n, c.dtype, c.op);
       break;
     case Collective::AllGather:
-      if (c.in_place) {
-        for (std::size_t i = 0; i < n; ++i)
-          out.set(static_cast<std::size_t>(me) * n + i, send.get(i));
-        work = comm.all_gather_in_place(out.data(), n, c.dtype);
-      } else {
-        work = comm.all_gather(send.data(), out.data(), n, c.dtype);
-      }
+      work = c.in_place ? comm.all_gather_in_place(result, n, c.dtype)
+                        : comm.all_gather(in, result, n, c.dtype);
       break;
     case Collective::AllReduce:
-      if (c.in_place) {
-        out = send;
-        work = comm.all_reduce(out.data(), out.data(), n, c.dtype, c.op);
-      } else {
-        work = comm.all_reduce(send.data(), out.data(), n, c.dtype, c.op);
-      }
+      work = comm.all_reduce(c.in_place ? result : in, result, n, c.dtype, c.op);
       break;
-    case Collective::Broadcast:
-      out = send;
-      work = comm.broadcast(out.data(), n, c.dtype, c.root);
-      break;
+    case Collective::Broadcast: work = comm.broadcast(result, n, c.dtype, c.root); break;
     case Collective::Barrier: work = comm.barrier(); break;
   }
   work.wait();
+  if (place && out.size_bytes() > 0) std::memcpy(out.data(), result, out.size_bytes());
   return out;
 }
 

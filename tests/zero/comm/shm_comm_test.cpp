@@ -5,8 +5,10 @@
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "zero/base/error.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
+#include "zero/device/shared_host_arena.h"
 
 using namespace std::chrono_literals;
 using zero::Collective;
@@ -41,9 +44,19 @@ ShmTuning small_steps(ShmTransport transport) {
 using zt::output_elems;
 
 // Runs one case on `comm` and copies this rank's output bytes to `out`.
-void run_case_into(Communicator& comm, const zt::Case& c, char* out) {
-  const zt::Bytes result = zt::perform_case(comm, c);
+void run_case_into(Communicator& comm, const zt::Case& c, char* out, const zt::Place& place = {}) {
+  const zt::Bytes result = zt::perform_case(comm, c, place);
   std::memcpy(out, result.data(), result.size_bytes());
+}
+
+// A buffer in this process's shared host arena (enabled by make_shm_communicator).
+std::shared_ptr<std::byte> in_arena(std::size_t bytes) {
+  zero::SharedHostArena* arena = zero::SharedHostArena::get();
+  if (arena == nullptr) throw std::runtime_error("no shared host arena after make_shm_communicator");
+  const std::size_t size = std::max<std::size_t>(bytes, 1);
+  void* p = arena->allocate(size);
+  if (p == nullptr) throw std::runtime_error("the shared host arena is full");
+  return {static_cast<std::byte*>(p), [arena, size](std::byte* q) { arena->free(q, size); }};
 }
 
 // Where each case's output lives in one rank's part of a flat buffer.
@@ -73,8 +86,10 @@ std::vector<char> inproc_outputs(int world, const OutputPlan& plan) {
 }
 
 // Forks `world` ShmComm ranks running every case; returns their outputs laid out as above.
+// With `arena`, every collective runs on buffers in the ranks' shared host arenas, and each
+// rank checks that it read its peers' bytes in place only (never through the kernel).
 std::vector<char> shm_outputs(int world, const OutputPlan& plan, const ShmTuning& tuning,
-                              std::vector<zt::RankOutcome>& outcomes) {
+                              std::vector<zt::RankOutcome>& outcomes, bool arena = false) {
   zt::SharedRegion region(static_cast<std::size_t>(world) * plan.bytes_per_rank);
   const std::string name = zt::unique_shm_name("bitwise");
   zt::ForkedRanks ranks(world, [&](int r) {
@@ -83,7 +98,14 @@ std::vector<char> shm_outputs(int world, const OutputPlan& plan, const ShmTuning
     if (zero::shm_transport(*comm) != expected) throw std::runtime_error("wrong transport");
     char* mine = region.data() + static_cast<std::size_t>(r) * plan.bytes_per_rank;
     for (std::size_t i = 0; i < plan.cases.size(); ++i)
-      run_case_into(*comm, plan.cases[i], mine + plan.offsets[i]);
+      run_case_into(*comm, plan.cases[i], mine + plan.offsets[i], arena ? in_arena : zt::Place{});
+    if (arena && world > 1) {
+      const zero::ShmReadStats stats = zero::shm_read_stats(*comm).value();
+      if (stats.direct_bytes == 0 || stats.kernel_bytes != 0) {
+        throw std::runtime_error(fmt::format("read {} bytes in place, {} through the kernel",
+                                             stats.direct_bytes, stats.kernel_bytes));
+      }
+    }
   });
   outcomes = ranks.wait();
   REQUIRE(zt::shm_files_with_prefix(name).empty());
@@ -141,6 +163,23 @@ TEST_CASE("ShmComm gives InProcComm's bits for every collective, dtype and op at
       INFO("cases that differ: " << fmt::format("{}", fmt::join(differ, "; ")));
       REQUIRE(differ.empty());
     }
+  }
+}
+
+TEST_CASE("ShmComm reads buffers in its peers' shared host arenas in place, with InProcComm's bits") {
+  const std::vector<std::size_t> sizes = {1, 1031, (std::size_t{1} << 18) + 3};  // 1 MiB + 12 B of fp32: two pieces
+  for (int world : {2, 3}) {
+    const OutputPlan plan(world, sizes);
+    const std::vector<char> expected = inproc_outputs(world, plan);
+    REQUIRE(std::any_of(expected.begin(), expected.end(), [](char b) { return b != 0; }));
+    INFO("world " << world << ", " << plan.cases.size() << " cases, buffers in the arena");
+    std::vector<zt::RankOutcome> outcomes;
+    ShmTuning tuning;
+    tuning.transport = ShmTransport::CrossMemoryAttach;
+    const std::vector<char> got = shm_outputs(world, plan, tuning, outcomes, /*arena=*/true);
+    INFO("rank failures:" << failures(outcomes));
+    for (const auto& o : outcomes) REQUIRE(o.exit_code == 0);
+    REQUIRE(std::memcmp(got.data(), expected.data(), expected.size()) == 0);
   }
 }
 

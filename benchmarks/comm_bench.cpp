@@ -186,6 +186,9 @@ struct Figure {
   double memcpy_gbps = 0;
   std::string transport;       // ShmComm's ("cma" or "segment"), else empty
   double inproc_bus_gbps = 0;  // InProcComm's figure for the same op, dtype and size, 0 if none
+  // ShmComm: of the bytes read from peers, the share read in place from their shared host
+  // arenas (the rest through process_vm_readv); negative when not counted.
+  double direct_fraction = -1;
 };
 
 void print_header(const CommArgs& args) {
@@ -208,6 +211,7 @@ void print_figure(const CommArgs& args, const Figure& f) {
   if (args.json) {
     std::string extra;
     if (!f.transport.empty()) extra += ",\"transport\":\"" + f.transport + "\"";
+    if (f.direct_fraction >= 0) extra += fmt::format(",\"direct_fraction\":{:.3f}", f.direct_fraction);
     if (compared) {
       extra += fmt::format(",\"inproc_busbw_gb_per_s\":{:.4g},\"ratio_to_inproc\":{:.3f}",
                            f.inproc_bus_gbps, vs_inproc);
@@ -261,9 +265,15 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args,
         // figures, so every rank keeps the same best.
         Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, {}, 0};
         if (transport) f.transport = shm_transport_name(*transport);
+        const std::optional<ShmReadStats> before = shm_read_stats(comm);
         for (int r = 0; r < args.repetitions; ++r) {
           const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype);
           if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
+        }
+        if (const std::optional<ShmReadStats> after = shm_read_stats(comm)) {
+          const auto direct = static_cast<double>(after->direct_bytes - before->direct_bytes);
+          const auto kernel = static_cast<double>(after->kernel_bytes - before->kernel_bytes);
+          if (direct + kernel > 0) f.direct_fraction = direct / (direct + kernel);
         }
         if (baseline != nullptr && figures.size() < baseline->size()) {
           f.inproc_bus_gbps = (*baseline)[figures.size()].timing.bus_gbps;

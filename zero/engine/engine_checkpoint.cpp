@@ -372,29 +372,59 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   }
   agree_on_failure(error);
 
-  try {
-    source->verify(rank_, world_);
-  } catch (const std::exception& e) {
-    error = fmt::format("load_checkpoint: {}", e.what());
-  }
-  agree_on_failure(error);
-
-  // Read the new partition(s) into temporaries; nothing is replaced until every rank succeeded.
+  // Each tensor is read straight into the memory that will hold it (PartitionOptimizer::
+  // replacement), its checksum computed on the way; what this rank's share of the files still
+  // needs is verified after. Nothing is replaced until every rank read and verified.
   const std::size_t P = partition_elems();
-  const std::size_t domains = static_cast<std::size_t>(num_domains());
-  std::vector<std::vector<float>> tensors(1 + names.size(), std::vector<float>(domains * P, 0.0f));
+  std::vector<PartitionOptimizer::Replacement> fresh;
   std::vector<std::vector<std::byte>> frozen(specs_.size());
   SourceCounters counters;
   try {
+    // Writes fp32 values that produce(out, first, n) makes of elements [offset, offset + count)
+    // of domain d, converting in tiles where the tensor is held in another dtype.
+    auto put = [&](const PartitionOptimizer::Replacement& r, int d, std::size_t offset,
+                   std::size_t count, const auto& produce) {
+      optimizer_->write_replacement(
+          r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
+            if (r.dtype() == DType::F32) {
+              produce(reinterpret_cast<float*>(data), first, n);
+              return;
+            }
+            std::vector<float> tile(std::min<std::size_t>(n, 1 << 16));
+            for (std::size_t b = 0; b < n; b += tile.size()) {
+              const std::size_t m = std::min(tile.size(), n - b);
+              produce(tile.data(), first + b, m);
+              combine(data + b * dtype_size(r.dtype()), r.dtype(), tile.data(), DType::F32, m);
+            }
+          });
+    };
+    // Padding and alignment gaps hold the optimizer's initial values (master weights: zero).
+    auto fill = [&](const PartitionOptimizer::Replacement& r, int d, std::size_t offset,
+                    std::size_t count, float value) {
+      put(r, d, offset, count,
+          [&](float* out, std::size_t, std::size_t n) { std::fill_n(out, n, value); });
+    };
     // Parameter by parameter (what = master, then each state), so a source that reconstructs a
     // whole parameter at a time does so once per tensor.
     for (std::size_t k = 0; k <= names.size(); ++k) {
       const std::string& what = k == 0 ? std::string("master") : names[k - 1];
+      const float init = k == 0 ? 0.0f
+                                : kernels::optimizer_state_initial_value(groups_[0].hyper,
+                                                                         static_cast<int>(k - 1));
+      fresh.push_back(optimizer_->replacement(static_cast<int>(k)));
+      const PartitionOptimizer::Replacement& r = fresh.back();
       for (int d = 0; d < num_domains(); ++d) {
+        std::size_t written = 0;
         for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
-          source->read(from[layout_to_spec_[seg.param]], what, seg.param_begin, seg.numel,
-                       tensors[k].data() + domain_offset(d) + seg.slice_offset);
+          ZERO_ASSERT(seg.slice_offset >= written);
+          fill(r, d, written, seg.slice_offset - written, init);
+          const std::size_t param = from[layout_to_spec_[seg.param]];
+          put(r, d, seg.slice_offset, seg.numel, [&](float* out, std::size_t first, std::size_t n) {
+            source->read(param, what, seg.param_begin + first, n, out);
+          });
+          written = seg.slice_offset + seg.numel;
         }
+        fill(r, d, written, P - written, init);
       }
     }
     for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -403,22 +433,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
       combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size());
     }
-    // Padding positions keep the optimizer's initial state values.
-    for (std::size_t k = 0; k < names.size(); ++k) {
-      const float init =
-          kernels::optimizer_state_initial_value(groups_[0].hyper, static_cast<int>(k));
-      if (init == 0.0f) continue;
-      for (int d = 0; d < num_domains(); ++d) {
-        std::vector<bool> covered(P, false);
-        for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
-          std::fill_n(covered.begin() + static_cast<std::ptrdiff_t>(seg.slice_offset), seg.numel,
-                      true);
-        }
-        for (std::size_t j = 0; j < P; ++j) {
-          if (!covered[j]) tensors[k + 1][domain_offset(d) + j] = init;
-        }
-      }
-    }
+    source->verify(rank_, world_);
     counters = source->counters();
   } catch (const std::exception& e) {
     error = fmt::format("load_checkpoint {}: {}", source->path(), e.what());
@@ -426,8 +441,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   agree_on_failure(error);
 
   // Commit.
-  for (std::size_t k = 0; k < tensors.size(); ++k)
-    optimizer_->assign(static_cast<int>(k), tensors[k]);
+  for (PartitionOptimizer::Replacement& r : fresh) optimizer_->adopt(std::move(r));
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (!frozen[i].empty())
       std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());

@@ -156,7 +156,6 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       !mid_window,
       "save_checkpoint: call it at an accumulation boundary (after the step() that ended the "
       "window), not with gradients of a micro-step pending");
-  const fs::path final_dir = fs::path(dir) / tag;
   const fs::path tmp_dir = fs::path(dir) / (tag + ".tmp");
   const bool with_model =
       model_16bit.value_or(cfg_.zero_optimization.gather_16bit_weights_on_model_save);
@@ -171,6 +170,24 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     }
   }
   agree_on_failure(error);
+  try {
+    save_into(dir, tag, client_state, with_model);
+  } catch (...) {
+    // Every rank has left its writes (each step ends in an agreement): nothing of a failed save
+    // stays behind. After the swap <tag>.tmp holds the previous checkpoint, removed anyway.
+    if (rank_ == 0) {
+      std::error_code ignored;
+      fs::remove_all(tmp_dir, ignored);
+    }
+    throw;
+  }
+}
+
+void EngineImpl::save_into(const std::string& dir, const std::string& tag,
+                           const nlohmann::json& client_state, bool with_model) {
+  const fs::path final_dir = fs::path(dir) / tag;
+  const fs::path tmp_dir = fs::path(dir) / (tag + ".tmp");
+  std::string error;
 
   // This rank's file.
   const std::vector<std::string> names = state_names(groups_[0].hyper);
@@ -190,7 +207,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       }
     }
     io::SafetensorsStreamWriter w((tmp_dir / mine.file).string(), decls,
-                                  {{"format", "zero-checkpoint-rank"}});
+                                  {{"format", "zero-checkpoint-rank"}}, checkpoint_write_fault_);
     // Checkpoints hold fp32 (exact for 16-bit master weights or states), converted in tiles.
     auto append_f32 = [&](const std::byte* data, DType dtype, std::size_t n) {
       if (dtype == DType::F32) {
@@ -243,7 +260,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     try {
       if (rank_ == 0)
         w.emplace((tmp_dir / "model_16bit.safetensors").string(), decls,
-                  std::map<std::string, std::string>{{"format", "pt"}});
+                  std::map<std::string, std::string>{{"format", "pt"}}, checkpoint_write_fault_);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -294,8 +311,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
         }
         m.files.push_back(std::move(f));
       }
-      write_text_durably(tmp_dir / "manifest.json", m.to_json().dump(1));
-      io::fsync_directory(tmp_dir.string());
+      write_text_durably(tmp_dir / "manifest.json", m.to_json().dump(1));  // fsyncs tmp_dir
       if (fs::exists(final_dir)) {
         // Swap atomically, so a crash leaves either the old or the new checkpoint under the tag.
         ZERO_CHECK_AS(IoError,
@@ -303,7 +319,6 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
                                   RENAME_EXCHANGE) == 0,
                       "cannot swap {} into place: {}", final_dir.string(), std::strerror(errno));
         io::fsync_directory(dir);
-        fs::remove_all(tmp_dir);
       } else {
         ZERO_CHECK_AS(IoError, ::rename(tmp_dir.c_str(), final_dir.c_str()) == 0,
                       "cannot rename {} to {}: {}", tmp_dir.string(), final_dir.string(),
@@ -316,6 +331,14 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     }
   }
   agree_on_failure(error);
+
+  // The checkpoint is complete. A previous one under the same tag now sits in <tag>.tmp: each
+  // rank removes its own file of it at once (dropping a file's cached pages is the cost), then
+  // rank 0 the rest. A failure here loses nothing; the next save removes what is left.
+  std::error_code ignored;
+  fs::remove(tmp_dir / ckpt::rank_file_name(rank_, world_), ignored);
+  if (world_ > 1) comm_.barrier().wait();
+  if (rank_ == 0) fs::remove_all(tmp_dir, ignored);
 }
 
 // What a load reads, whatever wrote it: zero's own checkpoints, or DeepSpeed's.

@@ -1,6 +1,6 @@
 // Checkpoints: exact resume at the same world size and stage, resharding to others, refusal of
-// corrupted or incomplete checkpoints (state left untouched), crash safety under SIGKILL, and a
-// manifest parser that survives arbitrary edits.
+// corrupted or incomplete checkpoints (state left untouched), crash safety under SIGKILL, failed
+// saves that leave nothing behind, and a manifest parser that survives arbitrary edits.
 #include "zero/checkpoint/checkpoint.h"
 
 #include <signal.h>
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/base/error.h"
+#include "zero/engine/engine_impl.h"
 
 namespace zero::test {
 namespace {
@@ -311,6 +313,48 @@ TEST_CASE("a load that finds a corrupted tensor after reading others leaves the 
                           Catch::Contains(ckpt::rank_file_name(rank, 2)) &&
                           Catch::Contains("corrupted"));
     CHECK(refused == untouched);
+  }
+}
+
+TEST_CASE("a save that fails with ENOSPC leaves no temporary folder and the previous checkpoint",
+          "[engine][checkpoint]") {
+  TempDir dir;
+  // Write calls of a rank file: the header, then one per tensor of this size (one piece each).
+  constexpr std::size_t kHeader = 0, kMaster = 1, kLastState = 3;
+  for (int failing : {0, 1}) {
+    for (std::size_t call : {kHeader, kMaster, kLastState}) {
+      INFO("rank " << failing << " fails write call " << call);
+      std::vector<std::string> errors(2);
+      const bool first = !fs::exists(dir.path() / "step1");
+      run_ranks(2, [&](Communicator& comm) {
+        auto device = make_device("cpu", comm.rank());
+        auto engine = small_engine(comm, *device, 0.25f);
+        auto& impl = dynamic_cast<engine_detail::EngineImpl&>(*engine);
+        if (first) engine->save_checkpoint(dir.str(), "step1");
+        if (comm.rank() == failing) {
+          impl.set_checkpoint_write_fault([&](std::size_t n) { return n == call ? ENOSPC : 0; });
+        }
+        // A new tag, and the tag `latest` names (which the save would replace).
+        for (const char* tag : {"step2", "step1"}) {
+          try {
+            engine->save_checkpoint(dir.str(), tag);
+          } catch (const IoError& e) {
+            errors[static_cast<std::size_t>(comm.rank())] += e.what();
+          }
+        }
+      });
+      for (const std::string& e : errors) CHECK_THAT(e, Catch::Contains(std::strerror(ENOSPC)));
+      std::vector<std::string> left;
+      for (const auto& entry : fs::recursive_directory_iterator(dir.path()))
+        left.push_back(fs::relative(entry.path(), dir.path()).string());
+      std::sort(left.begin(), left.end());
+      CHECK(left == std::vector<std::string>{"latest", "step1", "step1/manifest.json",
+                                             "step1/" + ckpt::rank_file_name(0, 2),
+                                             "step1/" + ckpt::rank_file_name(1, 2)});
+      CHECK(ckpt::read_latest(dir.str()) == "step1");
+      const auto reader = ckpt::CheckpointReader::open(dir.str());
+      for (int r = 0; r < 2; ++r) CHECK_NOTHROW(reader.verify_rank_file(r));
+    }
   }
 }
 

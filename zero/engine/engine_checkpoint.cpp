@@ -3,11 +3,12 @@
 // Save: every rank streams its own partition (master and optimizer states, fp32) into its own
 // safetensors file inside <dir>/<tag>.tmp/; rank 0 adds the frozen parameters, the optional
 // 16-bit model and the manifest (with every rank's checksums), fsyncs, swaps the directory into
-// place and replaces `latest` last.
+// place and replaces `latest` last. A failure anywhere removes <tag>.tmp.
 //
-// Load: every rank reads the manifest, verifies the checksums of its share of the files (file q
-// by rank q mod W), reads exactly the byte ranges of its new partition through the old layout
-// (any world size, any stage), and only then replaces its state.
+// Load: every rank reads the manifest, reads exactly the byte ranges of its new partition through
+// the old layout (any world size, any stage) into new memory (PartitionOptimizer::replacement),
+// hashing them on the way, verifies what its share of the files (file q by rank q mod W) still
+// needs, and only once every rank succeeded swaps the new memory in.
 #include <fcntl.h>
 #include <unistd.h>
 

@@ -490,8 +490,8 @@ void SafetensorsStreamWriter::append(const void* data, std::size_t bytes) {
                   "safetensors {}: {} bytes more than the declared tensors hold", path_, bytes);
     const std::uint64_t room = tensors_[current_].size_bytes() - written_in_current_;
     const std::size_t n =
-        static_cast<std::size_t>(std::min<std::uint64_t>({room, bytes, kPieceBytes}));
-    // Checksum first: it brings the piece into cache for write()'s copy.
+        static_cast<std::size_t>(std::min<std::uint64_t>({room, bytes, kWriteBytes}));
+    // Checksum first: it brings the bytes into cache for write()'s copy.
     running_[current_].update(p, n);
     write_all(p, n, tensors_[current_].name);
     p += n;

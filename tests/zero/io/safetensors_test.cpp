@@ -209,7 +209,7 @@ TEST_CASE("copy_streaming copies any length at any alignment") {
 TEST_CASE("a stream writer whose write fails with ENOSPC throws naming it and leaves no file") {
   const zero::test::TempDir dir("zero_st_fault");
   const std::string path = dir / "a.safetensors";
-  std::vector<float> a(300000, 1.0f);  // three pieces
+  std::vector<float> a(5 << 20, 1.0f);  // 20 MiB: three writes after the header
   for (std::size_t failing : {0, 1, 3}) {
     INFO("write call " << failing << " fails");
     std::size_t calls = 0;
@@ -218,7 +218,7 @@ TEST_CASE("a stream writer whose write fails with ENOSPC throws naming it and le
       return call == failing ? ENOSPC : 0;
     };
     try {
-      zero::io::SafetensorsStreamWriter w(path, {{"a", DType::F32, {300000}}}, {}, fault);
+      zero::io::SafetensorsStreamWriter w(path, {{"a", DType::F32, {5 << 20}}}, {}, fault);
       w.append(a.data(), a.size() * sizeof(float));
       w.finish();
       FAIL("no error");

@@ -5,8 +5,8 @@
 // exp_avg and exp_avg_sq) for one step, then:
 //   save   best of R saves (every rank writes its file, fsync, rename; rank 0 the manifest)
 //          vs  W threads each write()+fsync() a file of its rank file's size
-//   load   best of R loads (checksum verification of every file, then the ranged reads of each
-//          rank's new partition) vs  W threads each read its file sequentially
+//   load   best of R loads (the ranged reads of each rank's new partition, every file's checksums
+//          verified, the model copy refreshed) vs  W threads each read its file sequentially
 //   zero_to_fp32  the tool (next to zero-bench in the build tree) as a child process, its wall
 //          time and peak RSS (wait4) vs  one thread reading the master bytes and writing the
 //          consolidated file's bytes (read + write + fsync)

@@ -338,4 +338,61 @@ void SubgroupStore::update_all(const Visit& visit, const Agree& agree,
   }
 }
 
+SubgroupStore::Replacement SubgroupStore::replacement(int tensor) {
+  ZERO_ASSERT(tensor >= 0 && static_cast<std::size_t>(tensor) < tensors_.size());
+  const StoreTensor& st = tensors_[static_cast<std::size_t>(tensor)];
+  Replacement r;
+  r.tensor_ = tensor;
+  r.dtype_ = st.dtype;
+  for (const Group& g : groups_) {
+    const std::size_t bytes = (g.end - g.begin) * dtype_size(st.dtype);
+    r.begins_.push_back(g.begin);
+    Buffer b;
+    if (!g.nvme) {
+      const Buffer& old = g.memory[static_cast<std::size_t>(tensor)];
+      try {
+        b = device_.allocate(bytes, old.kind(), old.tag());
+      } catch (const OutOfMemory&) {
+        // No room for two copies under the budget: stage in host memory and copy on adopt().
+      }
+    }
+    r.swap_.push_back(!b.empty() || bytes == 0);
+    if (b.empty() && bytes > 0) b = device_.allocate(bytes, MemoryKind::Host, MemoryTag::Staging);
+    r.memory_.push_back(std::move(b));
+  }
+  r.begins_.push_back(options_.total_elems);
+  return r;
+}
+
+void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end,
+                                           const Stretch& fn) const {
+  ZERO_ASSERT(begin <= end && end <= begins_.back());
+  const std::size_t esize = dtype_size(dtype_);
+  // The first sub-group that ends after `begin`.
+  auto g = static_cast<std::size_t>(std::upper_bound(begins_.begin() + 1, begins_.end(), begin) -
+                                    (begins_.begin() + 1));
+  for (std::size_t at = begin; at < end; ++g) {
+    const std::size_t n = std::min(end, begins_[g + 1]) - at;
+    if (n > 0) fn(static_cast<std::byte*>(memory_[g].data()) + (at - begins_[g]) * esize, at, n);
+    at += n;
+  }
+}
+
+void SubgroupStore::adopt(Replacement&& r) {
+  ZERO_ASSERT(r.memory_.size() == groups_.size());
+  const auto t = static_cast<std::size_t>(r.tensor_);
+  const std::size_t esize = dtype_size(r.dtype_);
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    Group& g = groups_[i];
+    if (r.swap_[i]) {
+      std::swap(g.memory[t], r.memory_[i]);
+      continue;
+    }
+    visit_range(g.begin, g.end, true, [&](const View& v) {
+      std::memcpy(v.tensors[t], r.memory_[i].data(), (v.end - v.begin) * esize);
+    });
+  }
+  flush();
+}
+
 }  // namespace zero::offload

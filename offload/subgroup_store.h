@@ -127,6 +127,35 @@ class SubgroupStore {
   void update_all(const Visit& visit, const Agree& agree = nullptr,
                   const std::function<void()>& before_agree = nullptr);
 
+  // New values of one tensor, written where they will stay (a checkpoint load): a fresh buffer
+  // per sub-group, of the sub-group's memory kind and the tensor's tag, which adopt() swaps in;
+  // pageable host staging (tag Staging) for an NVMe sub-group, or when the kind's budget has no
+  // room for a second copy, which adopt() copies. The store is untouched until adopt(); a
+  // Replacement dropped instead leaves it exactly as it was. The buffers start uninitialized:
+  // the caller writes every element.
+  class Replacement {
+   public:
+    int tensor() const { return tensor_; }
+    DType dtype() const { return dtype_; }
+    // Calls fn(dst, first, n) for the stretches of elements [begin, end) of the whole range,
+    // one per sub-group, in order: dst holds elements [first, first + n).
+    using Stretch = std::function<void(std::byte* dst, std::size_t first, std::size_t n)>;
+    void for_range(std::size_t begin, std::size_t end, const Stretch& fn) const;
+
+   private:
+    friend class SubgroupStore;
+    int tensor_ = 0;
+    DType dtype_ = DType::F32;
+    std::vector<std::size_t> begins_;  // sub-group g holds [begins_[g], begins_[g + 1])
+    std::vector<Buffer> memory_;       // one per sub-group
+    std::vector<bool> swap_;           // adopt() swaps memory_[g] in, else copies it
+  };
+  Replacement replacement(int tensor);
+  // Makes r's values tensor r.tensor()'s: swaps each buffer it can with the sub-group's (the old
+  // one is freed with r), copies the others (NVMe sub-groups through the cache, then flush()).
+  // REQUIRES: r came from this store's replacement(). Throws IoError from the NVMe write-back.
+  void adopt(Replacement&& r);
+
  private:
   struct Group {
     std::size_t begin = 0;

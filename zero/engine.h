@@ -149,7 +149,8 @@ class Engine {
   // --- checkpoints (zero/checkpoint/checkpoint.h describes the format) ---
   // Writes this run to <dir>/<tag>: every rank its own file of partitions, rank 0 the manifest;
   // crash-safe (a temporary directory renamed into place, `latest` replaced last), so an
-  // interrupted save never damages an earlier checkpoint. `model_16bit` (default: the config's
+  // interrupted save never damages an earlier checkpoint; a failed one (e.g. ENOSPC) removes its
+  // temporary directory. `model_16bit` (default: the config's
   // stage3_gather_16bit_weights_on_model_save) also writes the whole low-precision model.
   // Collective. REQUIRES: at an accumulation boundary (after the last micro-step's step()).
   // Throws IoError naming the file on failure, on every rank.
@@ -161,9 +162,12 @@ class Engine {
   void save_checkpoint(const std::string& dir, const std::string& tag);
   // Loads <dir>/<tag> (tag empty: the one <dir>/latest names) at this engine's world size and
   // stage, whatever they were at save time: master weights, optimizer states, step counters,
-  // loss scaler and schedule position; the model copy is refreshed from the master. Verifies
-  // the manifest and every tensor's checksum first and changes nothing when anything is wrong
-  // (IoError naming the file and tensor). Returns the client state saved with it. Collective.
+  // loss scaler and schedule position; the model copy is refreshed from the master. Reads into
+  // new memory, verifying the manifest and every tensor's checksum on the way, and replaces the
+  // engine's state only once every rank succeeded: changes nothing when anything is wrong
+  // (IoError naming the file and tensor). Holds a second copy of the rank's master weights and
+  // optimizer states while it runs (host staging where a memory budget has no room for it).
+  // Returns the client state saved with it. Collective.
   // A DeepSpeed checkpoint directory (ZeRO 1/2/3, read without executing its pickles) is
   // imported the same way: fp32 master weights, Adam moments, step counters, loss scaler and
   // LR-schedule position, matched to the registered parameters by name.

@@ -302,6 +302,7 @@ CheckpointReader CheckpointReader::open(const std::string& dir, const std::strin
   }
   r.manifest_ = Manifest::from_json(j, manifest_path);
   r.readers_.resize(r.manifest_.files.size());
+  r.streams_.resize(r.manifest_.files.size());
   // Every file exists and holds what the manifest says, in size and dtype.
   for (std::size_t q = 0; q < r.manifest_.files.size(); ++q) {
     const io::SafetensorsReader& reader = r.rank_reader(static_cast<int>(q));
@@ -330,36 +331,75 @@ const io::SafetensorsReader& CheckpointReader::rank_reader(int rank) const {
   return *slot;
 }
 
-namespace {
-
-void verify_file(const io::SafetensorsReader& reader, const RankFile& f, const std::string& path) {
-  std::vector<std::byte> buf(std::size_t{8} << 20);
-  for (const auto& [name, sum] : f.tensors) {
-    io::Checksum crc;
-    for (std::uint64_t off = 0; off < sum.bytes; off += buf.size()) {
-      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), sum.bytes - off));
-      reader.read_range(name, off, buf.data(), n);
-      crc.update(buf.data(), n);
-    }
-    ZERO_CHECK_AS(
-        IoError, crc.digest() == sum.xxh3,
-        "checkpoint {}: tensor '{}' in {} is corrupted (checksum {}, the manifest says {})", path,
-        name, f.file, io::checksum_hex(crc.digest()), io::checksum_hex(sum.xxh3));
+void CheckpointReader::read_tracked(int rank, const std::string& what, std::uint64_t offset,
+                                    void* dst, std::size_t bytes) const {
+  const io::SafetensorsReader& reader = rank_reader(rank);
+  const RankFile& f = manifest_.files[static_cast<std::size_t>(rank)];
+  const auto listed = f.tensors.find(what);
+  Stream& s = streams_[static_cast<std::size_t>(rank)][what];
+  const bool continues = listed != f.tensors.end() && !s.verified && !s.out_of_order &&
+                         offset >= s.hashed_bytes && offset - s.hashed_bytes <= kMaxGapBytes;
+  if (!continues) {
+    if (!s.verified) s.out_of_order = true;
+    reader.read_range(what, offset, dst, bytes);
+    return;
   }
+  // Until the read below succeeded the stream is unusable: an exception leaves it half fed.
+  s.out_of_order = true;
+  if (offset > s.hashed_bytes) {
+    std::vector<std::byte> gap(offset - s.hashed_bytes);
+    reader.read_range(what, s.hashed_bytes, gap.data(), gap.size());
+    s.sum.update(gap.data(), gap.size());
+  }
+  reader.read_range(what, offset, dst, bytes,
+                    [&](const std::byte* piece, std::size_t n) { s.sum.update(piece, n); });
+  s.hashed_bytes = offset + bytes;
+  s.out_of_order = false;
+  if (s.hashed_bytes < listed->second.bytes) return;
+  s.verified = s.sum.digest() == listed->second.xxh3;
+  s.out_of_order = !s.verified;  // a second look reads it again, and fails again
+  ZERO_CHECK_AS(IoError, s.verified,
+                "checkpoint {}: tensor '{}' in {} is corrupted (checksum {}, the manifest says {})",
+                path_, what, f.file, io::checksum_hex(s.sum.digest()),
+                io::checksum_hex(listed->second.xxh3));
 }
 
-}  // namespace
+void CheckpointReader::verify_streams(const io::SafetensorsReader& reader, const RankFile& f,
+                                      Streams& streams) const {
+  std::vector<std::byte> piece(io::kPieceBytes);
+  for (const auto& [name, sum] : f.tensors) {
+    Stream& s = streams[name];
+    if (s.verified) continue;
+    if (s.out_of_order) s = Stream{};
+    // Through a cache-sized buffer: the bytes are only hashed, never kept.
+    for (std::uint64_t off = s.hashed_bytes; off < sum.bytes; off += piece.size()) {
+      const auto n =
+          static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), sum.bytes - off));
+      reader.read_range(name, off, piece.data(), n);
+      s.sum.update(piece.data(), n);
+    }
+    s.hashed_bytes = sum.bytes;
+    s.verified = s.sum.digest() == sum.xxh3;
+    s.out_of_order = !s.verified;
+    ZERO_CHECK_AS(
+        IoError, s.verified,
+        "checkpoint {}: tensor '{}' in {} is corrupted (checksum {}, the manifest says {})", path_,
+        name, f.file, io::checksum_hex(s.sum.digest()), io::checksum_hex(sum.xxh3));
+  }
+}
 
 void CheckpointReader::verify_rank_file(int rank) const {
   ZERO_CHECK_AS(IoError, rank >= 0 && static_cast<std::size_t>(rank) < manifest_.files.size(),
                 "checkpoint {}: no rank {}", path_, rank);
-  verify_file(rank_reader(rank), manifest_.files[static_cast<std::size_t>(rank)], path_);
+  verify_streams(rank_reader(rank), manifest_.files[static_cast<std::size_t>(rank)],
+                 streams_[static_cast<std::size_t>(rank)]);
 }
 
 void CheckpointReader::verify_model_16bit() const {
   if (!manifest_.model_16bit) return;
   const auto reader = io::SafetensorsReader::open(path_ + "/" + manifest_.model_16bit->file);
-  verify_file(reader, *manifest_.model_16bit, path_);
+  Streams streams;
+  verify_streams(reader, *manifest_.model_16bit, streams);
 }
 
 void CheckpointReader::read_param(std::size_t param, const std::string& what, std::uint64_t begin,
@@ -376,8 +416,8 @@ void CheckpointReader::read_param(std::size_t param, const std::string& what, st
     const std::uint64_t rank = flat / u.slice_elems;
     const std::uint64_t in_slice = flat % u.slice_elems;
     const std::uint64_t n = std::min(count, u.slice_elems - in_slice);
-    rank_reader(static_cast<int>(rank))
-        .read_range(what, (u.partition_offset + in_slice) * sizeof(float), out, n * sizeof(float));
+    read_tracked(static_cast<int>(rank), what, (u.partition_offset + in_slice) * sizeof(float), out,
+                 n * sizeof(float));
     out += n;
     flat += n;
     count -= n;
@@ -395,7 +435,7 @@ std::vector<std::byte> CheckpointReader::read_frozen(std::size_t param) const {
                 "checkpoint {}: tensor '{}' does not match its parameter's dtype and shape", path_,
                 name);
   std::vector<std::byte> out(t.size_bytes());
-  reader.read_raw(name, out.data(), out.size());
+  read_tracked(0, name, 0, out.data(), out.size());
   return out;
 }
 

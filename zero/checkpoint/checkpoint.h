@@ -96,6 +96,16 @@ std::string rank_file_name(int rank, int world_size);
 std::string read_latest(const std::string& dir);
 
 // A checkpoint opened for reading: the manifest and one reader per file, opened lazily.
+//
+// Checksums on the way: read_param() and read_frozen() hash what they read of a rank file piece
+// by piece while it is still in cache. A tensor read from its first byte to its last in
+// ascending order (gaps of at most kMaxGapBytes between the ranges — the padding a reader skips
+// — are read and hashed too) is verified when its last byte arrives, at no cost of its own: a
+// mismatch then throws IoError naming the file and the tensor, with `out` holding the corrupt
+// bytes, so a caller reads into memory it can drop. verify_rank_file() reads only what was not
+// hashed on the way. A reader that must not see a byte before it is verified calls
+// verify_rank_file() first (zero_to_fp32); one that reads into memory of its own may verify
+// after reading (Engine::load_checkpoint).
 // Thread safety: one thread at a time.
 class CheckpointReader {
  public:
@@ -107,25 +117,48 @@ class CheckpointReader {
   const Manifest& manifest() const { return manifest_; }
   const std::string& path() const { return path_; }
 
-  // Reads every tensor of rank `rank`'s file and compares its checksum with the manifest's.
-  // Throws IoError naming the file and the tensor on a mismatch.
+  // Compares every tensor of rank `rank`'s file with its checksum in the manifest, reading what
+  // was not hashed on the way by earlier reads. Throws IoError naming the file and the tensor on
+  // a mismatch.
   void verify_rank_file(int rank) const;
   // Same for the consolidated 16-bit model file, when there is one.
   void verify_model_16bit() const;
 
   // Elements [begin, begin + count) of trainable parameter `param` (manifest index) from tensor
-  // `what` ("master" or a state name), as fp32. Reads only the byte ranges holding them.
+  // `what` ("master" or a state name), as fp32. Reads only the byte ranges holding them (and the
+  // small gaps before them, for the checksum).
   void read_param(std::size_t param, const std::string& what, std::uint64_t begin,
                   std::uint64_t count, float* out) const;
   // The whole model copy of a frozen parameter, raw bytes in its dtype.
   std::vector<std::byte> read_frozen(std::size_t param) const;
 
  private:
+  // One tensor's checksum on the way.
+  struct Stream {
+    io::Checksum sum;
+    std::uint64_t hashed_bytes = 0;  // bytes [0, hashed_bytes) went into `sum`
+    bool out_of_order = false;       // verify_rank_file() reads it whole
+    bool verified = false;
+  };
+  using Streams = std::map<std::string, Stream>;
+
   const io::SafetensorsReader& rank_reader(int rank) const;
+  // Bytes [offset, offset + bytes) of tensor `what` of rank `rank`'s file into dst, hashed on the
+  // way when they continue the tensor's stream.
+  void read_tracked(int rank, const std::string& what, std::uint64_t offset, void* dst,
+                    std::size_t bytes) const;
+  // Completes every stream of file `f` (reading what is missing) and compares the checksums.
+  void verify_streams(const io::SafetensorsReader& reader, const RankFile& f,
+                      Streams& streams) const;
 
   std::string path_;
   Manifest manifest_;
   mutable std::vector<std::unique_ptr<io::SafetensorsReader>> readers_;
+  mutable std::vector<Streams> streams_;  // per rank file
 };
+
+// The largest gap between ranged reads of a tensor that read_param() fills to keep its checksum
+// going (padding is below 16 elements per unit slice; this leaves room).
+inline constexpr std::uint64_t kMaxGapBytes = std::uint64_t{1} << 20;
 
 }  // namespace zero::ckpt

@@ -3,11 +3,12 @@
 // Save: every rank streams its own partition (master and optimizer states, fp32) into its own
 // safetensors file inside <dir>/<tag>.tmp/; rank 0 adds the frozen parameters, the optional
 // 16-bit model and the manifest (with every rank's checksums), fsyncs, swaps the directory into
-// place and replaces `latest` last.
+// place and replaces `latest` last. A failure anywhere removes <tag>.tmp.
 //
-// Load: every rank reads the manifest, verifies the checksums of its share of the files (file q
-// by rank q mod W), reads exactly the byte ranges of its new partition through the old layout
-// (any world size, any stage), and only then replaces its state.
+// Load: every rank reads the manifest, reads exactly the byte ranges of its new partition through
+// the old layout (any world size, any stage) into new memory (PartitionOptimizer::replacement),
+// hashing them on the way, verifies what its share of the files (file q by rank q mod W) still
+// needs, and only once every rank succeeded swaps the new memory in.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -156,7 +157,6 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       !mid_window,
       "save_checkpoint: call it at an accumulation boundary (after the step() that ended the "
       "window), not with gradients of a micro-step pending");
-  const fs::path final_dir = fs::path(dir) / tag;
   const fs::path tmp_dir = fs::path(dir) / (tag + ".tmp");
   const bool with_model =
       model_16bit.value_or(cfg_.zero_optimization.gather_16bit_weights_on_model_save);
@@ -171,6 +171,24 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     }
   }
   agree_on_failure(error);
+  try {
+    save_into(dir, tag, client_state, with_model);
+  } catch (...) {
+    // Every rank has left its writes (each step ends in an agreement): nothing of a failed save
+    // stays behind. After the swap <tag>.tmp holds the previous checkpoint, removed anyway.
+    if (rank_ == 0) {
+      std::error_code ignored;
+      fs::remove_all(tmp_dir, ignored);
+    }
+    throw;
+  }
+}
+
+void EngineImpl::save_into(const std::string& dir, const std::string& tag,
+                           const nlohmann::json& client_state, bool with_model) {
+  const fs::path final_dir = fs::path(dir) / tag;
+  const fs::path tmp_dir = fs::path(dir) / (tag + ".tmp");
+  std::string error;
 
   // This rank's file.
   const std::vector<std::string> names = state_names(groups_[0].hyper);
@@ -190,7 +208,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
       }
     }
     io::SafetensorsStreamWriter w((tmp_dir / mine.file).string(), decls,
-                                  {{"format", "zero-checkpoint-rank"}});
+                                  {{"format", "zero-checkpoint-rank"}}, checkpoint_write_fault_);
     // Checkpoints hold fp32 (exact for 16-bit master weights or states), converted in tiles.
     auto append_f32 = [&](const std::byte* data, DType dtype, std::size_t n) {
       if (dtype == DType::F32) {
@@ -243,7 +261,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     try {
       if (rank_ == 0)
         w.emplace((tmp_dir / "model_16bit.safetensors").string(), decls,
-                  std::map<std::string, std::string>{{"format", "pt"}});
+                  std::map<std::string, std::string>{{"format", "pt"}}, checkpoint_write_fault_);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -294,8 +312,7 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
         }
         m.files.push_back(std::move(f));
       }
-      write_text_durably(tmp_dir / "manifest.json", m.to_json().dump(1));
-      io::fsync_directory(tmp_dir.string());
+      write_text_durably(tmp_dir / "manifest.json", m.to_json().dump(1));  // fsyncs tmp_dir
       if (fs::exists(final_dir)) {
         // Swap atomically, so a crash leaves either the old or the new checkpoint under the tag.
         ZERO_CHECK_AS(IoError,
@@ -303,7 +320,6 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
                                   RENAME_EXCHANGE) == 0,
                       "cannot swap {} into place: {}", final_dir.string(), std::strerror(errno));
         io::fsync_directory(dir);
-        fs::remove_all(tmp_dir);
       } else {
         ZERO_CHECK_AS(IoError, ::rename(tmp_dir.c_str(), final_dir.c_str()) == 0,
                       "cannot rename {} to {}: {}", tmp_dir.string(), final_dir.string(),
@@ -316,6 +332,14 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     }
   }
   agree_on_failure(error);
+
+  // The checkpoint is complete. A previous one under the same tag now sits in <tag>.tmp: each
+  // rank removes its own file of it at once (dropping a file's cached pages is the cost), then
+  // rank 0 the rest. A failure here loses nothing; the next save removes what is left.
+  std::error_code ignored;
+  fs::remove(tmp_dir / ckpt::rank_file_name(rank_, world_), ignored);
+  if (world_ > 1) comm_.barrier().wait();
+  if (rank_ == 0) fs::remove_all(tmp_dir, ignored);
 }
 
 // What a load reads, whatever wrote it: zero's own checkpoints, or DeepSpeed's.
@@ -372,29 +396,59 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   }
   agree_on_failure(error);
 
-  try {
-    source->verify(rank_, world_);
-  } catch (const std::exception& e) {
-    error = fmt::format("load_checkpoint: {}", e.what());
-  }
-  agree_on_failure(error);
-
-  // Read the new partition(s) into temporaries; nothing is replaced until every rank succeeded.
+  // Each tensor is read straight into the memory that will hold it (PartitionOptimizer::
+  // replacement), its checksum computed on the way; what this rank's share of the files still
+  // needs is verified after. Nothing is replaced until every rank read and verified.
   const std::size_t P = partition_elems();
-  const std::size_t domains = static_cast<std::size_t>(num_domains());
-  std::vector<std::vector<float>> tensors(1 + names.size(), std::vector<float>(domains * P, 0.0f));
+  std::vector<PartitionOptimizer::Replacement> fresh;
   std::vector<std::vector<std::byte>> frozen(specs_.size());
   SourceCounters counters;
   try {
+    // Writes fp32 values that produce(out, first, n) makes of elements [offset, offset + count)
+    // of domain d, converting in tiles where the tensor is held in another dtype.
+    auto put = [&](const PartitionOptimizer::Replacement& r, int d, std::size_t offset,
+                   std::size_t count, const auto& produce) {
+      optimizer_->write_replacement(
+          r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
+            if (r.dtype() == DType::F32) {
+              produce(reinterpret_cast<float*>(data), first, n);
+              return;
+            }
+            std::vector<float> tile(std::min<std::size_t>(n, 1 << 16));
+            for (std::size_t b = 0; b < n; b += tile.size()) {
+              const std::size_t m = std::min(tile.size(), n - b);
+              produce(tile.data(), first + b, m);
+              combine(data + b * dtype_size(r.dtype()), r.dtype(), tile.data(), DType::F32, m);
+            }
+          });
+    };
+    // Padding and alignment gaps hold the optimizer's initial values (master weights: zero).
+    auto fill = [&](const PartitionOptimizer::Replacement& r, int d, std::size_t offset,
+                    std::size_t count, float value) {
+      put(r, d, offset, count,
+          [&](float* out, std::size_t, std::size_t n) { std::fill_n(out, n, value); });
+    };
     // Parameter by parameter (what = master, then each state), so a source that reconstructs a
     // whole parameter at a time does so once per tensor.
     for (std::size_t k = 0; k <= names.size(); ++k) {
       const std::string& what = k == 0 ? std::string("master") : names[k - 1];
+      const float init = k == 0 ? 0.0f
+                                : kernels::optimizer_state_initial_value(groups_[0].hyper,
+                                                                         static_cast<int>(k - 1));
+      fresh.push_back(optimizer_->replacement(static_cast<int>(k)));
+      const PartitionOptimizer::Replacement& r = fresh.back();
       for (int d = 0; d < num_domains(); ++d) {
+        std::size_t written = 0;
         for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
-          source->read(from[layout_to_spec_[seg.param]], what, seg.param_begin, seg.numel,
-                       tensors[k].data() + domain_offset(d) + seg.slice_offset);
+          ZERO_ASSERT(seg.slice_offset >= written);
+          fill(r, d, written, seg.slice_offset - written, init);
+          const std::size_t param = from[layout_to_spec_[seg.param]];
+          put(r, d, seg.slice_offset, seg.numel, [&](float* out, std::size_t first, std::size_t n) {
+            source->read(param, what, seg.param_begin + first, n, out);
+          });
+          written = seg.slice_offset + seg.numel;
         }
+        fill(r, d, written, P - written, init);
       }
     }
     for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -403,22 +457,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
       combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size());
     }
-    // Padding positions keep the optimizer's initial state values.
-    for (std::size_t k = 0; k < names.size(); ++k) {
-      const float init =
-          kernels::optimizer_state_initial_value(groups_[0].hyper, static_cast<int>(k));
-      if (init == 0.0f) continue;
-      for (int d = 0; d < num_domains(); ++d) {
-        std::vector<bool> covered(P, false);
-        for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
-          std::fill_n(covered.begin() + static_cast<std::ptrdiff_t>(seg.slice_offset), seg.numel,
-                      true);
-        }
-        for (std::size_t j = 0; j < P; ++j) {
-          if (!covered[j]) tensors[k + 1][domain_offset(d) + j] = init;
-        }
-      }
-    }
+    source->verify(rank_, world_);
     counters = source->counters();
   } catch (const std::exception& e) {
     error = fmt::format("load_checkpoint {}: {}", source->path(), e.what());
@@ -426,8 +465,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   agree_on_failure(error);
 
   // Commit.
-  for (std::size_t k = 0; k < tensors.size(); ++k)
-    optimizer_->assign(static_cast<int>(k), tensors[k]);
+  for (PartitionOptimizer::Replacement& r : fresh) optimizer_->adopt(std::move(r));
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (!frozen[i].empty())
       std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());

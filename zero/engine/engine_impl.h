@@ -49,6 +49,11 @@ class EngineImpl final : public Engine, private SliceMap {
   // has no NVMe tier): tests install faults through them.
   offload::AsyncIo* optimizer_io() { return optimizer_->store().io(); }
   offload::AsyncIo* param_io() { return param_store_ ? param_store_->io() : nullptr; }
+  // The write() calls of this rank's checkpoint files (io::SafetensorsStreamWriter's fault
+  // injection; null: none): tests fail a save with ENOSPC through it.
+  void set_checkpoint_write_fault(io::WriteFault fault) {
+    checkpoint_write_fault_ = std::move(fault);
+  }
 
   int stage() const override { return stage_; }
   int rank() const override { return rank_; }
@@ -157,6 +162,10 @@ class EngineImpl final : public Engine, private SliceMap {
   // Collective: when any rank's `local_error` is non-empty, every rank throws IoError with the
   // first failing rank's message.
   void agree_on_failure(const std::string& local_error);
+  // save_checkpoint's steps after <dir>/<tag>.tmp exists (collective).
+  void save_into(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
+                 bool with_model);
+  io::WriteFault checkpoint_write_fault_;
 
   const config::DsConfig cfg_;
   Communicator& comm_;

@@ -256,15 +256,24 @@ void PartitionOptimizer::read_tensor(int tensor, int domain, std::size_t offset,
   });
 }
 
-void PartitionOptimizer::assign(int tensor, std::span<const float> values) {
+PartitionOptimizer::Replacement PartitionOptimizer::replacement(int tensor) {
   ZERO_ASSERT(tensor >= 0 && tensor < tensors());
-  ZERO_ASSERT(values.size() == static_cast<std::size_t>(domains()) * partition_elems_);
-  const DType dt = tensor_dtype(tensor);
-  store_->modify(0, values.size(), [&](const offload::SubgroupStore::View& v) {
-    compute_.combine(v.tensors[static_cast<std::size_t>(tensor)], dt, values.data() + v.begin,
-                     DType::F32, v.end - v.begin, 1.0f, false, options_.exec);
+  return store_->replacement(tensor);
+}
+
+// `first` is passed on relative to `offset`, so a caller need not know the store's order.
+void PartitionOptimizer::write_replacement(const Replacement& r, int domain, std::size_t offset,
+                                           std::size_t count, const TensorWrite& visit) const {
+  ZERO_ASSERT(domain >= 0 && domain < domains());
+  ZERO_ASSERT(offset + count <= partition_elems_);
+  const std::size_t begin = static_cast<std::size_t>(domain) * partition_elems_ + offset;
+  r.for_range(begin, begin + count, [&](std::byte* data, std::size_t first, std::size_t n) {
+    visit(data, first - begin, n);
   });
-  store_->flush();
+}
+
+void PartitionOptimizer::adopt(Replacement&& r) {
+  store_->adopt(std::move(r));
 }
 
 }  // namespace zero::engine_detail

@@ -115,8 +115,18 @@ class PartitionOptimizer {
   using TensorVisit = std::function<void(const std::byte* data, std::size_t elems)>;
   void read_tensor(int tensor, int domain, std::size_t offset, std::size_t count,
                    const TensorVisit& visit);
-  // Replaces tensor `tensor` (domains() × partition_elems() fp32 values, rounded to its dtype).
-  void assign(int tensor, std::span<const float> values);
+  // Replacing a tensor (a checkpoint load) without a second copy: replacement() hands out new
+  // memory for it (the old values untouched), write_replacement() visits elements
+  // [offset, offset + count) of domain `domain` of that memory as writable stretches —
+  // visit(data, first, elems): data holds elements [offset + first, offset + first + elems), in
+  // tensor_dtype(tensor) — and adopt() makes it the tensor (SubgroupStore::Replacement). The
+  // caller writes every element of every domain before adopt().
+  using Replacement = offload::SubgroupStore::Replacement;
+  Replacement replacement(int tensor);
+  using TensorWrite = std::function<void(std::byte* data, std::size_t first, std::size_t elems)>;
+  void write_replacement(const Replacement& r, int domain, std::size_t offset, std::size_t count,
+                         const TensorWrite& visit) const;
+  void adopt(Replacement&& r);
 
  private:
   struct Run {

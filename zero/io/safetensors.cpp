@@ -1,8 +1,19 @@
 #include "zero/io/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <xxhash.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+// The library's runtime dispatch picks AVX2 or AVX-512 where the CPU has them; the digest is the
+// same bits on every path.
+#include <xxh_x86dispatch.h>
+#define ZERO_XXH3_UPDATE XXH3_64bits_update_dispatch
+#define ZERO_XXH3 XXH3_64bits_dispatch
+#else
+#define ZERO_XXH3_UPDATE XXH3_64bits_update
+#define ZERO_XXH3 XXH3_64bits
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -17,6 +28,7 @@
 #include "zero/base/error.h"
 #include "zero/base/half.h"
 #include "zero/base/shape.h"
+#include "zero/io/stream_copy.h"
 
 namespace zero::io {
 
@@ -185,31 +197,83 @@ void SafetensorsReader::read_raw(const std::string& name, void* dst, std::size_t
 
 void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
                                    std::size_t bytes) const {
+  read_range(name, byte_offset, dst, bytes, nullptr);
+}
+
+void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
+                                   std::size_t bytes, const PieceFn& on_piece) const {
   const TensorInfo& t = at(name);
   ZERO_CHECK_AS(IoError, byte_offset <= t.size_bytes() && bytes <= t.size_bytes() - byte_offset,
                 "safetensors {}: bytes [{}, {}) are outside tensor {} ({} bytes)", path_,
                 byte_offset, byte_offset + bytes, name, t.size_bytes());
   if (bytes == 0) return;
   const std::uint64_t at_byte = data_offset_ + t.data_begin + byte_offset;
+  auto* out = static_cast<std::byte*>(dst);
   if (!memory_.empty()) {
-    std::memcpy(dst, memory_.data() + at_byte, bytes);
+    copy_pieces(memory_.data() + at_byte, out, bytes, on_piece);
     return;
   }
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   ZERO_CHECK_AS(IoError, fd >= 0, "safetensors {}: cannot open: {}", path_, std::strerror(errno));
-  std::size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd, static_cast<char*>(dst) + done, bytes - done,
-                              static_cast<off_t>(at_byte + done));
-    if (n <= 0) {
-      const int err = n < 0 ? errno : 0;
+  try {
+    if (on_piece && bytes >= kMapMinBytes && read_mapped(fd, at_byte, out, bytes, on_piece)) {
       ::close(fd);
-      throw IoError(fmt::format("safetensors {}: cannot read tensor {} ({} bytes at {}): {}", path_,
-                                name, bytes, at_byte, err ? std::strerror(err) : "file truncated"));
+      return;
     }
-    done += static_cast<std::size_t>(n);
+    // Without a piece function one large read: the kernel's copy is the whole cost.
+    const std::size_t piece = on_piece ? kPieceBytes : bytes;
+    for (std::size_t done = 0; done < bytes;) {
+      const std::size_t n = std::min(piece, bytes - done);
+      for (std::size_t got = 0; got < n;) {
+        const ssize_t r =
+            ::pread(fd, out + done + got, n - got, static_cast<off_t>(at_byte + done + got));
+        ZERO_CHECK_AS(IoError, r > 0, "safetensors {}: cannot read tensor {} ({} bytes at {}): {}",
+                      path_, name, bytes, at_byte, r < 0 ? std::strerror(errno) : "file truncated");
+        got += static_cast<std::size_t>(r);
+      }
+      if (on_piece) on_piece(out + done, n);
+      done += n;
+    }
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   ::close(fd);
+}
+
+void SafetensorsReader::copy_pieces(const std::byte* src, std::byte* dst, std::size_t bytes,
+                                    const PieceFn& on_piece) {
+  if (!on_piece) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  // The checksum reads each piece first, so the copy reads it from cache; the copy's
+  // non-temporal stores then write the destination without reading it.
+  for (std::size_t done = 0; done < bytes; done += kPieceBytes) {
+    const std::size_t n = std::min(kPieceBytes, bytes - done);
+    on_piece(src + done, n);
+    copy_streaming(dst + done, src + done, n);
+  }
+}
+
+bool SafetensorsReader::read_mapped(int fd, std::uint64_t at_byte, std::byte* dst,
+                                    std::size_t bytes, const PieceFn& on_piece) const {
+  static const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t map_begin = at_byte / page * page;
+  const std::size_t map_bytes = static_cast<std::size_t>(at_byte + bytes - map_begin);
+  // MAP_POPULATE maps every page in one call (reading what the page cache lacks) instead of a
+  // fault per page.
+  void* map = ::mmap(nullptr, map_bytes, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd,
+                     static_cast<off_t>(map_begin));
+  if (map == MAP_FAILED) return false;
+  try {
+    copy_pieces(static_cast<const std::byte*>(map) + (at_byte - map_begin), dst, bytes, on_piece);
+  } catch (...) {
+    ::munmap(map, map_bytes);
+    throw;
+  }
+  ::munmap(map, map_bytes);
+  return true;
 }
 
 std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {
@@ -354,14 +418,14 @@ Checksum& Checksum::operator=(Checksum&& other) noexcept {
   return *this;
 }
 void Checksum::update(const void* data, std::size_t bytes) {
-  if (bytes > 0) XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+  if (bytes > 0) ZERO_XXH3_UPDATE(static_cast<XXH3_state_t*>(state_), data, bytes);
 }
 std::uint64_t Checksum::digest() const {
   return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
 }
 
 std::uint64_t checksum(const void* data, std::size_t bytes) {
-  return XXH3_64bits(data, bytes);
+  return ZERO_XXH3(data, bytes);
 }
 
 std::string checksum_hex(std::uint64_t sum) {
@@ -378,9 +442,11 @@ void fsync_directory(const std::string& dir) {
 }
 
 SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<TensorDecl> tensors,
-                                                 const std::map<std::string, std::string>& metadata)
+                                                 const std::map<std::string, std::string>& metadata,
+                                                 WriteFault fault)
     : path_(std::move(path)),
       tmp_(path_ + ".tmp"),
+      fault_(std::move(fault)),
       tensors_(std::move(tensors)),
       running_(tensors_.size()),
       sums_(tensors_.size(), 0) {
@@ -388,13 +454,7 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(std::string path, std::vector<T
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   ZERO_CHECK_AS(IoError, fd_ >= 0, "safetensors {}: cannot create: {}", tmp_, std::strerror(errno));
   try {
-    std::size_t done = 0;
-    while (done < header.size()) {
-      const ssize_t n = ::write(fd_, header.data() + done, header.size() - done);
-      ZERO_CHECK_AS(IoError, n > 0, "safetensors {}: header write failed: {}", tmp_,
-                    std::strerror(errno));
-      done += static_cast<std::size_t>(n);
-    }
+    write_all(header.data(), header.size(), {});
   } catch (...) {
     ::close(fd_);
     ::unlink(tmp_.c_str());
@@ -409,21 +469,31 @@ SafetensorsStreamWriter::~SafetensorsStreamWriter() {
   ::unlink(tmp_.c_str());
 }
 
+void SafetensorsStreamWriter::write_all(const std::byte* data, std::size_t bytes,
+                                        const std::string& tensor) {
+  for (std::size_t done = 0; done < bytes;) {
+    const int injected = fault_ ? fault_(write_calls_) : 0;
+    ++write_calls_;
+    const ssize_t w = injected != 0 ? -1 : ::write(fd_, data + done, bytes - done);
+    const int err = injected != 0 ? injected : errno;
+    ZERO_CHECK_AS(IoError, w > 0, "safetensors {}: write of {} failed: {}", tmp_,
+                  tensor.empty() ? std::string("the header") : "tensor " + tensor,
+                  w < 0 ? std::strerror(err) : "no progress");
+    done += static_cast<std::size_t>(w);
+  }
+}
+
 void SafetensorsStreamWriter::append(const void* data, std::size_t bytes) {
   const auto* p = static_cast<const std::byte*>(data);
   while (bytes > 0) {
     ZERO_CHECK_AS(IoError, current_ < tensors_.size(),
                   "safetensors {}: {} bytes more than the declared tensors hold", path_, bytes);
     const std::uint64_t room = tensors_[current_].size_bytes() - written_in_current_;
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(room, bytes));
-    std::size_t done = 0;
-    while (done < n) {
-      const ssize_t w = ::write(fd_, p + done, n - done);
-      ZERO_CHECK_AS(IoError, w > 0, "safetensors {}: write of tensor {} failed: {}", tmp_,
-                    tensors_[current_].name, std::strerror(errno));
-      done += static_cast<std::size_t>(w);
-    }
+    const std::size_t n =
+        static_cast<std::size_t>(std::min<std::uint64_t>({room, bytes, kWriteBytes}));
+    // Checksum first: it brings the bytes into cache for write()'s copy.
     running_[current_].update(p, n);
+    write_all(p, n, tensors_[current_].name);
     p += n;
     bytes -= n;
     written_in_current_ += n;

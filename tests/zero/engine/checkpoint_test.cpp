@@ -1,14 +1,17 @@
 // Checkpoints: exact resume at the same world size and stage, resharding to others, refusal of
-// corrupted or incomplete checkpoints (state left untouched), crash safety under SIGKILL, and a
-// manifest parser that survives arbitrary edits.
+// corrupted or incomplete checkpoints (state left untouched), crash safety under SIGKILL, failed
+// saves that leave nothing behind, and a manifest parser that survives arbitrary edits.
 #include "zero/checkpoint/checkpoint.h"
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -18,6 +21,7 @@
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/base/error.h"
+#include "zero/engine/engine_impl.h"
 
 namespace zero::test {
 namespace {
@@ -219,6 +223,139 @@ TEST_CASE("a save killed at any point never damages the previous checkpoint",
       REQUIRE_NOTHROW(reader.verify_rank_file(r));
   }
   CHECK(killed_mid_save == 12);
+}
+
+// Two units of two parameters, 2 ranks: small engines built directly, for the cases below.
+const std::vector<ParamSpec> kSmallSpecs = {{"a.weight", {40, 30}, DType::F32, 0, 0, true},
+                                            {"a.bias", {30}, DType::F32, 0, 0, true},
+                                            {"b.weight", {30, 50}, DType::F32, 0, 1, true},
+                                            {"b.bias", {50}, DType::F32, 0, 1, true}};
+
+std::unique_ptr<Engine> small_engine(Communicator& comm, Device& device, float value) {
+  config::Supplied s;
+  s.world_size = comm.size();
+  const config::DsConfig cfg = config::load_config_json(config_for(2, "fp32", 2), s);
+  return Engine::create(cfg, comm, device, kSmallSpecs, [&](std::size_t i, std::span<float> v) {
+    for (std::size_t j = 0; j < v.size(); ++j)
+      v[j] = value + 0.001f * static_cast<float>(i + j % 7);
+  });
+}
+
+// One optimizer step with gradients fixed by (rank, parameter, element).
+void small_step(Engine& engine, int rank) {
+  for (std::size_t u = 0; u < engine.num_units(); ++u) engine.gather(static_cast<int>(u));
+  for (std::size_t i = kSmallSpecs.size(); i-- > 0;) {
+    std::span<std::byte> g = engine.grad(i);
+    std::vector<float> v(g.size() / sizeof(float));
+    for (std::size_t j = 0; j < v.size(); ++j)
+      v[j] = 0.01f * static_cast<float>((rank + 1) * (j % 5)) - 0.02f;
+    std::memcpy(g.data(), v.data(), g.size());
+    engine.grad_ready(i);
+  }
+  for (std::size_t u = engine.num_units(); u-- > 0;) engine.release(static_cast<int>(u));
+  engine.step();
+}
+
+std::vector<std::vector<float>> masters(Engine& engine) {
+  std::vector<std::vector<float>> out;
+  for (std::size_t i = 0; i < kSmallSpecs.size(); ++i) out.push_back(engine.gather_master(i));
+  return out;
+}
+
+TEST_CASE("a load that finds a corrupted tensor after reading others leaves the engine as it was",
+          "[engine][checkpoint]") {
+  TempDir good;
+  run_ranks(2, [&](Communicator& comm) {
+    auto device = make_device("cpu", comm.rank());
+    auto engine = small_engine(comm, *device, 0.25f);
+    small_step(*engine, comm.rank());
+    engine->save_checkpoint(good.str(), "step1");
+  });
+  // The engine's state after a refused load and one more step, against an engine that never
+  // tried; and, so the comparison is not vacuous, the state a good load gives.
+  auto after = [&](const std::string& load_dir, std::string* error) {
+    std::vector<std::vector<float>> result;
+    run_ranks(2, [&](Communicator& comm) {
+      auto device = make_device("cpu", comm.rank());
+      auto engine = small_engine(comm, *device, 0.5f);
+      if (!load_dir.empty()) {
+        try {
+          engine->load_checkpoint(load_dir);
+        } catch (const IoError& e) {
+          if (comm.rank() == 0) *error = e.what();
+        }
+      }
+      small_step(*engine, comm.rank());
+      std::vector<std::vector<float>> m = masters(*engine);
+      if (comm.rank() == 0) {
+        m.push_back({static_cast<float>(engine->global_steps())});
+        result = std::move(m);
+      }
+    });
+    return result;
+  };
+  const auto untouched = after({}, nullptr);
+  std::string error;
+  const auto loaded = after(good.str(), &error);
+  REQUIRE(error.empty());
+  REQUIRE(loaded != untouched);
+  // exp_avg_sq is the last tensor read: master and exp_avg were read whole before it fails. And
+  // master itself, of the other rank's file.
+  for (const auto& [rank, tensor] :
+       std::vector<std::pair<int, std::string>>{{0, "exp_avg_sq"}, {1, "master"}}) {
+    INFO("corrupted: " << tensor << " of rank " << rank << "'s file");
+    TempDir bad;
+    fs::copy(good.path(), bad.path(), fs::copy_options::recursive);
+    flip_byte(bad.str() + "/step1/" + ckpt::rank_file_name(rank, 2), tensor);
+    error.clear();
+    const auto refused = after(bad.str(), &error);
+    CHECK_THAT(error, Catch::Contains("'" + tensor + "'") &&
+                          Catch::Contains(ckpt::rank_file_name(rank, 2)) &&
+                          Catch::Contains("corrupted"));
+    CHECK(refused == untouched);
+  }
+}
+
+TEST_CASE("a save that fails with ENOSPC leaves no temporary folder and the previous checkpoint",
+          "[engine][checkpoint]") {
+  TempDir dir;
+  // Write calls of a rank file: the header, then one per tensor of this size (one piece each).
+  constexpr std::size_t kHeader = 0, kMaster = 1, kLastState = 3;
+  for (int failing : {0, 1}) {
+    for (std::size_t call : {kHeader, kMaster, kLastState}) {
+      INFO("rank " << failing << " fails write call " << call);
+      std::vector<std::string> errors(2);
+      const bool first = !fs::exists(dir.path() / "step1");
+      run_ranks(2, [&](Communicator& comm) {
+        auto device = make_device("cpu", comm.rank());
+        auto engine = small_engine(comm, *device, 0.25f);
+        auto& impl = dynamic_cast<engine_detail::EngineImpl&>(*engine);
+        if (first) engine->save_checkpoint(dir.str(), "step1");
+        if (comm.rank() == failing) {
+          impl.set_checkpoint_write_fault([&](std::size_t n) { return n == call ? ENOSPC : 0; });
+        }
+        // A new tag, and the tag `latest` names (which the save would replace).
+        for (const char* tag : {"step2", "step1"}) {
+          try {
+            engine->save_checkpoint(dir.str(), tag);
+          } catch (const IoError& e) {
+            errors[static_cast<std::size_t>(comm.rank())] += e.what();
+          }
+        }
+      });
+      for (const std::string& e : errors) CHECK_THAT(e, Catch::Contains(std::strerror(ENOSPC)));
+      std::vector<std::string> left;
+      for (const auto& entry : fs::recursive_directory_iterator(dir.path()))
+        left.push_back(fs::relative(entry.path(), dir.path()).string());
+      std::sort(left.begin(), left.end());
+      CHECK(left == std::vector<std::string>{"latest", "step1", "step1/manifest.json",
+                                             "step1/" + ckpt::rank_file_name(0, 2),
+                                             "step1/" + ckpt::rank_file_name(1, 2)});
+      CHECK(ckpt::read_latest(dir.str()) == "step1");
+      const auto reader = ckpt::CheckpointReader::open(dir.str());
+      for (int r = 0; r < 2; ++r) CHECK_NOTHROW(reader.verify_rank_file(r));
+    }
+  }
 }
 
 TEST_CASE("tied names are checked at registration and recorded in the manifest",

@@ -278,36 +278,70 @@ TEST_CASE("the overflow check and the norm walk only the rank's own gradients") 
   REQUIRE(std::isinf(opt.squared_norm()));
 }
 
+// A replacement of tensor t holding `values` (every domain, fp32), rounded to the tensor's dtype.
+PartitionOptimizer::Replacement filled(PartitionOptimizer& opt, int t,
+                                       const std::vector<float>& values) {
+  PartitionOptimizer::Replacement r = opt.replacement(t);
+  const std::size_t p = opt.partition_elems();
+  for (int d = 0; d < opt.domains(); ++d) {
+    const float* domain = values.data() + static_cast<std::size_t>(d) * p;
+    // In two calls, so a stretch may start inside a sub-group.
+    for (const auto& [offset, count] : {std::pair{std::size_t{0}, p / 3}, {p / 3, p - p / 3}}) {
+      opt.write_replacement(
+          r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
+            kernels::cast_cpu(domain + offset + first, DType::F32, data, opt.tensor_dtype(t), n);
+          });
+    }
+  }
+  return r;
+}
+
 TEST_CASE(
-    "checkpoint accessors read back what assign wrote, and states start at their initial value") {
-  const FlatLayout layout = FlatLayout::build(model_params(DType::F32), {kWorld, 1, 4});
-  CpuDevice device(0);
-  TestSlices slices(layout, DType::F32, true);
-  PartitionOptions o;
-  o.rank = 0;
-  o.every_domain = true;
-  o.own_gradients = false;
-  o.state_dtype = DType::BF16;
-  o.optimizer.kind = kernels::OptimizerKind::Adagrad;
-  o.optimizer.initial_accumulator_value = 0.25;
-  PartitionOptimizer opt(device, device.compute(), layout, o, slices);
-  slices.attach(&opt);
-  REQUIRE(opt.tensors() == 2);
-  REQUIRE(opt.tensor_dtype(1) == DType::BF16);
-  const std::size_t n = static_cast<std::size_t>(opt.domains()) * opt.partition_elems();
-  std::vector<float> state = tensor_f32(opt, 1);
-  REQUIRE(state.size() == n);
-  for (float v : state) REQUIRE(v == 0.25f);
-  std::vector<float> values(n);
-  for (std::size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i % 97) * 0.5f;
-  opt.assign(0, values);
-  opt.assign(1, values);
-  REQUIRE(tensor_f32(opt, 0) == values);
-  REQUIRE(tensor_f32(opt, 1) == values);  // multiples of 0.5 below 48 are exact in bf16
-  // Domain d's tensor starts d partitions in.
-  const std::vector<float> two = tensor_f32(opt, 0, 2, 3);
-  REQUIRE(std::equal(two.begin(), two.end(),
-                     values.begin() + static_cast<std::ptrdiff_t>(2 * opt.partition_elems())));
+    "checkpoint accessors read back what a replacement held once adopted, and nothing before; "
+    "states start at their initial value") {
+  test::TempDir nvme("zero_po_nvme");
+  for (bool on_nvme : {false, true}) {
+    INFO("sub-groups on NVMe: " << on_nvme);
+    const FlatLayout layout = FlatLayout::build(model_params(DType::F32), {kWorld, 1, 4});
+    CpuDevice device(0);
+    TestSlices slices(layout, DType::F32, true);
+    PartitionOptions o;
+    o.rank = 0;
+    o.every_domain = true;
+    o.own_gradients = false;
+    o.state_dtype = DType::BF16;
+    o.optimizer.kind = kernels::OptimizerKind::Adagrad;
+    o.optimizer.initial_accumulator_value = 0.25;
+    if (on_nvme) o.store = nvme_store(nvme.str());
+    PartitionOptimizer opt(device, device.compute(), layout, o, slices);
+    slices.attach(&opt);
+    if (on_nvme) REQUIRE(opt.store().nvme_count() > 1);
+    REQUIRE(opt.tensors() == 2);
+    REQUIRE(opt.tensor_dtype(1) == DType::BF16);
+    const std::size_t n = static_cast<std::size_t>(opt.domains()) * opt.partition_elems();
+    std::vector<float> state = tensor_f32(opt, 1);
+    REQUIRE(state.size() == n);
+    for (float v : state) REQUIRE(v == 0.25f);
+    const std::vector<float> master = tensor_f32(opt, 0);
+    std::vector<float> values(n);
+    for (std::size_t i = 0; i < n; ++i) values[i] = static_cast<float>(i % 97) * 0.5f;
+    REQUIRE(values != master);
+    {
+      // Dropped: nothing changes.
+      PartitionOptimizer::Replacement r0 = filled(opt, 0, values);
+      PartitionOptimizer::Replacement r1 = filled(opt, 1, values);
+    }
+    REQUIRE(tensor_f32(opt, 0) == master);
+    REQUIRE(tensor_f32(opt, 1) == state);
+    opt.adopt(filled(opt, 0, values));
+    opt.adopt(filled(opt, 1, values));
+    REQUIRE(tensor_f32(opt, 0) == values);
+    REQUIRE(tensor_f32(opt, 1) == values);  // multiples of 0.5 below 48 are exact in bf16
+    // Domain d's tensor starts d partitions in.
+    const std::vector<float> two = tensor_f32(opt, 0, 2, 3);
+    REQUIRE(std::equal(two.begin(), two.end(),
+                       values.begin() + static_cast<std::ptrdiff_t>(2 * opt.partition_elems())));
+  }
 }
 
 TEST_CASE("master and states on NVMe in small sub-groups step exactly like in memory") {

@@ -1,8 +1,11 @@
-// zero_io reads what it writes, reads the golden files, and rejects malformed headers with an
-// IoError instead of reading out of bounds.
+// zero_io reads what it writes, reads the golden files, rejects malformed headers with an
+// IoError instead of reading out of bounds, streams pieces to a checksum, and fails a write as
+// its fault function says.
 #include "zero/io/safetensors.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +14,7 @@
 
 #include "tests/temp_dir.h"
 #include "zero/base/error.h"
+#include "zero/io/stream_copy.h"
 
 using zero::DType;
 using zero::io::SafetensorsReader;
@@ -147,4 +151,82 @@ TEST_CASE(
   }
   CHECK(zero::io::SafetensorsReader::open(path).read_f32("b") == b);
   CHECK(!std::filesystem::exists(path + ".tmp"));
+}
+
+TEST_CASE(
+    "a ranged read with a piece function returns the same bytes and hands each byte to it once, "
+    "in order, mapped or read") {
+  const zero::test::TempDir dir("zero_st_pieces");
+  const std::string path = dir / "big.safetensors";
+  // 3 MiB + a few bytes: ranges above and below kMapMinBytes, pieces that do not divide them.
+  std::vector<float> v((std::size_t{3} << 18) + 5);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  const std::size_t bytes = v.size() * sizeof(float);
+  {
+    zero::io::SafetensorsStreamWriter w(path,
+                                        {{"v", DType::F32, {static_cast<std::int64_t>(v.size())}}});
+    w.append(v.data(), bytes);
+    w.finish();
+  }
+  const auto r = SafetensorsReader::open(path);
+  const auto* src = reinterpret_cast<const std::byte*>(v.data());
+  for (const auto& [offset, count] :
+       std::vector<std::pair<std::size_t, std::size_t>>{{0, bytes},
+                                                        {3, bytes - 3},
+                                                        {4 * 1001, zero::io::kMapMinBytes + 17},
+                                                        {12, 5000},
+                                                        {bytes - 1, 1}}) {
+    INFO("bytes [" << offset << ", " << offset + count << ")");
+    // One byte in: the destination is not aligned either.
+    std::vector<std::byte> out(count + 1, std::byte{0x5a});
+    std::vector<std::byte> seen;
+    r.read_range("v", offset, out.data() + 1, count, [&](const std::byte* p, std::size_t n) {
+      REQUIRE(n <= zero::io::kPieceBytes);
+      seen.insert(seen.end(), p, p + n);
+    });
+    CHECK(out[0] == std::byte{0x5a});
+    CHECK(std::memcmp(out.data() + 1, src + offset, count) == 0);
+    REQUIRE(seen.size() == count);
+    CHECK(std::memcmp(seen.data(), src + offset, count) == 0);
+  }
+}
+
+TEST_CASE("copy_streaming copies any length at any alignment") {
+  std::vector<unsigned char> src(100000), dst(100100);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 31 + 7);
+  for (std::size_t shift : {0, 1, 8, 15}) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{100}, std::size_t{16384}, std::size_t{16447},
+                          std::size_t{99999}}) {
+      INFO("dst + " << shift << ", " << n << " bytes");
+      std::fill(dst.begin(), dst.end(), 0);
+      zero::io::copy_streaming(dst.data() + shift, src.data() + 1, n);
+      CHECK(std::memcmp(dst.data() + shift, src.data() + 1, n) == 0);
+      CHECK(dst[shift + n] == 0);
+    }
+  }
+}
+
+TEST_CASE("a stream writer whose write fails with ENOSPC throws naming it and leaves no file") {
+  const zero::test::TempDir dir("zero_st_fault");
+  const std::string path = dir / "a.safetensors";
+  std::vector<float> a(5 << 20, 1.0f);  // 20 MiB: three writes after the header
+  for (std::size_t failing : {0, 1, 3}) {
+    INFO("write call " << failing << " fails");
+    std::size_t calls = 0;
+    auto fault = [&](std::size_t call) {
+      ++calls;
+      return call == failing ? ENOSPC : 0;
+    };
+    try {
+      zero::io::SafetensorsStreamWriter w(path, {{"a", DType::F32, {5 << 20}}}, {}, fault);
+      w.append(a.data(), a.size() * sizeof(float));
+      w.finish();
+      FAIL("no error");
+    } catch (const zero::IoError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(std::strerror(ENOSPC)));
+    }
+    CHECK(calls == failing + 1);
+    CHECK(!std::filesystem::exists(path));
+    CHECK(!std::filesystem::exists(path + ".tmp"));
+  }
 }

@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -197,8 +199,9 @@ std::unique_ptr<Communicator> make_shm_communicator(const std::string& name, int
                 "make_shm_communicator: piece_bytes {} must be a multiple of 8",
                 tuning.piece_bytes);
   // Buffers the engine allocates from now on come from the shared host arena, which the peers
-  // map at bootstrap and read without a kernel copy.
-  (void)SharedHostArena::enable();
+  // map at bootstrap and read without a kernel copy (ZERO_SHM_ARENA=0: not, to compare).
+  const char* arena = std::getenv("ZERO_SHM_ARENA");
+  if (arena == nullptr || std::string_view(arena) != "0") (void)SharedHostArena::enable();
   comm_detail::ShmJoinArgs join;
   join.name = name;
   join.rank = rank;

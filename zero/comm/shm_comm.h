@@ -10,7 +10,8 @@
 // Data: with cross-memory attach (process_vm_readv(2), probed at bootstrap between every pair of
 // ranks) a rank reads its peers' buffers directly, as InProcComm's threads do (and with plain
 // loads when a buffer lies in the peer's shared host arena, which make_shm_communicator enables
-// and every rank maps at bootstrap; see zero/device/shared_host_arena.h): the rank that
+// and every rank maps at bootstrap; see zero/device/shared_host_arena.h; ZERO_SHM_ARENA=0 in the
+// environment leaves the arena off, to compare): the rank that
 // owns an output chunk reduces it, reading the inputs of ranks 0, 1, ..., N-1 in that order in
 // cache-sized pieces. Without it (another pid namespace, ptrace forbidden), every rank copies
 // its input through its staging windows in the segment, round by round, and the same reduction

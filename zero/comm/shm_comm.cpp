@@ -75,9 +75,7 @@ class ShmComm final : public Communicator {
   ShmTransport transport() const {
     return group_->cross_memory_attach() ? ShmTransport::CrossMemoryAttach : ShmTransport::Segment;
   }
-  ShmReadStats read_stats() const {
-    return {group_->read_stats().direct_bytes, group_->read_stats().kernel_bytes};
-  }
+  ShmReadStats read_stats() const { return group_->read_stats(); }
 
  protected:
   Work start_impl(const CollectiveArgs& args) override {

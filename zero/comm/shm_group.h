@@ -99,11 +99,7 @@ class ShmGroup {
   const void* direct(int q, std::uint64_t remote, std::size_t bytes) const;
 
   // Bytes this rank read from peers so far: directly from their arenas, and through the kernel.
-  struct ReadStats {
-    std::uint64_t direct_bytes = 0;
-    std::uint64_t kernel_bytes = 0;
-  };
-  const ReadStats& read_stats() const { return stats_; }
+  const ShmReadStats& read_stats() const { return stats_; }
   void count_direct(std::size_t bytes) { stats_.direct_bytes += bytes; }
 
   // "rank 1 (pid 1234)".
@@ -142,7 +138,7 @@ class ShmGroup {
   bool cma_ = false;
   std::uint64_t probe_word_ = 0;  // what peers read to test cross-memory attach
   std::vector<PeerArena> arenas_;  // per rank; empty ones are not mapped
-  ReadStats stats_;                // the communication thread only
+  ShmReadStats stats_;             // the communication thread only
 };
 
 }  // namespace zero::comm_detail

@@ -356,12 +356,16 @@ void CheckpointReader::read_tracked(int rank, const std::string& what, std::uint
   s.hashed_bytes = offset + bytes;
   s.out_of_order = false;
   if (s.hashed_bytes < listed->second.bytes) return;
-  s.verified = s.sum.digest() == listed->second.xxh3;
+  finish_stream(s, f, what, listed->second);
+}
+
+void CheckpointReader::finish_stream(Stream& s, const RankFile& f, const std::string& name,
+                                     const TensorSum& sum) const {
+  s.verified = s.sum.digest() == sum.xxh3;
   s.out_of_order = !s.verified;  // a second look reads it again, and fails again
   ZERO_CHECK_AS(IoError, s.verified,
                 "checkpoint {}: tensor '{}' in {} is corrupted (checksum {}, the manifest says {})",
-                path_, what, f.file, io::checksum_hex(s.sum.digest()),
-                io::checksum_hex(listed->second.xxh3));
+                path_, name, f.file, io::checksum_hex(s.sum.digest()), io::checksum_hex(sum.xxh3));
 }
 
 void CheckpointReader::verify_streams(const io::SafetensorsReader& reader, const RankFile& f,
@@ -379,12 +383,7 @@ void CheckpointReader::verify_streams(const io::SafetensorsReader& reader, const
       s.sum.update(piece.data(), n);
     }
     s.hashed_bytes = sum.bytes;
-    s.verified = s.sum.digest() == sum.xxh3;
-    s.out_of_order = !s.verified;
-    ZERO_CHECK_AS(
-        IoError, s.verified,
-        "checkpoint {}: tensor '{}' in {} is corrupted (checksum {}, the manifest says {})", path_,
-        name, f.file, io::checksum_hex(s.sum.digest()), io::checksum_hex(sum.xxh3));
+    finish_stream(s, f, name, sum);
   }
 }
 

@@ -147,6 +147,10 @@ class CheckpointReader {
   // way when they continue the tensor's stream.
   void read_tracked(int rank, const std::string& what, std::uint64_t offset, void* dst,
                     std::size_t bytes) const;
+  // Compares a stream that has hashed all of tensor `name` with its checksum `sum`; throws
+  // IoError naming the file and the tensor on a mismatch.
+  void finish_stream(Stream& s, const RankFile& f, const std::string& name,
+                     const TensorSum& sum) const;
   // Completes every stream of file `f` (reading what is missing) and compares the checksums.
   void verify_streams(const io::SafetensorsReader& reader, const RankFile& f,
                       Streams& streams) const;

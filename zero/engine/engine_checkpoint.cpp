@@ -406,6 +406,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   try {
     // Writes fp32 values that produce(out, first, n) makes of elements [offset, offset + count)
     // of domain d, converting in tiles where the tensor is held in another dtype.
+    std::vector<float> tile(std::size_t{1} << 16);
     auto put = [&](const PartitionOptimizer::Replacement& r, int d, std::size_t offset,
                    std::size_t count, const auto& produce) {
       optimizer_->write_replacement(
@@ -414,7 +415,6 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
               produce(reinterpret_cast<float*>(data), first, n);
               return;
             }
-            std::vector<float> tile(std::min<std::size_t>(n, 1 << 16));
             for (std::size_t b = 0; b < n; b += tile.size()) {
               const std::size_t m = std::min(tile.size(), n - b);
               produce(tile.data(), first + b, m);

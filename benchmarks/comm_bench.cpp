@@ -2,8 +2,11 @@
 // InProcComm (W ranks as threads of this process), ShmComm (W processes this command forks, over
 // shared memory) and, when launched by mpirun, MpiComm (the job's processes). Each figure is
 // validated (a sum over ranks of known values) before it is timed: best of R single ops after a
-// warm-up, the slowest rank's time. ShmComm rows also give their ratio to InProcComm's figure
-// for the same op, dtype and size ("vs inproc"), the target being 0.8 or more.
+// warm-up, the slowest rank's time. InProcComm and ShmComm are measured in alternating rounds
+// (--rounds N: inproc, shm, inproc, shm, ...), each row keeping its best over the rounds, so a
+// slow minute of a shared machine lands on both; rows print once every round is done. ShmComm
+// rows also give their ratio to InProcComm's figure for the same op, dtype and size ("vs
+// inproc"), the target being 0.8 or more.
 //
 // Figures follow nccl-tests (comm_bandwidth.h): with S the bytes of the full buffer per rank
 // (reduce_scatter's input, all_gather's output, all_reduce's buffer), algbw = S / t; busbw =
@@ -19,11 +22,13 @@
 // between 2 processes; a shared-memory collective should be an order of magnitude faster.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -61,12 +66,13 @@ struct CommArgs {
                                           std::size_t{64} << 20};
   BackendChoice backend = BackendChoice::All;
   int repetitions = 5;
+  int rounds = 3;  // of inproc and shm, alternating
 };
 
 constexpr std::string_view kUsage =
     "usage: zero-bench comm [--json] [--world-size N] [--sizes LIST] [--backend "
     "inproc|shm|mpi|all] "
-    "[--reps R]";
+    "[--reps R] [--rounds N]";
 
 // "64K", "1M", "2G" (binary units) or a plain byte count.
 std::size_t parse_size(std::string_view text) {
@@ -116,6 +122,8 @@ CommArgs parse_args(std::span<const std::string> args) {
       ZERO_CHECK(r.world_size <= 256, "--world-size {}: at most 256 ranks", r.world_size);
     } else if (a == "--reps") {
       r.repetitions = integer(arg, 1);
+    } else if (a == "--rounds") {
+      r.rounds = integer(arg, 1);
     } else if (a == "--sizes") {
       r.sizes_bytes.clear();
       const std::string text = flag_value(arg, kUsage);
@@ -184,19 +192,21 @@ struct Figure {
   int world_size = 0;
   CollectiveTiming timing;
   double memcpy_gbps = 0;
-  std::string transport;       // ShmComm's ("cma" or "segment"), else empty
+  std::optional<ShmTransport> transport;  // ShmComm's
   double inproc_bus_gbps = 0;  // InProcComm's figure for the same op, dtype and size, 0 if none
   // ShmComm: of the bytes read from peers, the share read in place from their shared host
   // arenas (the rest through process_vm_readv); negative when not counted.
   double direct_fraction = -1;
 };
 
-void print_header(const CommArgs& args) {
+// `rounds`: how many rounds the printed figures are the best of (1 under mpirun).
+void print_header(const CommArgs& args, int rounds) {
   if (args.json) return;
   std::printf(
-      "zero-bench comm: bus bandwidth (nccl-tests convention), best of %d single ops; "
-      "limit: memcpy of the same bytes on every rank at once; vs inproc: busbw / inproc's\n",
-      args.repetitions);
+      "zero-bench comm: bus bandwidth (nccl-tests convention), best of %d single ops in each "
+      "of %d rounds; limit: memcpy of the same bytes on every rank at once; vs inproc: busbw / "
+      "inproc's\n",
+      args.repetitions, rounds);
   std::printf("%-7s %-15s %-5s %5s %9s %10s %11s %11s %12s %7s %9s\n", "backend", "op", "dtype",
               "ranks", "per rank", "time ms", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "ratio",
               "vs inproc");
@@ -210,7 +220,9 @@ void print_figure(const CommArgs& args, const Figure& f) {
   const double vs_inproc = compared ? f.timing.bus_gbps / f.inproc_bus_gbps : 0;
   if (args.json) {
     std::string extra;
-    if (!f.transport.empty()) extra += ",\"transport\":\"" + f.transport + "\"";
+    if (f.transport) {
+      extra += fmt::format(",\"transport\":\"{}\"", shm_transport_name(*f.transport));
+    }
     if (f.direct_fraction >= 0) extra += fmt::format(",\"direct_fraction\":{:.3f}", f.direct_fraction);
     if (compared) {
       extra += fmt::format(",\"inproc_busbw_gb_per_s\":{:.4g},\"ratio_to_inproc\":{:.3f}",
@@ -247,10 +259,9 @@ void check_sizes(const CommArgs& args, int world_size) {
              bad_sizes, world, 4 * world);
 }
 
-// Every figure for one backend, in a fixed order. Collective over `comm`; rank 0 prints, each
-// row with its ratio to the same row of `baseline` when given (InProcComm's figures).
-std::vector<Figure> measure(Communicator& comm, const CommArgs& args,
-                            const std::vector<Figure>* baseline = nullptr) {
+// Every figure for one backend, in a fixed order (size, dtype, op). Collective over `comm`; every
+// rank returns the same timings.
+std::vector<Figure> measure(Communicator& comm, const CommArgs& args) {
   check_sizes(args, comm.size());
   const auto device = make_device("cpu", comm.rank());
   const std::optional<ShmTransport> transport = shm_transport(comm);
@@ -263,8 +274,7 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args,
            {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
         // Single ops, each after its own validated warm-up run; every rank gets the same
         // figures, so every rank keeps the same best.
-        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, {}, 0};
-        if (transport) f.transport = shm_transport_name(*transport);
+        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, transport, 0};
         const std::optional<ShmReadStats> before = shm_read_stats(comm);
         for (int r = 0; r < args.repetitions; ++r) {
           const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype);
@@ -275,10 +285,6 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args,
           const auto kernel = static_cast<double>(after->kernel_bytes - before->kernel_bytes);
           if (direct + kernel > 0) f.direct_fraction = direct / (direct + kernel);
         }
-        if (baseline != nullptr && figures.size() < baseline->size()) {
-          f.inproc_bus_gbps = (*baseline)[figures.size()].timing.bus_gbps;
-        }
-        if (comm.rank() == 0) print_figure(args, f);
         figures.push_back(f);
       }
     }
@@ -295,22 +301,68 @@ std::vector<Figure> measure_inproc(const CommArgs& args) {
   return figures;
 }
 
-// Forks --world-size processes, each a ShmComm rank measuring the same figures; rank 0 prints.
-// The children inherit `inproc` (InProcComm's figures, if measured) for the ratio column.
-void measure_shm(const CommArgs& args, const std::vector<Figure>& inproc) {
+// What a forked shm rank 0 hands back to the parent through a pipe, one record per figure in
+// measure()'s order (the parent knows each row's op, dtype and size from that order).
+struct FigureRecord {
+  CollectiveTiming timing;
+  double memcpy_gbps = 0;
+  double direct_fraction = -1;
+  int transport = -1;  // ShmTransport, or -1 for none
+};
+
+void write_all(int fd, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    ZERO_CHECK(n > 0, "zero-bench comm: writing figures to the parent failed: {}",
+               std::strerror(errno));
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+// Reads until end of file.
+std::string read_all(int fd) {
+  std::string out;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    ZERO_CHECK(n >= 0, "zero-bench comm: reading the shm ranks' figures failed: {}",
+               std::strerror(errno));
+    if (n == 0) return out;
+    out.append(chunk, static_cast<std::size_t>(n));
+  }
+}
+
+// Forks --world-size processes, each a ShmComm rank measuring the same figures; rank 0 sends
+// them back to this process.
+std::vector<Figure> measure_shm(const CommArgs& args) {
   const std::string name = fmt::format("zero-bench-comm-{}-{}", ::getpid(),
                                        std::chrono::steady_clock::now().time_since_epoch().count());
+  int pipe_fds[2];
+  ZERO_CHECK(::pipe2(pipe_fds, O_CLOEXEC) == 0, "zero-bench comm: pipe failed: {}",
+             std::strerror(errno));
   std::fflush(nullptr);
   std::vector<pid_t> pids;
   for (int r = 0; r < args.world_size; ++r) {
     const pid_t pid = ::fork();
     ZERO_CHECK(pid >= 0, "zero-bench comm: fork of shm rank {} failed", r);
     if (pid == 0) {
+      ::close(pipe_fds[0]);
       int code = 0;
       try {
         const auto comm =
             make_shm_communicator(name, r, args.world_size, CommOptions{std::chrono::minutes(10)});
-        measure(*comm, args, inproc.empty() ? nullptr : &inproc);
+        const std::vector<Figure> figures = measure(*comm, args);
+        if (r == 0) {
+          for (const Figure& f : figures) {
+            const FigureRecord rec{f.timing, f.memcpy_gbps, f.direct_fraction,
+                                   f.transport ? static_cast<int>(*f.transport) : -1};
+            write_all(pipe_fds[1], &rec, sizeof rec);
+          }
+        }
       } catch (const std::exception& e) {
         std::fprintf(stderr, "zero-bench comm: shm rank %d: %s\n", r, e.what());
         code = 1;
@@ -320,6 +372,9 @@ void measure_shm(const CommArgs& args, const std::vector<Figure>& inproc) {
     }
     pids.push_back(pid);
   }
+  ::close(pipe_fds[1]);
+  const std::string records = read_all(pipe_fds[0]);
+  ::close(pipe_fds[0]);
   std::vector<std::string> failed;
   for (int r = 0; r < args.world_size; ++r) {
     int status = 0;
@@ -331,6 +386,59 @@ void measure_shm(const CommArgs& args, const std::vector<Figure>& inproc) {
   }
   ZERO_CHECK(failed.empty(), "zero-bench comm: the shm ranks failed: {}",
              fmt::format("{}", fmt::join(failed, "; ")));
+
+  std::vector<Figure> figures;
+  const std::size_t count = records.size() / sizeof(FigureRecord);
+  for (std::size_t size_index = 0; size_index < args.sizes_bytes.size(); ++size_index) {
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (Collective op :
+           {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
+        ZERO_CHECK(figures.size() < count && records.size() % sizeof(FigureRecord) == 0,
+                   "zero-bench comm: the shm ranks sent {} bytes of figures, not {} records",
+                   records.size(), figures.size() + 1);
+        FigureRecord rec;
+        std::memcpy(&rec, records.data() + figures.size() * sizeof rec, sizeof rec);
+        Figure f{"shm", op, dtype, args.world_size, rec.timing, rec.memcpy_gbps, std::nullopt, 0};
+        if (rec.transport >= 0) f.transport = static_cast<ShmTransport>(rec.transport);
+        f.direct_fraction = rec.direct_fraction;
+        figures.push_back(f);
+      }
+    }
+  }
+  return figures;
+}
+
+// Keeps in `best` each row's fastest timing (and the size's fastest memcpy) of `round`.
+void keep_best(std::vector<Figure>& best, const std::vector<Figure>& round) {
+  if (best.empty()) {
+    best = round;
+    return;
+  }
+  for (std::size_t i = 0; i < best.size(); ++i) {
+    if (round[i].timing.seconds_per_op < best[i].timing.seconds_per_op) {
+      best[i].timing = round[i].timing;
+    }
+    best[i].memcpy_gbps = std::max(best[i].memcpy_gbps, round[i].memcpy_gbps);
+    best[i].direct_fraction = std::min(best[i].direct_fraction, round[i].direct_fraction);
+  }
+}
+
+// InProcComm and ShmComm in alternating rounds, then every row printed.
+void measure_local(const CommArgs& args, bool run_inproc, bool run_shm) {
+  std::vector<Figure> inproc;
+  std::vector<Figure> shm;
+  for (int round = 0; round < args.rounds; ++round) {
+    if (!args.json && args.rounds > 1) {
+      std::fprintf(stderr, "zero-bench comm: round %d of %d\n", round + 1, args.rounds);
+    }
+    if (run_inproc) keep_best(inproc, measure_inproc(args));
+    if (run_shm) keep_best(shm, measure_shm(args));
+  }
+  for (const Figure& f : inproc) print_figure(args, f);
+  for (std::size_t i = 0; i < shm.size(); ++i) {
+    if (i < inproc.size()) shm[i].inproc_bus_gbps = inproc[i].timing.bus_gbps;
+    print_figure(args, shm[i]);
+  }
 }
 
 }  // namespace
@@ -356,10 +464,8 @@ int run_comm(std::span<const std::string> argv) {
              "--backend shm: zero-bench forks its own shm ranks; run it without mpirun");
   if (run_inproc || run_shm) check_sizes(args, args.world_size);
   if (!under_mpirun) {
-    print_header(args);
-    std::vector<Figure> inproc;
-    if (run_inproc) inproc = measure_inproc(args);
-    if (run_shm) measure_shm(args, inproc);
+    print_header(args, args.rounds);
+    measure_local(args, run_inproc, run_shm);
     if (args.backend == BackendChoice::All) {
       std::fprintf(stderr, "zero-bench comm: mpi skipped (not launched by mpirun)\n");
     }
@@ -380,8 +486,13 @@ int run_comm(std::span<const std::string> argv) {
   if (!run_mpi && args.backend == BackendChoice::All && mpi->rank() == 0) {
     std::fprintf(stderr, "zero-bench comm: mpi skipped (the job has 1 process)\n");
   }
-  if (mpi->rank() == 0) print_header(args);
-  if (run_mpi) measure(*mpi, args);
+  if (mpi->rank() == 0) print_header(args, 1);
+  if (run_mpi) {
+    const std::vector<Figure> figures = measure(*mpi, args);
+    if (mpi->rank() == 0) {
+      for (const Figure& f : figures) print_figure(args, f);
+    }
+  }
   if (run_inproc) {
     // The other processes wait in the barrier, sleeping rather than spinning (MpiComm's wait
     // backs off), so rank 0's threads have the machine. A failure on rank 0 is rethrown only
@@ -389,7 +500,7 @@ int run_comm(std::span<const std::string> argv) {
     std::exception_ptr failure;
     if (mpi->rank() == 0) {
       try {
-        (void)measure_inproc(args);
+        for (const Figure& f : measure_inproc(args)) print_figure(args, f);
       } catch (...) {
         failure = std::current_exception();
       }

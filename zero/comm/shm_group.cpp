@@ -79,6 +79,31 @@ ShmTuning resolve_tuning(ShmTuning t) {
 
 }  // namespace
 
+void* map_staggered(int fd, std::size_t bytes, std::uint64_t own_base, std::uint64_t index) {
+  if (own_base == 0) {
+    return ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  }
+  // Reserve a period more than needed, place the view in it, give back the rest.
+  const std::size_t span = bytes + kStaggerPeriod;
+  void* reserved = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                          -1, 0);
+  if (reserved == MAP_FAILED) return MAP_FAILED;
+  const auto lo = reinterpret_cast<std::uint64_t>(reserved);
+  const std::uint64_t want = (own_base + index * kStagger) % kStaggerPeriod;
+  const std::uint64_t at = lo + (want - lo % kStaggerPeriod + kStaggerPeriod) % kStaggerPeriod;
+  void* view = ::mmap(reinterpret_cast<void*>(at), bytes, PROT_READ,
+                      MAP_SHARED | MAP_NORESERVE | MAP_FIXED, fd, 0);
+  if (view == MAP_FAILED) {
+    const int err = errno;
+    ::munmap(reserved, span);
+    errno = err;
+    return MAP_FAILED;
+  }
+  if (at > lo) ::munmap(reserved, at - lo);
+  if (lo + span > at + bytes) ::munmap(reinterpret_cast<void*>(at + bytes), lo + span - at - bytes);
+  return view;
+}
+
 ShmGroup::ShmGroup(ShmSegment segment, const ShmJoinArgs& args)
     : segment_(std::move(segment)),
       rank_(args.rank),
@@ -142,6 +167,9 @@ std::shared_ptr<ShmGroup> ShmGroup::join(const ShmJoinArgs& in) {
 // peer whose arena cannot be mapped is read through the kernel, as without one.
 void ShmGroup::map_peer_arenas() {
   arenas_.assign(static_cast<std::size_t>(size_), PeerArena{});
+  const SharedHostArena* own = SharedHostArena::get();
+  const std::uint64_t own_base = own != nullptr ? own->base() : 0;
+  std::uint64_t staggered = 0;
   for (int q = 0; q < size_; ++q) {
     const ShmRankSlot& peer = slot(q);
     if (q == rank_ || peer.arena_fd < 0 || peer.arena_bytes == 0) continue;
@@ -149,7 +177,7 @@ void ShmGroup::map_peer_arenas() {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     void* local = MAP_FAILED;
     if (fd >= 0) {
-      local = ::mmap(nullptr, peer.arena_bytes, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
+      local = map_staggered(fd, peer.arena_bytes, own_base, ++staggered);
       ::close(fd);
     }
     if (local == MAP_FAILED) {

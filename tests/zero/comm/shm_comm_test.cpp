@@ -3,6 +3,8 @@
 #include "zero/comm/shm_comm.h"
 
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "zero/base/error.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
+#include "zero/comm/shm_group.h"
 #include "zero/device/shared_host_arena.h"
 
 using namespace std::chrono_literals;
@@ -181,6 +184,33 @@ TEST_CASE("ShmComm reads buffers in its peers' shared host arenas in place, with
     for (const auto& o : outcomes) REQUIRE(o.exit_code == 0);
     REQUIRE(std::memcmp(got.data(), expected.data(), expected.size()) == 0);
   }
+}
+
+TEST_CASE("A peer's arena is mapped staggered from this rank's, so equal offsets do not alias") {
+  // Two views of one memfd stand in for this rank's arena and a peer's: the view's distance from
+  // `own`, modulo the stagger period, must be index × kStagger, and it must show the fd's bytes.
+  namespace cd = zero::comm_detail;
+  const int fd = ::memfd_create("zero-stagger-test", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  constexpr std::size_t kBytes = std::size_t{4} << 20;
+  REQUIRE(::ftruncate(fd, kBytes) == 0);
+  void* own = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(own != MAP_FAILED);
+  std::memset(own, 0x5a, kBytes);
+  static_cast<unsigned char*>(own)[kBytes - 1] = 0xa5;
+  const auto own_base = reinterpret_cast<std::uint64_t>(own);
+  for (std::uint64_t index : {1, 2, 7}) {
+    INFO("index " << index);
+    void* view = cd::map_staggered(fd, kBytes, own_base, index);
+    REQUIRE(view != MAP_FAILED);
+    const auto at = reinterpret_cast<std::uint64_t>(view);
+    CHECK((at - own_base) % cd::kStaggerPeriod == index * cd::kStagger % cd::kStaggerPeriod);
+    CHECK(std::memcmp(view, own, kBytes) == 0);
+    CHECK(static_cast<const unsigned char*>(view)[kBytes - 1] == 0xa5);
+    ::munmap(view, kBytes);
+  }
+  ::munmap(own, kBytes);
+  ::close(fd);
 }
 
 TEST_CASE("ShmComm with default tuning matches InProcComm on buffers of several MB") {

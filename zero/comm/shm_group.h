@@ -31,9 +31,10 @@ namespace zero::comm_detail {
 // Why: a reduction reads the same offset of this rank's buffer and of each peer's, and the
 // engines of all ranks allocate the same blocks at the same offsets of their shared host arenas.
 // Arenas mapped side by side lie a multiple of their size (256 GiB) apart, so the two loads'
-// addresses agree in every bit below 2^38. The L1 way predictor of AMD's Zen cores hashes
-// address bits 12-27, so such loads keep evicting each other: a 64 MiB all-reduce between two
-// ranks took 13-21 ms so placed, 6-7 ms with the views staggered (this machine, AMD EPYC).
+// addresses agree in every bit below 2^38. So placed, a 64 MiB all-reduce between two ranks took
+// 13-21 ms, against 6-7 ms with the views staggered (this machine, an AMD EPYC). The likely cause:
+// the L1 way predictor of AMD's Zen cores tags lines by a hash of address bits 12-27, and loads
+// whose addresses share that hash keep evicting each other.
 inline constexpr std::uint64_t kStaggerPeriod = std::uint64_t{1} << 28;
 inline constexpr std::uint64_t kStagger = 0x41000;  // 260 KiB: bits 12 and 18 of the distance
 void* map_staggered(int fd, std::size_t bytes, std::uint64_t own_base, std::uint64_t index);

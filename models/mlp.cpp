@@ -102,6 +102,36 @@ struct Activations {
   }
 };
 
+struct DenseShape {
+  std::size_t rows = 0, in = 0, out = 0;
+  DType compute = DType::F32;  // of the product's operands
+  bool relu = false;
+};
+
+// y = x · Wᵀ, then + b in every row, then the ReLU if asked: rows × out fp32 values. x and W in
+// the compute precision, the bias in its view's dtype.
+std::vector<float> dense(const DenseShape& d, const void* x, const void* w, const ParamView& bias,
+                         int threads) {
+  std::vector<float> y(d.rows * d.out);
+  gemm({.m = d.rows,
+        .n = d.out,
+        .k = d.in,
+        .a = x,
+        .b = w,
+        .b_transposed = true,
+        .c = y.data(),
+        .inputs = d.compute},
+       threads);
+  for (std::size_t o = 0; o < d.out; ++o) {
+    const float b = load(bias.bytes.data(), bias.dtype, o);
+    for (std::size_t r = 0; r < d.rows; ++r) y[r * d.out + o] += b;
+  }
+  if (d.relu) {
+    for (float& v : y) v = std::max(v, 0.0f);
+  }
+  return y;
+}
+
 void check_weights(const MlpShape& shape, std::span<const ParamView> weights) {
   const std::size_t layers = shape.layers();
   ZERO_CHECK(weights.size() == 2 * layers, "mlp: expected {} parameters, got {}", 2 * layers,
@@ -142,26 +172,14 @@ Activations run_forward(const MlpShape& shape, std::span<const ParamView> weight
     }
   }
   for (std::size_t k = 0; k < layers; ++k) {
-    const std::size_t in = shape.widths[k], out = shape.widths[k + 1];
     if (a.compute == DType::BF16) a.rounded[k] = to_bf16(a.values[k]);
-    // y = x · Wᵀ, then + b in every row (and the ReLU but after the last layer).
-    std::vector<float> y(rows * out);
-    gemm({.m = rows,
-          .n = out,
-          .k = in,
-          .a = a.input(k),
-          .b = a.weight(weights, k),
-          .b_transposed = true,
-          .c = y.data(),
-          .inputs = a.compute},
-         threads);
-    const std::byte* bias = weights[2 * k + 1].bytes.data();
-    for (std::size_t o = 0; o < out; ++o) {
-      const float b = load(bias, stored, o);
-      for (std::size_t r = 0; r < rows; ++r) y[r * out + o] += b;
-    }
+    std::vector<float> y = dense({.rows = rows,
+                                  .in = shape.widths[k],
+                                  .out = shape.widths[k + 1],
+                                  .compute = a.compute,
+                                  .relu = k + 1 < layers},
+                                 a.input(k), a.weight(weights, k), weights[2 * k + 1], threads);
     if (k + 1 < layers) {
-      for (float& v : y) v = std::max(v, 0.0f);
       a.values[k + 1] = std::move(y);
     } else {
       a.output = std::move(y);
@@ -252,24 +270,44 @@ std::vector<MlpParam> mlp_params(const MlpShape& shape) {
 }
 
 void init_param(const MlpShape& shape, std::size_t index, std::uint64_t seed, int stream,
-                std::span<float> out) {
+                std::span<float> out, std::size_t first) {
   ZERO_CHECK(index < 2 * shape.layers(), "mlp: no parameter {}", index);
   const double fan_in = static_cast<double>(shape.widths[index / 2]);
   const double bound = 1.0 / std::sqrt(fan_in);
   for (std::size_t e = 0; e < out.size(); ++e) {
-    const double u = unit(key(seed, static_cast<std::uint64_t>(stream) + 0x100, index, e));
+    const double u =
+        unit(key(seed, static_cast<std::uint64_t>(stream) + 0x100, index, first + e));
     out[e] = static_cast<float>((2.0 * u - 1.0) * bound);
   }
 }
 
-TeacherStudentData::TeacherStudentData(const MlpShape& shape, std::uint64_t seed, int threads)
+TeacherStudentData::TeacherStudentData(const MlpShape& shape, std::uint64_t seed, int threads,
+                                       std::size_t resident_limit_bytes)
     : shape_(shape), seed_(seed), threads_(threads) {
   ZERO_CHECK(threads >= 1, "mlp: threads = {}, expected at least 1", threads);
   const auto params = mlp_params(shape);
+  std::size_t bytes = 0;
+  for (const MlpParam& p : params) bytes += p.numel() * sizeof(float);
+  if (bytes > resident_limit_bytes) return;  // made layer by layer in batch()
   for (std::size_t i = 0; i < params.size(); ++i) {
     teacher_.emplace_back(params[i].numel());
     init_param(shape, i, seed, /*stream=*/1, teacher_.back());
   }
+}
+
+std::vector<float> TeacherStudentData::teacher_param(std::size_t index) const {
+  std::vector<float> out(mlp_params(shape_)[index].numel());
+  // In pieces over the threads; an element's value depends on its index only.
+  const auto count = static_cast<std::int64_t>(threads_);
+  const std::size_t piece = (out.size() + static_cast<std::size_t>(threads_) - 1) /
+                            static_cast<std::size_t>(threads_);
+#pragma omp parallel for schedule(static) num_threads(threads_) if (threads_ > 1)
+  for (std::int64_t t = 0; t < count; ++t) {
+    const std::size_t lo = std::min(out.size(), static_cast<std::size_t>(t) * piece);
+    const std::size_t hi = std::min(out.size(), lo + piece);
+    init_param(shape_, index, seed_, /*stream=*/1, std::span(out).subspan(lo, hi - lo), lo);
+  }
+  return out;
 }
 
 void TeacherStudentData::fill_inputs(std::uint64_t step, std::uint64_t first, std::size_t rows,
@@ -294,30 +332,67 @@ Batch TeacherStudentData::batch(std::uint64_t step, std::uint64_t first, std::si
   // The teacher runs on whole blocks of kTeacherBlockRows global samples, whatever share was
   // asked for: a product's rows depend on how many rows it computes together (models/gemm.h),
   // and the targets of sample j must not depend on which rank or micro-step asked for it.
-  const std::vector<std::span<const float>> teacher(teacher_.begin(), teacher_.end());
-  const std::vector<ParamView> w = f32_views(teacher);
   const std::uint64_t end = first + rows;
   const auto first_block = static_cast<std::int64_t>(first / kTeacherBlockRows);
   const auto end_block = static_cast<std::int64_t>((end - 1) / kTeacherBlockRows + 1);
   const int team = static_cast<int>(std::min<std::int64_t>(threads_, end_block - first_block));
-#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
-  for (std::int64_t block = first_block; block < end_block; ++block) {
+  // Block `block`'s inputs: a slice of the share's, or generated when the share cuts the block.
+  auto block_inputs = [&](std::int64_t block) {
     const std::uint64_t block_first = static_cast<std::uint64_t>(block) * kTeacherBlockRows;
-    const std::uint64_t block_end = block_first + kTeacherBlockRows;
-    std::vector<float> scratch;
-    const float* x = nullptr;
-    if (block_first >= first && block_end <= end) {
-      x = b.inputs.data() + (block_first - first) * in;  // the block lies inside the share
+    std::vector<float> x(kTeacherBlockRows * in);
+    if (block_first >= first && block_first + kTeacherBlockRows <= end) {
+      const float* from = b.inputs.data() + (block_first - first) * in;
+      std::copy(from, from + x.size(), x.begin());
     } else {
-      scratch.resize(kTeacherBlockRows * in);
-      fill_inputs(step, block_first, kTeacherBlockRows, scratch.data());
-      x = scratch.data();
+      fill_inputs(step, block_first, kTeacherBlockRows, x.data());
     }
-    const std::vector<float> y = run_forward(shape_, w, x, kTeacherBlockRows, 1).output;
-    const std::uint64_t lo = std::max(first, block_first), hi = std::min(end, block_end);
+    return x;
+  };
+  auto keep_targets = [&](std::int64_t block, const std::vector<float>& y) {
+    const std::uint64_t block_first = static_cast<std::uint64_t>(block) * kTeacherBlockRows;
+    const std::uint64_t lo = std::max(first, block_first);
+    const std::uint64_t hi = std::min(end, block_first + kTeacherBlockRows);
     std::copy(y.begin() + static_cast<std::ptrdiff_t>((lo - block_first) * out),
               y.begin() + static_cast<std::ptrdiff_t>((hi - block_first) * out),
               b.targets.begin() + static_cast<std::ptrdiff_t>((lo - first) * out));
+  };
+
+  if (!teacher_.empty()) {
+    const std::vector<std::span<const float>> teacher(teacher_.begin(), teacher_.end());
+    const std::vector<ParamView> w = f32_views(teacher);
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (std::int64_t block = first_block; block < end_block; ++block) {
+      const std::vector<float> x = block_inputs(block);
+      keep_targets(block, run_forward(shape_, w, x.data(), kTeacherBlockRows, 1).output);
+    }
+    return b;
+  }
+
+  // A teacher too large to keep: layer by layer, each layer made once and applied to every block
+  // with the products run_forward makes (the same bits).
+  std::vector<std::vector<float>> xs(static_cast<std::size_t>(end_block - first_block));
+  for (std::int64_t block = first_block; block < end_block; ++block) {
+    xs[static_cast<std::size_t>(block - first_block)] = block_inputs(block);
+  }
+  const std::size_t layers = shape_.layers();
+  for (std::size_t k = 0; k < layers; ++k) {
+    const std::vector<float> w = teacher_param(2 * k);
+    const std::vector<float> bias = teacher_param(2 * k + 1);
+    const DenseShape d{.rows = kTeacherBlockRows,
+                       .in = shape_.widths[k],
+                       .out = shape_.widths[k + 1],
+                       .compute = DType::F32,
+                       .relu = k + 1 < layers};
+    const ParamView bias_view{std::as_bytes(std::span(bias)), DType::F32};
+    const auto blocks = static_cast<std::int64_t>(xs.size());
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
+    for (std::int64_t i = 0; i < blocks; ++i) {
+      std::vector<float>& x = xs[static_cast<std::size_t>(i)];
+      x = dense(d, x.data(), w.data(), bias_view, 1);
+    }
+  }
+  for (std::int64_t block = first_block; block < end_block; ++block) {
+    keep_targets(block, xs[static_cast<std::size_t>(block - first_block)]);
   }
   return b;
 }

@@ -36,8 +36,9 @@ std::vector<MlpParam> mlp_params(const MlpShape& shape);
 // Deterministic initial value of every element of parameter `index` (uniform in ±1/sqrt(fan_in),
 // PyTorch's Linear default range), from (seed, index) only. `stream` separates the student (0)
 // from the teacher (1).
+// `first`: out holds elements [first, first + out.size()) of the parameter.
 void init_param(const MlpShape& shape, std::size_t index, std::uint64_t seed, int stream,
-                std::span<float> out);
+                std::span<float> out, std::size_t first = 0);
 
 // One batch of teacher-student samples: global sample j of optimizer step t has inputs drawn
 // from N(0, 1) keyed on (seed, t, j) and targets = teacher(inputs). Both are bitwise functions of
@@ -50,22 +51,30 @@ struct Batch {
 };
 
 inline constexpr std::size_t kTeacherBlockRows = 16;
+// A teacher larger than this is not kept in memory: batch() makes its layers one at a time
+// (the same targets, bit for bit, at the cost of generating every teacher parameter per call),
+// so a model larger than RAM can be trained with its optimizer state on NVMe.
+inline constexpr std::size_t kResidentTeacherBytes = std::size_t{1} << 30;
 
 class TeacherStudentData {
  public:
-  // `threads`: OpenMP threads computing teacher blocks in batch() (at least 1).
-  TeacherStudentData(const MlpShape& shape, std::uint64_t seed, int threads = 1);
+  // `threads`: OpenMP threads computing teacher blocks in batch() (at least 1). A teacher of
+  // more than `resident_limit_bytes` is made anew in every batch() (kResidentTeacherBytes).
+  TeacherStudentData(const MlpShape& shape, std::uint64_t seed, int threads = 1,
+                     std::size_t resident_limit_bytes = kResidentTeacherBytes);
   // Samples [first, first + rows) of step t's global batch. Costs the teacher forward of every
   // block the share touches. Thread-safe (const).
   Batch batch(std::uint64_t step, std::uint64_t first, std::size_t rows) const;
 
  private:
   void fill_inputs(std::uint64_t step, std::uint64_t first, std::size_t rows, float* out) const;
+  std::vector<float> teacher_param(std::size_t index) const;  // made anew, threads_ at a time
 
   MlpShape shape_;
   std::uint64_t seed_;
   int threads_;
-  std::vector<std::vector<float>> teacher_;  // teacher parameters, mlp_params order
+  std::vector<std::vector<float>> teacher_;  // teacher parameters, mlp_params order; empty when
+                                             // larger than kResidentTeacherBytes
 };
 
 // One tensor's elements as the engine holds them: F32, BF16 or F16, densely packed.

@@ -196,6 +196,12 @@ void SubgroupStore::write_back(Cached& c) {
   c.dirty = false;
 }
 
+void SubgroupStore::visit_memory(const Visit& visit) {
+  for (std::size_t i = 0; i < groups_.size(); ++i) {
+    if (!groups_[i].nvme) visit(memory_view(groups_[i], static_cast<int>(i)));
+  }
+}
+
 void SubgroupStore::begin_batch() {
   ZERO_ASSERT(!batch_);
   batch_ = true;
@@ -327,9 +333,7 @@ void SubgroupStore::update_all(const Visit& visit, const Agree& agree,
     throw IoError("the optimizer step failed on another rank (NVMe I/O); this rank's step is "
                   "undone too");
   }
-  for (std::size_t i = 0; i < groups_.size(); ++i) {
-    if (!groups_[i].nvme) visit(memory_view(groups_[i], static_cast<int>(i)));
-  }
+  visit_memory(visit);
   // Every write succeeded: the new values become the committed ones.
   for (int i : nv) {
     Group& g = groups_[static_cast<std::size_t>(i)];

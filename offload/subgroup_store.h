@@ -108,6 +108,9 @@ class SubgroupStore {
   // Visits the sub-groups overlapping [begin, end), in order.
   void read(std::size_t begin, std::size_t end, const Visit& visit);
   void modify(std::size_t begin, std::size_t end, const Visit& visit);
+  // Visits every sub-group held in memory (not on NVMe), in order, without I/O; what the visit
+  // writes there stays.
+  void visit_memory(const Visit& visit);
   // Writes every cached NVMe sub-group that modify() changed back to its swap file.
   void flush();
   void begin_batch();

@@ -10,12 +10,11 @@
 # --nvme-path  folder on the disk to swap to (default /var/tmp); it needs about 2 x 14 bytes per
 #              parameter free, as every record has two slots (a failed write loses nothing)
 # --steps      optimizer steps (default 3)
-# RAM is the limit today, not the disk: the process holds about 20 bytes per parameter besides
-# 1.4 GB of buffers (measured: peak RSS 5.06 GiB at 2.0e8 parameters, 8.74 GiB at 4.0e8). About
-# 12 of them are zero-train's own model (the fp32 teacher, the student's weights widened to fp32
-# for sgemm, its fp32 gradients), 6 the engine's gathered bf16 layers and fp32 gradient partition,
-# which stay in memory. So about 1e9 parameters fit in 24 GiB, and a model whose optimizer state
-# exceeds RAM (2.2e9, the default) is refused with the size that fits, rather than killed.
+# RAM: the process holds about 4 bytes per parameter (the engine's fp32 gradient partition)
+# besides about 3 GB of buffers (optimizer and parameter swap buffers, gathered layers); measured
+# peak RSS 3.38 GiB at 4.7e8 parameters. zero-train's teacher is made anew every step when it
+# exceeds 1 GiB, and its model reads and writes the engine's buffers in place, so nothing else
+# grows with the model.
 # Prints each step's time, the bytes the process read from and wrote to the disk, their GB/s,
 # and the peak RSS, from /proc and getrusage (not from the engine's own counters).
 set -euo pipefail
@@ -28,7 +27,7 @@ while [ $# -gt 0 ]; do
     --nvme-path) nvme=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --world-size) world=$2; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "offload-demo: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,11 +56,11 @@ if [ "$need" -gt "$free" ]; then
 fi
 
 # The estimate above, against what the kernel says is available.
-need_ram=$(( total * 20 + 1400000000 ))
+need_ram=$(( total * 4 + 3000000000 ))
 avail=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024 ))
 if [ "$need_ram" -gt "$avail" ]; then
-  fits_ram=$(( (avail - 1400000000) / 20 * 9 / 10 ))
-  echo "offload-demo: not enough memory: about $(gb $need_ram) GB needed (20 bytes per parameter: zero-train's fp32 model and gradients, the engine's gathered layers and gradient partition), $(gb $avail) GB available; try --params $fits_ram" >&2
+  fits_ram=$(( (avail - 3000000000) / 4 * 9 / 10 ))
+  echo "offload-demo: not enough memory: about $(gb $need_ram) GB needed (4 bytes per parameter for the engine's fp32 gradient partition, 3 GB of buffers), $(gb $avail) GB available; try --params $fits_ram" >&2
   exit 1
 fi
 

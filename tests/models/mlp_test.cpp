@@ -275,3 +275,21 @@ TEST_CASE("teacher targets do not depend on the threads or the share that comput
   for (float v : a.targets) nonzero = nonzero || v != 0.0f;
   CHECK(nonzero);
 }
+
+TEST_CASE("a teacher too large to keep gives the kept teacher's targets, bit for bit") {
+  const auto shape = zt::MlpShape::parse("mlp:24,40,33,8");
+  const zt::TeacherStudentData kept(shape, 9, 2);
+  // A limit of 0 bytes: no teacher is kept; every batch() makes the layers anew.
+  const zt::TeacherStudentData made(shape, 9, 2, /*resident_limit_bytes=*/0);
+  const zt::TeacherStudentData made_one_thread(shape, 9, 1, 0);
+  for (const auto& [first, rows] : {std::pair<std::uint64_t, std::size_t>{5, 50}, {16, 16}, {3, 1}}) {
+    INFO("samples " << first << " + " << rows);
+    const auto a = kept.batch(2, first, rows);
+    const auto b = made.batch(2, first, rows);
+    const auto c = made_one_thread.batch(2, first, rows);
+    CHECK(a.inputs == b.inputs);
+    CHECK(a.targets == b.targets);
+    CHECK(a.targets == c.targets);
+    CHECK(std::any_of(a.targets.begin(), a.targets.end(), [](float v) { return v != 0.0f; }));
+  }
+}

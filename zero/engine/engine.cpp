@@ -433,7 +433,16 @@ StepResult EngineImpl::step() {
         return failed == 0.0f;
       };
     }
-    optimizer_->step(plan.hypers, plan.scalars, agree, param_store_.get());
+    // Stage 3 with its slices in a swap store: the persistent units' new slices are read back
+    // before the step commits, so that refresh_after_step() below does no I/O.
+    std::function<void()> before_commit;
+    if (fetcher_ && param_store_) before_commit = [this] { fetcher_->stage_refresh(); };
+    try {
+      optimizer_->step(plan.hypers, plan.scalars, agree, param_store_.get(), before_commit);
+    } catch (...) {
+      if (fetcher_) fetcher_->drop_staged();
+      throw;
+    }
   }
 
   // Commit.

@@ -78,6 +78,9 @@ void ParamFetcher::start_gather(int unit) {
   const std::byte* slice = nullptr;
   if (!source_) {
     slice = partition_ + ul.partition_offset * dtype_size(dtype_);
+  } else if (u.staged.data() != nullptr) {
+    u.source = std::move(u.staged);
+    slice = static_cast<const std::byte*>(u.source.data());
   } else {
     u.source = device_.allocate(ul.slice_elems * dtype_size(dtype_), MemoryKind::Device,
                                 MemoryTag::Staging);
@@ -234,6 +237,22 @@ void ParamFetcher::refresh_after_step() {
     if (units_[i].persistent) start_gather(static_cast<int>(i));
   }
   for (Unit& u : units_) wait(u);
+}
+
+void ParamFetcher::stage_refresh() {
+  if (!source_) return;
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    if (!u.persistent || u.elems == 0) continue;
+    const UnitLayout& ul = layout_.unit(static_cast<int>(i));
+    u.staged = device_.allocate(ul.slice_elems * dtype_size(dtype_), MemoryKind::Device,
+                                MemoryTag::Staging);
+    source_(static_cast<int>(i), static_cast<std::byte*>(u.staged.data()));
+  }
+}
+
+void ParamFetcher::drop_staged() {
+  for (Unit& u : units_) u.staged.reset();
 }
 
 void ParamFetcher::finish_order_check() {

@@ -79,8 +79,15 @@ class ParamFetcher {
   // end_micro_step() also finishes a pending one first).
   void finish_order_check();
   // After an optimizer step changed the slices: every gathered copy is stale. Frees them and
-  // re-gathers the persistent units (collective).
+  // re-gathers the persistent units (collective), from the slices stage_refresh() read if it
+  // ran since.
   void refresh_after_step();
+  // Reads the persistent units' slices for the next refresh_after_step() now (from the slice
+  // source: with the slices in a swap store, before the step that wrote them commits, so a
+  // failed read fails that step instead of one already committed). drop_staged() forgets them
+  // (the step failed). Nothing without a slice source.
+  void stage_refresh();
+  void drop_staged();
 
   bool persistent(int unit) const { return units_[static_cast<std::size_t>(unit)].persistent; }
   std::size_t live_elems() const { return live_elems_; }
@@ -94,6 +101,7 @@ class ParamFetcher {
     std::size_t elems = 0;    // padded flat size (0: nothing to gather)
     Buffer buffer;
     Buffer source;  // the slice copied out of `source_` while its all-gather runs
+    Buffer staged;  // stage_refresh()'s copy of the slice, for the next refresh
     Work work;
   };
   enum class Trace { Record, Complete, Invalid };

@@ -136,7 +136,8 @@ double PartitionOptimizer::squared_norm() const {
 void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
                               std::span<const kernels::StepScalars> scalars,
                               const offload::SubgroupStore::Agree& agree,
-                              offload::SubgroupStore* model_store) {
+                              offload::SubgroupStore* model_store,
+                              const std::function<void()>& before_commit) {
   // The model copy of stepped NVMe sub-groups, kept until the store commits (see the header).
   // Pointers are looked up again on restore. A model copy in a swap store needs none: its batch
   // is aborted instead.
@@ -147,23 +148,38 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
   };
   std::vector<Undo> undo;
   const std::size_t msize = dtype_size(options_.model_dtype);
+  // With the model copy in a swap store, resident sub-groups write theirs before the agreement
+  // too: from a step on copies of their state (ModelOnly), their state itself being stepped after
+  // the agreement without a model write (StateOnly), so nothing after it can fail on I/O.
+  const bool preview = model_store != nullptr && store_->nvme_count() < store_->count();
+  auto each_run = [&](const offload::SubgroupStore::View& view, PartMode mode) {
+    for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
+      const auto g = static_cast<std::size_t>(run.group);
+      ZERO_ASSERT(g < hypers.size() && g < scalars.size());
+      step_part(run, first, last, view, hypers[g], scalars[g], mode);
+    });
+  };
   std::function<void()> before_agree;
   if (model_store != nullptr) {
     model_store->begin_batch();
-    before_agree = [model_store] { model_store->flush(); };
+    before_agree = [&] {
+      if (preview) store_->visit_memory([&](const auto& view) { each_run(view, PartMode::ModelOnly); });
+      model_store->flush();
+      if (before_commit) before_commit();
+    };
+  } else if (before_commit) {
+    before_agree = before_commit;
   }
   try {
     store_->update_all([&](const offload::SubgroupStore::View& view) {
-      for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
-        const auto g = static_cast<std::size_t>(run.group);
-        ZERO_ASSERT(g < hypers.size() && g < scalars.size());
-        if (view.nvme && model_store == nullptr) {
+      if (view.nvme && model_store == nullptr) {
+        for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
           const std::byte* model = slices_.model(run.domain, run.unit, first);
           undo.push_back({run.domain, run.unit, first,
                           std::vector<std::byte>(model, model + (last - first) * msize)});
-        }
-        step_part(run, first, last, view, hypers[g], scalars[g]);
-      });
+        });
+      }
+      each_run(view, !view.nvme && preview ? PartMode::StateOnly : PartMode::Full);
     }, agree, before_agree);
     if (model_store != nullptr) model_store->commit_batch();
   } catch (const IoError&) {
@@ -184,25 +200,28 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
 void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_t last,
                                    const offload::SubgroupStore::View& view,
                                    const kernels::OptimizerHyper& hyper,
-                                   const kernels::StepScalars& scalars) {
+                                   const kernels::StepScalars& scalars, PartMode mode) {
   const DType master_dtype = options_.master_dtype;
   const DType model_dtype = options_.model_dtype;
   const std::size_t off = run.flat + (first - run.begin) - view.begin;  // inside the sub-group
   const std::size_t n = last - first;
-  std::byte* model_out = slices_.model(run.domain, run.unit, first);
+  const bool write_model = mode != PartMode::StateOnly;
+  const bool on_copies = mode == PartMode::ModelOnly;
+  std::byte* model_out = write_model ? slices_.model(run.domain, run.unit, first) : nullptr;
   const std::byte* grad = slices_.gradient(run.domain, run.unit, first);
   kernels::OptimizerTensors t;
   t.grad_dtype = options_.grad_dtype;
   t.state_dtype = options_.state_dtype;
   // A 16-bit model copy is written by the kernel, rounded once from the updated master.
-  if (model_dtype != DType::F32) t.param_out_dtype = model_dtype;
-  const std::size_t tile =
-      master_dtype == DType::F32 ? std::max<std::size_t>(n, 1) : kMasterTileElems;
+  if (model_dtype != DType::F32 && write_model) t.param_out_dtype = model_dtype;
+  const std::size_t tile = master_dtype == DType::F32 && !on_copies ? std::max<std::size_t>(n, 1)
+                                                                    : kMasterTileElems;
   const std::size_t ssize = dtype_size(options_.state_dtype);
+  const std::size_t states = view.tensors.size() - 1;
   for (std::size_t b = 0; b < n; b += tile) {
     const std::size_t m = std::min(tile, n - b);
     std::byte* master = view.tensors[0] + (off + b) * dtype_size(master_dtype);
-    if (master_dtype == DType::F32) {
+    if (master_dtype == DType::F32 && !on_copies) {
       t.master = reinterpret_cast<float*>(master);
     } else {
       master_tile_.resize(m);
@@ -211,17 +230,26 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
       t.master = master_tile_.data();
     }
     t.grad = grad + b * dtype_size(options_.grad_dtype);
-    if (view.tensors.size() > 1) t.state0 = view.tensors[1] + (off + b) * ssize;
-    if (view.tensors.size() > 2) t.state1 = view.tensors[2] + (off + b) * ssize;
-    if (model_dtype != DType::F32) t.param_out = model_out + b * dtype_size(model_dtype);
+    std::byte* state[2] = {nullptr, nullptr};
+    for (std::size_t k = 0; k < states && k < 2; ++k) {
+      state[k] = view.tensors[k + 1] + (off + b) * ssize;
+      if (on_copies) {
+        // The kernel steps copies; the state itself is stepped after the agreement.
+        state_tiles_[k].assign(state[k], state[k] + m * ssize);
+        state[k] = state_tiles_[k].data();
+      }
+    }
+    t.state0 = state[0];
+    t.state1 = state[1];
+    if (model_dtype != DType::F32 && write_model) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
-    if (model_dtype == DType::F32) {
+    if (model_dtype == DType::F32 && write_model) {
       // An fp32 model copy is the master itself, copied (on the device, by its kernels).
       compute_.combine(model_out + b * sizeof(float), DType::F32, t.master, DType::F32, m, 1.0f,
                        false, options_.exec);
     }
-    if (master_dtype != DType::F32) {
+    if (master_dtype != DType::F32 && !on_copies) {
       // The master keeps what the model copy got: the update rounded once to bf16.
       compute_.combine(master, master_dtype, t.master, DType::F32, m, 1.0f, false, options_.exec);
     }

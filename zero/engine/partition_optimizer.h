@@ -94,15 +94,18 @@ class PartitionOptimizer {
   // `agree` is the store's (offload::SubgroupStore::update_all): ranks agree that every NVMe
   // write succeeded before anything is committed. Throws IoError with nothing changed.
   // `model_store`: the store the SliceMap's model copy lives in, if any; its writes form a batch
-  // written back before the ranks agree and committed with the step. With every optimizer
-  // sub-group on NVMe nothing is written after the agreement, so a failure anywhere leaves the
-  // previous step. Resident sub-groups are stepped after the agreement: a model-copy write that
-  // fails there (ratio < 1, or the optimizer state in memory) is thrown with the step neither
-  // done nor undone.
+  // written back before the ranks agree and committed with the step. Resident sub-groups (ratio
+  // < 1, or the optimizer state in memory) then write their model copy before the agreement as
+  // well, from a step on copies of their state, and step the state itself after it without
+  // writing the model copy again; so nothing after the agreement does I/O, and a failure anywhere
+  // leaves the previous step. `before_commit`, if given, runs after the model store's batch is
+  // written back and before the agreement (e.g. reading back what the step wrote); an IoError
+  // from it fails the step like the store's own.
   void step(std::span<const kernels::OptimizerHyper> hypers,
             std::span<const kernels::StepScalars> scalars,
             const offload::SubgroupStore::Agree& agree = nullptr,
-            offload::SubgroupStore* model_store = nullptr);
+            offload::SubgroupStore* model_store = nullptr,
+            const std::function<void()>& before_commit = nullptr);
   // The model copy ← master weights, rounded (after a checkpoint load).
   void write_model();
 
@@ -143,9 +146,12 @@ class PartitionOptimizer {
   // overlapping the sub-group `view`.
   void for_runs(const offload::SubgroupStore::View& view,
                 const std::function<void(const Run&, std::size_t, std::size_t)>& fn) const;
+  // Full: master, states and model copy. StateOnly: master and states, not the model copy.
+  // ModelOnly: the model copy, from a step on copies of master and states (left as they are).
+  enum class PartMode { Full, StateOnly, ModelOnly };
   void step_part(const Run& run, std::size_t first, std::size_t last,
                  const offload::SubgroupStore::View& view, const kernels::OptimizerHyper& hyper,
-                 const kernels::StepScalars& scalars);
+                 const kernels::StepScalars& scalars, PartMode mode);
 
   Device& device_;
   const kernels::ComputeKernels& compute_;
@@ -158,6 +164,7 @@ class PartitionOptimizer {
   Buffer gradients_;  // own_gradients only
   std::vector<Run> runs_;
   std::vector<float> master_tile_;  // 16-bit master weights are stepped in fp32 tiles
+  std::vector<std::byte> state_tiles_[2];  // PartMode::ModelOnly's copies of the states
 };
 
 }  // namespace zero::engine_detail

@@ -85,7 +85,9 @@ TEST_CASE("stage-3 parameters on NVMe (with or without the optimizer state) stay
       const TrainResult a = run_world(plain, world);
       for (const json& c :
            {with_param_nvme(plain, nvme.str()), with_param_nvme(plain, nvme.str(), 100'000, 1'000'000'000),
-            with_param_nvme(with_offload(plain, "nvme", nvme.str()), nvme.str())}) {
+            with_param_nvme(with_offload(plain, "nvme", nvme.str()), nvme.str()),
+            with_param_nvme(with_offload(plain, "ratio", nvme.str()), nvme.str()),
+            with_param_nvme(with_offload(plain, "cpu", nvme.str()), nvme.str())}) {
         const TrainResult b = run_world(c, world);
         require_bitwise_equal(a, b);
         for (const MemorySnapshot& m : b.memory) {
@@ -199,20 +201,31 @@ TEST_CASE("a stage-3 step whose parameter or optimizer NVMe I/O fails at any cal
           "[offload]") {
   TempDir nvme("zero_nvme");
   for (const char* precision : {"fp32", "bf16"}) {
-    json c = base_config(3, precision, 1);
-    c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;  // every unit on NVMe
-    c = with_param_nvme(with_offload(c, "nvme", nvme.str()), nvme.str());
-    const FaultRun plain = train_with_io_faults(c, true, -1);
-    REQUIRE(plain.failures == 0);
-    for (bool params : {true, false}) {
-      for (bool disk_gone : {false, true}) {
-        INFO(precision << (params ? ": parameter" : ": optimizer") << " store fails "
-                       << (disk_gone ? "from one call on" : "once"));
-        const FaultRun faulty = train_with_io_faults(c, params, 2, disk_gone);
-        CHECK(faulty.failures >= 4);
-        REQUIRE(faulty.params.size() == plain.params.size());
-        for (std::size_t i = 0; i < plain.params.size(); ++i) {
-          REQUIRE(faulty.params[i] == plain.params[i]);
+    // The optimizer state all on NVMe, partly (ratio: resident sub-groups step after the ranks
+    // agree), or in host memory; with no persistent unit, or with the first and last layers
+    // persistent (their gathered copies are refreshed from the parameter store after the step;
+    // the first layer's record is no longer cached by then).
+    for (const char* optimizer : {"nvme", "ratio", "cpu"}) {
+      for (int persistence : {0, 400}) {
+        json c = base_config(3, precision, 1);
+        c["zero_optimization"]["stage3_param_persistence_threshold"] = persistence;
+        c = with_param_nvme(with_offload(c, optimizer, nvme.str()), nvme.str());
+        const FaultRun plain = train_with_io_faults(c, true, -1);
+        REQUIRE(plain.failures == 0);
+        const bool optimizer_io = std::string(optimizer) != "cpu";
+        for (bool params : {true, false}) {
+          if (!params && !optimizer_io) continue;
+          for (bool disk_gone : {false, true}) {
+            INFO(precision << ", optimizer " << optimizer << ", persistence " << persistence
+                           << (params ? ": parameter" : ": optimizer") << " store fails "
+                           << (disk_gone ? "from one call on" : "once"));
+            const FaultRun faulty = train_with_io_faults(c, params, 2, disk_gone);
+            CHECK(faulty.failures >= 4);
+            REQUIRE(faulty.params.size() == plain.params.size());
+            for (std::size_t i = 0; i < plain.params.size(); ++i) {
+              REQUIRE(faulty.params[i] == plain.params[i]);
+            }
+          }
         }
       }
     }

@@ -345,31 +345,44 @@ void SubgroupStore::update_all(const Visit& visit, const Agree& agree,
 SubgroupStore::Replacement SubgroupStore::replacement(int tensor) {
   ZERO_ASSERT(tensor >= 0 && static_cast<std::size_t>(tensor) < tensors_.size());
   const StoreTensor& st = tensors_[static_cast<std::size_t>(tensor)];
+  // No cached change may reach a spare slot (and flip it) while replacements fill them.
+  flush();
+  drop_cache();
   Replacement r;
+  r.store_ = this;
   r.tensor_ = tensor;
   r.dtype_ = st.dtype;
+  std::size_t largest_nvme = 0;
   for (const Group& g : groups_) {
     const std::size_t bytes = (g.end - g.begin) * dtype_size(st.dtype);
     r.begins_.push_back(g.begin);
     Buffer b;
-    if (!g.nvme) {
+    if (g.nvme) {
+      largest_nvme = std::max(largest_nvme, bytes);
+    } else {
       const Buffer& old = g.memory[static_cast<std::size_t>(tensor)];
       try {
         b = device_.allocate(bytes, old.kind(), old.tag());
       } catch (const OutOfMemory&) {
         // No room for two copies under the budget: stage in host memory and copy on adopt().
       }
+      if (b.empty() && bytes > 0) b = device_.allocate(bytes, MemoryKind::Host, MemoryTag::Staging);
     }
-    r.swap_.push_back(!b.empty() || bytes == 0);
-    if (b.empty() && bytes > 0) b = device_.allocate(bytes, MemoryKind::Host, MemoryTag::Staging);
+    r.swap_.push_back(!g.nvme && (!b.empty() || bytes == 0));
     r.memory_.push_back(std::move(b));
   }
   r.begins_.push_back(options_.total_elems);
+  if (largest_nvme > 0) {
+    const std::size_t block = align_up(largest_nvme, align_);
+    r.block_memory_ = device_.allocate(block + align_, MemoryKind::Host, MemoryTag::Staging);
+    const auto addr = reinterpret_cast<std::uintptr_t>(r.block_memory_.data());
+    r.block_ = static_cast<std::byte*>(r.block_memory_.data()) + (align_up(addr, align_) - addr);
+    std::memset(r.block_, 0, block);  // the tail past the values lands in the slot's padding
+  }
   return r;
 }
 
-void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end,
-                                           const Stretch& fn) const {
+void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end, const Stretch& fn) {
   ZERO_ASSERT(begin <= end && end <= begins_.back());
   const std::size_t esize = dtype_size(dtype_);
   // The first sub-group that ends after `begin`.
@@ -377,26 +390,51 @@ void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end,
                                     (begins_.begin() + 1));
   for (std::size_t at = begin; at < end; ++g) {
     const std::size_t n = std::min(end, begins_[g + 1]) - at;
-    if (n > 0) fn(static_cast<std::byte*>(memory_[g].data()) + (at - begins_[g]) * esize, at, n);
+    const Group& group = store_->groups_[g];
+    if (n > 0 && group.nvme) {
+      fn(block_ + (at - begins_[g]) * esize, at, n);
+      // The sub-group's last element is in: its block goes to the tensor's part of the spare
+      // slot (the committed slot stays as it was until adopt()).
+      if (at + n == begins_[g + 1]) {
+        const std::size_t bytes = (begins_[g + 1] - begins_[g]) * esize;
+        IoRequest req = store_->request(group, spare_slot(group), IoOp::Write, block_);
+        req.offset += store_->tensor_offset_[static_cast<std::size_t>(tensor_)];
+        req.bytes = align_up(bytes, store_->align_);
+        store_->io_->wait(store_->io_->submit({req}));
+      }
+    } else if (n > 0) {
+      fn(static_cast<std::byte*>(memory_[g].data()) + (at - begins_[g]) * esize, at, n);
+    }
     at += n;
   }
 }
 
-void SubgroupStore::adopt(Replacement&& r) {
-  ZERO_ASSERT(r.memory_.size() == groups_.size());
-  const auto t = static_cast<std::size_t>(r.tensor_);
-  const std::size_t esize = dtype_size(r.dtype_);
-  for (std::size_t i = 0; i < groups_.size(); ++i) {
-    Group& g = groups_[i];
-    if (r.swap_[i]) {
-      std::swap(g.memory[t], r.memory_[i]);
-      continue;
+void SubgroupStore::adopt(std::vector<Replacement>&& all) {
+  std::vector<bool> covered(tensors_.size(), false);
+  for (Replacement& r : all) {
+    ZERO_ASSERT(r.store_ == this && r.memory_.size() == groups_.size());
+    const auto t = static_cast<std::size_t>(r.tensor_);
+    covered[t] = true;
+    const std::size_t esize = dtype_size(r.dtype_);
+    for (std::size_t i = 0; i < groups_.size(); ++i) {
+      Group& g = groups_[i];
+      if (g.nvme) continue;
+      if (r.swap_[i]) {
+        std::swap(g.memory[t], r.memory_[i]);
+        continue;
+      }
+      std::memcpy(g.memory[t].data(), r.memory_[i].data(), (g.end - g.begin) * esize);
     }
-    visit_range(g.begin, g.end, true, [&](const View& v) {
-      std::memcpy(v.tensors[t], r.memory_[i].data(), (v.end - v.begin) * esize);
-    });
   }
-  flush();
+  if (nvme_count() == 0) return;
+  ZERO_ASSERT(std::all_of(covered.begin(), covered.end(), [](bool c) { return c; }));
+  // Every tensor's part of every NVMe sub-group's spare slot holds the new values.
+  drop_cache();
+  for (Group& g : groups_) {
+    if (!g.nvme) continue;
+    g.active = spare_slot(g);
+    g.written = true;
+  }
 }
 
 }  // namespace zero::offload

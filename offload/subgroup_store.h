@@ -130,34 +130,45 @@ class SubgroupStore {
   void update_all(const Visit& visit, const Agree& agree = nullptr,
                   const std::function<void()>& before_agree = nullptr);
 
-  // New values of one tensor, written where they will stay (a checkpoint load): a fresh buffer
-  // per sub-group, of the sub-group's memory kind and the tensor's tag, which adopt() swaps in;
-  // pageable host staging (tag Staging) for an NVMe sub-group, or when the kind's budget has no
-  // room for a second copy, which adopt() copies. The store is untouched until adopt(); a
-  // Replacement dropped instead leaves it exactly as it was. The buffers start uninitialized:
-  // the caller writes every element.
+  // New values of one tensor, written where they will stay (a checkpoint load). A memory
+  // sub-group gets a fresh buffer of its memory kind and the tensor's tag, which adopt() swaps in
+  // (or, when the kind's budget has no room for a second copy, pageable host staging that adopt()
+  // copies). An NVMe sub-group gets no copy in memory: its values go through one block buffer
+  // straight into the tensor's part of the sub-group's spare slot, written as soon as the
+  // sub-group's last element is, and adopt() makes that slot the committed one. So a load needs
+  // one sub-group's block of memory per tensor beyond the resident state, and adopt() does no
+  // I/O. The store is untouched until adopt(); Replacements dropped instead leave it exactly as
+  // it was. The caller writes every element, in increasing order (for_range's stretches), holds
+  // at most one Replacement per tensor at a time, and changes nothing else in the store until
+  // adopt() (replacement() first writes back what the cache changed: it may throw IoError).
   class Replacement {
    public:
     int tensor() const { return tensor_; }
     DType dtype() const { return dtype_; }
     // Calls fn(dst, first, n) for the stretches of elements [begin, end) of the whole range,
-    // one per sub-group, in order: dst holds elements [first, first + n).
+    // one per sub-group, in order: dst holds elements [first, first + n), to be written by fn.
+    // Throws IoError when an NVMe sub-group completed by the stretch cannot be written.
     using Stretch = std::function<void(std::byte* dst, std::size_t first, std::size_t n)>;
-    void for_range(std::size_t begin, std::size_t end, const Stretch& fn) const;
+    void for_range(std::size_t begin, std::size_t end, const Stretch& fn);
 
    private:
     friend class SubgroupStore;
+    SubgroupStore* store_ = nullptr;
     int tensor_ = 0;
     DType dtype_ = DType::F32;
     std::vector<std::size_t> begins_;  // sub-group g holds [begins_[g], begins_[g + 1])
-    std::vector<Buffer> memory_;       // one per sub-group
+    std::vector<Buffer> memory_;       // one per memory sub-group (empty for NVMe ones)
     std::vector<bool> swap_;           // adopt() swaps memory_[g] in, else copies it
+    Buffer block_memory_;              // NVMe sub-groups: the block being filled, aligned
+    std::byte* block_ = nullptr;
   };
   Replacement replacement(int tensor);
-  // Makes r's values tensor r.tensor()'s: swaps each buffer it can with the sub-group's (the old
-  // one is freed with r), copies the others (NVMe sub-groups through the cache, then flush()).
-  // REQUIRES: r came from this store's replacement(). Throws IoError from the NVMe write-back.
-  void adopt(Replacement&& r);
+  // Makes the replacements' values the tensors' (one call for all of them): swaps each memory
+  // buffer it can with the sub-group's (the old one is freed with the replacement), copies the
+  // others, and flips each NVMe sub-group to the slot the replacements wrote. No I/O.
+  // REQUIRES: each came from this store's replacement(), every element written; with NVMe
+  // sub-groups, one replacement of every tensor.
+  void adopt(std::vector<Replacement>&& all);
 
  private:
   struct Group {

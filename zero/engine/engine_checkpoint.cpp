@@ -407,7 +407,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     // Writes fp32 values that produce(out, first, n) makes of elements [offset, offset + count)
     // of domain d, converting in tiles where the tensor is held in another dtype.
     std::vector<float> tile(std::size_t{1} << 16);
-    auto put = [&](const PartitionOptimizer::Replacement& r, int d, std::size_t offset,
+    auto put = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset,
                    std::size_t count, const auto& produce) {
       optimizer_->write_replacement(
           r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
@@ -423,7 +423,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
           });
     };
     // Padding and alignment gaps hold the optimizer's initial values (master weights: zero).
-    auto fill = [&](const PartitionOptimizer::Replacement& r, int d, std::size_t offset,
+    auto fill = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset,
                     std::size_t count, float value) {
       put(r, d, offset, count,
           [&](float* out, std::size_t, std::size_t n) { std::fill_n(out, n, value); });
@@ -436,7 +436,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
                                 : kernels::optimizer_state_initial_value(groups_[0].hyper,
                                                                          static_cast<int>(k - 1));
       fresh.push_back(optimizer_->replacement(static_cast<int>(k)));
-      const PartitionOptimizer::Replacement& r = fresh.back();
+      PartitionOptimizer::Replacement& r = fresh.back();
       for (int d = 0; d < num_domains(); ++d) {
         std::size_t written = 0;
         for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
@@ -465,7 +465,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   agree_on_failure(error);
 
   // Commit.
-  for (PartitionOptimizer::Replacement& r : fresh) optimizer_->adopt(std::move(r));
+  optimizer_->adopt(std::move(fresh));
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (!frozen[i].empty())
       std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());

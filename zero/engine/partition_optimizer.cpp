@@ -290,7 +290,7 @@ PartitionOptimizer::Replacement PartitionOptimizer::replacement(int tensor) {
 }
 
 // `first` is passed on relative to `offset`, so a caller need not know the store's order.
-void PartitionOptimizer::write_replacement(const Replacement& r, int domain, std::size_t offset,
+void PartitionOptimizer::write_replacement(Replacement& r, int domain, std::size_t offset,
                                            std::size_t count, const TensorWrite& visit) const {
   ZERO_ASSERT(domain >= 0 && domain < domains());
   ZERO_ASSERT(offset + count <= partition_elems_);
@@ -300,8 +300,8 @@ void PartitionOptimizer::write_replacement(const Replacement& r, int domain, std
   });
 }
 
-void PartitionOptimizer::adopt(Replacement&& r) {
-  store_->adopt(std::move(r));
+void PartitionOptimizer::adopt(std::vector<Replacement>&& all) {
+  store_->adopt(std::move(all));
 }
 
 }  // namespace zero::engine_detail

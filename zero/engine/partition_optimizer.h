@@ -118,18 +118,19 @@ class PartitionOptimizer {
   using TensorVisit = std::function<void(const std::byte* data, std::size_t elems)>;
   void read_tensor(int tensor, int domain, std::size_t offset, std::size_t count,
                    const TensorVisit& visit);
-  // Replacing a tensor (a checkpoint load) without a second copy: replacement() hands out new
-  // memory for it (the old values untouched), write_replacement() visits elements
-  // [offset, offset + count) of domain `domain` of that memory as writable stretches —
-  // visit(data, first, elems): data holds elements [offset + first, offset + first + elems), in
-  // tensor_dtype(tensor) — and adopt() makes it the tensor (SubgroupStore::Replacement). The
-  // caller writes every element of every domain before adopt().
+  // Replacing the tensors (a checkpoint load) without a second copy: replacement() hands out new
+  // memory for one (the old values untouched; NVMe sub-groups write their spare slots),
+  // write_replacement() visits elements [offset, offset + count) of domain `domain` of it as
+  // writable stretches — visit(data, first, elems): data holds elements [offset + first, offset +
+  // first + elems), in tensor_dtype(tensor) — and adopt() makes them the tensors
+  // (SubgroupStore::Replacement). The caller writes every element of every domain, in increasing
+  // domain and offset order, and adopts one replacement of every tensor at once.
   using Replacement = offload::SubgroupStore::Replacement;
   Replacement replacement(int tensor);
   using TensorWrite = std::function<void(std::byte* data, std::size_t first, std::size_t elems)>;
-  void write_replacement(const Replacement& r, int domain, std::size_t offset, std::size_t count,
+  void write_replacement(Replacement& r, int domain, std::size_t offset, std::size_t count,
                          const TensorWrite& visit) const;
-  void adopt(Replacement&& r);
+  void adopt(std::vector<Replacement>&& all);
 
  private:
   struct Run {

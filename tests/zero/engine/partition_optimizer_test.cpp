@@ -333,8 +333,12 @@ TEST_CASE(
     }
     REQUIRE(tensor_f32(opt, 0) == master);
     REQUIRE(tensor_f32(opt, 1) == state);
-    opt.adopt(filled(opt, 0, values));
-    opt.adopt(filled(opt, 1, values));
+    {
+      std::vector<PartitionOptimizer::Replacement> both;
+      both.push_back(filled(opt, 0, values));
+      both.push_back(filled(opt, 1, values));
+      opt.adopt(std::move(both));
+    }
     REQUIRE(tensor_f32(opt, 0) == values);
     REQUIRE(tensor_f32(opt, 1) == values);  // multiples of 0.5 below 48 are exact in bf16
     // Domain d's tensor starts d partitions in.

@@ -409,6 +409,28 @@ void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end, c
   }
 }
 
+void SubgroupStore::Replacement::read_range(std::size_t begin, std::size_t end,
+                                            const Reader& fn) {
+  ZERO_ASSERT(begin <= end && end <= begins_.back());
+  const std::size_t esize = dtype_size(dtype_);
+  auto g = static_cast<std::size_t>(std::upper_bound(begins_.begin() + 1, begins_.end(), begin) -
+                                    (begins_.begin() + 1));
+  for (std::size_t at = begin; at < end; ++g) {
+    const std::size_t n = std::min(end, begins_[g + 1]) - at;
+    const Group& group = store_->groups_[g];
+    if (n > 0 && group.nvme) {
+      IoRequest req = store_->request(group, spare_slot(group), IoOp::Read, block_);
+      req.offset += store_->tensor_offset_[static_cast<std::size_t>(tensor_)];
+      req.bytes = align_up((begins_[g + 1] - begins_[g]) * esize, store_->align_);
+      store_->io_->wait(store_->io_->submit({req}));
+      fn(block_ + (at - begins_[g]) * esize, at, n);
+    } else if (n > 0) {
+      fn(static_cast<const std::byte*>(memory_[g].data()) + (at - begins_[g]) * esize, at, n);
+    }
+    at += n;
+  }
+}
+
 void SubgroupStore::adopt(std::vector<Replacement>&& all) {
   std::vector<bool> covered(tensors_.size(), false);
   for (Replacement& r : all) {

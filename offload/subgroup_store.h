@@ -150,6 +150,10 @@ class SubgroupStore {
     // Throws IoError when an NVMe sub-group completed by the stretch cannot be written.
     using Stretch = std::function<void(std::byte* dst, std::size_t first, std::size_t n)>;
     void for_range(std::size_t begin, std::size_t end, const Stretch& fn);
+    // Calls fn(src, first, n) the same way with the values written (NVMe sub-groups read back
+    // from their spare slot: IoError). REQUIRES: the elements were written.
+    using Reader = std::function<void(const std::byte* src, std::size_t first, std::size_t n)>;
+    void read_range(std::size_t begin, std::size_t end, const Reader& fn);
 
    private:
     friend class SubgroupStore;

@@ -402,6 +402,8 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   const std::size_t P = partition_elems();
   std::vector<PartitionOptimizer::Replacement> fresh;
   std::vector<std::vector<std::byte>> frozen(specs_.size());
+  std::vector<std::byte> model;
+  const bool stash_model = param_store_ != nullptr || optimizer_->store().nvme_count() > 0;
   SourceCounters counters;
   try {
     // Writes fp32 values that produce(out, first, n) makes of elements [offset, offset + count)
@@ -459,10 +461,28 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     }
     source->verify(rank_, world_);
     counters = source->counters();
+    // With NVMe in play, the model copy the new master weights make is found now (reading NVMe
+    // sub-groups back), so that nothing after the ranks agree does I/O. With stage 3's slices in
+    // a swap store it is written there now as a batch (committed below), and the persistent
+    // units' slices read back for the refresh. In memory, write_model() after the commit reads
+    // the master in place instead (one pass, nothing to fail).
+    if (stash_model) model = optimizer_->model_from(fresh.front());
+    if (param_store_) {
+      param_store_->begin_batch();
+      optimizer_->write_model(model);
+      param_store_->flush();
+      if (fetcher_) fetcher_->stage_refresh();
+    }
   } catch (const std::exception& e) {
     error = fmt::format("load_checkpoint {}: {}", source->path(), e.what());
   }
-  agree_on_failure(error);
+  try {
+    agree_on_failure(error);
+  } catch (...) {
+    if (param_store_) param_store_->abort_batch();
+    if (fetcher_) fetcher_->drop_staged();
+    throw;
+  }
 
   // Commit.
   optimizer_->adopt(std::move(fresh));
@@ -480,7 +500,15 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   micro_in_window_ = 0;
   reducer_->start_window();
   reset_micro_step();
-  refresh_model_from_master();
+  if (param_store_) {
+    param_store_->commit_batch();  // written back above: flips slots, no I/O
+  } else if (stash_model) {
+    optimizer_->write_model(model);
+  } else {
+    optimizer_->write_model();
+  }
+  all_gather_model();
+  if (fetcher_) fetcher_->refresh_after_step();
   return source->client_state();
 }
 

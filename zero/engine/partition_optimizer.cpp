@@ -268,6 +268,32 @@ void PartitionOptimizer::write_model() {
   });
 }
 
+std::vector<std::byte> PartitionOptimizer::model_from(offload::SubgroupStore::Replacement& master) {
+  ZERO_ASSERT(master.tensor() == 0);
+  const std::size_t msize = dtype_size(options_.model_dtype);
+  const std::size_t total = static_cast<std::size_t>(domains()) * partition_elems_;
+  std::vector<std::byte> model(total * msize);
+  master.read_range(0, total, [&](const std::byte* src, std::size_t first, std::size_t n) {
+    compute_.combine(model.data() + first * msize, options_.model_dtype, src,
+                     options_.master_dtype, n, 1.0f, false, options_.exec);
+  });
+  return model;
+}
+
+void PartitionOptimizer::write_model(std::span<const std::byte> model) {
+  const std::size_t msize = dtype_size(options_.model_dtype);
+  ZERO_ASSERT(model.size() == static_cast<std::size_t>(domains()) * partition_elems_ * msize);
+  for (int d = 0; d < domains(); ++d) {
+    for (std::size_t u = 0; u < layout_.num_units(); ++u) {
+      const int unit = static_cast<int>(u);
+      const std::size_t n = layout_.unit(unit).slice_elems;
+      if (n == 0) continue;
+      std::memcpy(slices_.model(d, unit, 0), model.data() + partition_offset(d, unit) * msize,
+                  n * msize);
+    }
+  }
+}
+
 DType PartitionOptimizer::tensor_dtype(int tensor) const {
   return tensor == 0 ? options_.master_dtype : options_.state_dtype;
 }

@@ -106,8 +106,15 @@ class PartitionOptimizer {
             const offload::SubgroupStore::Agree& agree = nullptr,
             offload::SubgroupStore* model_store = nullptr,
             const std::function<void()>& before_commit = nullptr);
-  // The model copy ← master weights, rounded (after a checkpoint load).
+  // The model copy ← master weights, rounded.
   void write_model();
+  // What the model copy becomes with the master weights of `master` (a replacement of tensor 0,
+  // every element written): domains() × partition_elems() elements in the model dtype, domain
+  // after domain. Reads NVMe sub-groups back (IoError). With write_model(model) after the
+  // replacement is adopted, the same bits as write_model(), without reading the store.
+  std::vector<std::byte> model_from(offload::SubgroupStore::Replacement& master);
+  // The model copy ← `model` (as model_from() returns it), through the SliceMap.
+  void write_model(std::span<const std::byte> model);
 
   // Checkpoint access. Tensor 0 is the master weights, tensor k + 1 optimizer state k; each is
   // domains() × partition_elems() elements, domain after domain, in tensor_dtype(t).

@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include "tests/temp_dir.h"
-#include "zero/base/error.h"
 #include "tests/zero/engine/engine_test_util.h"
+#include "zero/base/error.h"
 #include "zero/engine/engine_impl.h"
 
 namespace zero::test {
@@ -24,8 +24,10 @@ json with_offload(json c, const std::string& kind, const std::string& nvme_path)
     z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
     return c;
   }
-  z["offload_optimizer"] = {{"device", "nvme"},       {"nvme_path", nvme_path},
-                            {"buffer_count", 3},      {"pipeline_read", true},
+  z["offload_optimizer"] = {{"device", "nvme"},
+                            {"nvme_path", nvme_path},
+                            {"buffer_count", 3},
+                            {"pipeline_read", true},
                             {"pipeline_write", true}};
   if (kind == "ratio") z["offload_optimizer"]["ratio"] = 0.4;
   c["aio"] = {{"block_size", 4096}, {"queue_depth", 4}};
@@ -49,8 +51,7 @@ TEST_CASE("NVMe, host and partial offload give bitwise the run without offload",
           INFO(precision << " stage " << stage << " world " << world << " " << kind);
           const TrainResult b = run_world(with_offload(plain, kind, nvme.str()), world);
           require_bitwise_equal(a, b);
-          const std::size_t on_nvme =
-              b.memory[0].total(MemoryKind::Nvme).current_bytes;
+          const std::size_t on_nvme = b.memory[0].total(MemoryKind::Nvme).current_bytes;
           if (std::string(kind) == "cpu") {
             CHECK(on_nvme == 0);
           } else {
@@ -69,10 +70,10 @@ TEST_CASE("NVMe, host and partial offload give bitwise the run without offload",
 json with_param_nvme(json c, const std::string& nvme_path, std::int64_t buffer_size = 100'000,
                      std::int64_t max_in_cpu = 0) {
   c["zero_optimization"]["offload_param"] = {{"device", "nvme"},
-                                            {"nvme_path", nvme_path},
-                                            {"buffer_count", 3},
-                                            {"buffer_size", buffer_size},
-                                            {"max_in_cpu", max_in_cpu}};
+                                             {"nvme_path", nvme_path},
+                                             {"buffer_count", 3},
+                                             {"buffer_size", buffer_size},
+                                             {"max_in_cpu", max_in_cpu}};
   return c;
 }
 
@@ -84,11 +85,11 @@ TEST_CASE("stage-3 parameters on NVMe (with or without the optimizer state) stay
       INFO(precision << " world " << world);
       const json plain = base_config(3, precision, 2);
       const TrainResult a = run_world(plain, world);
-      for (const json& c :
-           {with_param_nvme(plain, nvme.str()), with_param_nvme(plain, nvme.str(), 100'000, 1'000'000'000),
-            with_param_nvme(with_offload(plain, "nvme", nvme.str()), nvme.str()),
-            with_param_nvme(with_offload(plain, "ratio", nvme.str()), nvme.str()),
-            with_param_nvme(with_offload(plain, "cpu", nvme.str()), nvme.str())}) {
+      for (const json& c : {with_param_nvme(plain, nvme.str()),
+                            with_param_nvme(plain, nvme.str(), 100'000, 1'000'000'000),
+                            with_param_nvme(with_offload(plain, "nvme", nvme.str()), nvme.str()),
+                            with_param_nvme(with_offload(plain, "ratio", nvme.str()), nvme.str()),
+                            with_param_nvme(with_offload(plain, "cpu", nvme.str()), nvme.str())}) {
         const TrainResult b = run_world(c, world);
         require_bitwise_equal(a, b);
         for (const MemorySnapshot& m : b.memory) {
@@ -103,8 +104,9 @@ TEST_CASE("stage-3 parameters on NVMe (with or without the optimizer state) stay
 }
 
 // One rank trains; at step `faulty_step`, the I/O call k of one store's step fails (or, with
-// `disk_gone`, every call from the k-th on), for every k until a step goes through. Each failed step must leave parameters, master weights and counters
-// as they were; the run then continues. Returns the final master weights and the failures seen.
+// `disk_gone`, every call from the k-th on), for every k until a step goes through. Each failed
+// step must leave parameters, master weights and counters as they were; the run then continues.
+// Returns the final master weights and the failures seen.
 struct FaultRun {
   std::vector<std::vector<float>> params;
   int failures = 0;
@@ -164,8 +166,8 @@ FaultRun train_with_io_faults(const json& config, bool fault_params, int faulty_
       const std::vector<std::byte> m = engine->gather_model(i);
       out.push_back(to_f32(m, cfg.model_dtype));
     }
-    out.push_back({static_cast<float>(engine->global_steps()),
-                   static_cast<float>(engine->current_lr())});
+    out.push_back(
+        {static_cast<float>(engine->global_steps()), static_cast<float>(engine->current_lr())});
     return out;
   };
   FaultRun result;
@@ -197,9 +199,10 @@ FaultRun train_with_io_faults(const json& config, bool fault_params, int faulty_
   return result;
 }
 
-TEST_CASE("a stage-3 step whose parameter or optimizer NVMe I/O fails at any call changes "
-          "nothing, and training continues bitwise",
-          "[offload]") {
+TEST_CASE(
+    "a stage-3 step whose parameter or optimizer NVMe I/O fails at any call changes "
+    "nothing, and training continues bitwise",
+    "[offload]") {
   TempDir nvme("zero_nvme");
   for (const char* precision : {"fp32", "bf16"}) {
     // The optimizer state all on NVMe, partly (ratio: resident sub-groups step after the ranks
@@ -234,9 +237,10 @@ TEST_CASE("a stage-3 step whose parameter or optimizer NVMe I/O fails at any cal
   CHECK(std::filesystem::is_empty(nvme.path()));
 }
 
-TEST_CASE("a checkpoint load into NVMe writes spare slots only: a write failing from any call "
-          "on changes nothing, and no whole copy of the state is held in memory",
-          "[offload]") {
+TEST_CASE(
+    "a checkpoint load into NVMe does its I/O before the ranks agree: a failure at any "
+    "call changes nothing, and no whole copy of the state is held in memory",
+    "[offload]") {
   using namespace zero::models;
   TempDir nvme("zero_nvme");
   TempDir ckpt("zero_nvme_load");
@@ -302,37 +306,37 @@ TEST_CASE("a checkpoint load into NVMe writes spare slots only: a write failing 
   REQUIRE(later != saved);
   std::size_t state_bytes = device->ledger().total(MemoryKind::Nvme).current_bytes / 2;
   REQUIRE(state_bytes > 0);
-  int failures = 0;
-  for (std::uint64_t k = 0;; ++k) {
-    const std::uint64_t at = io->calls() + k;
-    // Writes only: the refresh of the model copy after the load reads the new master weights
-    // back, after the ranks agreed (a failure there is not undone; see the README).
-    io->set_fault([at](std::uint64_t call, const offload::IoRequest& piece) {
-      return call >= at && piece.op == offload::IoOp::Write
-                 ? offload::Fault{offload::Fault::Kind::Error, EIO}
-                 : offload::Fault{};
-    });
-    device->ledger().reset_peaks();
-    const std::size_t host_before = device->ledger().total(MemoryKind::Host).current_bytes;
-    bool failed = false;
-    try {
-      engine->load_checkpoint(ckpt.str(), "saved");
-    } catch (const Error&) {
-      failed = true;
+  for (bool disk_gone : {false, true}) {
+    INFO((disk_gone ? "every I/O call from one on fails" : "one I/O call fails"));
+    int failures = 0;
+    for (std::uint64_t k = 0;; ++k) {
+      const std::uint64_t at = io->calls() + k;
+      io->set_fault([at, disk_gone](std::uint64_t call, const offload::IoRequest&) {
+        const bool fail = disk_gone ? call >= at : call == at;
+        return fail ? offload::Fault{offload::Fault::Kind::Error, EIO} : offload::Fault{};
+      });
+      device->ledger().reset_peaks();
+      const std::size_t host_before = device->ledger().total(MemoryKind::Host).current_bytes;
+      bool failed = false;
+      try {
+        engine->load_checkpoint(ckpt.str(), "saved");
+      } catch (const Error&) {
+        failed = true;
+      }
+      io->set_fault(nullptr);
+      // What the load held in host memory beyond what was there: one block per tensor, not the
+      // state (sub-groups of 100 elements here, a block of one aligned 4 KiB page each).
+      CHECK(device->ledger().total(MemoryKind::Host).peak_bytes - host_before < state_bytes);
+      if (!failed) break;
+      INFO("I/O call " << k << " of the load failed");
+      REQUIRE(snapshot() == later);
+      ++failures;
     }
-    io->set_fault(nullptr);
-    // What the load held in host memory beyond what was there: one block per tensor, not the
-    // state (sub-groups of 100 elements here, a block of one aligned 4 KiB page each).
-    CHECK(device->ledger().total(MemoryKind::Host).peak_bytes - host_before < state_bytes);
-    if (!failed) break;
-    INFO("I/O call " << k << " of the load failed");
-    REQUIRE(snapshot() == later);
-    ++failures;
+    CHECK(failures >= 4);
+    REQUIRE(snapshot() == saved);
+    train_step(2);  // and training goes on from there
+    CHECK(snapshot() == later);
   }
-  CHECK(failures >= 4);
-  REQUIRE(snapshot() == saved);
-  train_step(2);  // and training goes on from there
-  CHECK(snapshot() == later);
 }
 
 TEST_CASE("offload_param.buffer_size below a unit's slice is an error naming both", "[offload]") {
@@ -405,7 +409,8 @@ TEST_CASE("a device budget smaller than the optimizer state: refused in memory, 
   spec.model = kModel;
   spec.device_budget = budget;
   CHECK_THROWS_AS(train(spec), OutOfMemory);
-  CHECK_THROWS_WITH(train(spec), Catch::Contains("optimizer_states") || Catch::Contains("master_params"));
+  CHECK_THROWS_WITH(train(spec),
+                    Catch::Contains("optimizer_states") || Catch::Contains("master_params"));
   spec.config = with_offload(plain, "nvme", nvme.str());
   const TrainResult via_nvme = train(spec);
   require_bitwise_equal(free_run, via_nvme);

@@ -373,7 +373,13 @@ SubgroupStore::Replacement SubgroupStore::replacement(int tensor) {
   }
   r.begins_.push_back(options_.total_elems);
   if (largest_nvme > 0) {
-    const std::size_t block = align_up(largest_nvme, align_);
+    // The tensor's area in a record (records are sized for the largest sub-group).
+    const auto t = static_cast<std::size_t>(tensor);
+    const std::size_t block = (t + 1 < tensor_offset_.size() ? tensor_offset_[t + 1]
+                                                             : record_bytes_) -
+                              tensor_offset_[t];
+    ZERO_ASSERT(block >= largest_nvme);
+    r.block_bytes_ = block;
     r.block_memory_ = device_.allocate(block + align_, MemoryKind::Host, MemoryTag::Staging);
     const auto addr = reinterpret_cast<std::uintptr_t>(r.block_memory_.data());
     r.block_ = static_cast<std::byte*>(r.block_memory_.data()) + (align_up(addr, align_) - addr);
@@ -395,11 +401,12 @@ void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end, c
       fn(block_ + (at - begins_[g]) * esize, at, n);
       // The sub-group's last element is in: its block goes to the tensor's part of the spare
       // slot (the committed slot stays as it was until adopt()).
+      // The whole area, past a short sub-group's values too, so that the swap file reaches the
+      // end of every record a later read of the whole record asks for.
       if (at + n == begins_[g + 1]) {
-        const std::size_t bytes = (begins_[g + 1] - begins_[g]) * esize;
         IoRequest req = store_->request(group, spare_slot(group), IoOp::Write, block_);
         req.offset += store_->tensor_offset_[static_cast<std::size_t>(tensor_)];
-        req.bytes = align_up(bytes, store_->align_);
+        req.bytes = block_bytes_;
         store_->io_->wait(store_->io_->submit({req}));
       }
     } else if (n > 0) {

@@ -388,7 +388,10 @@ SubgroupStore::Replacement SubgroupStore::replacement(int tensor) {
   return r;
 }
 
-void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end, const Stretch& fn) {
+// Calls fn(g, at, n, data) for the part [at, at + n) of [begin, end) in sub-group g, in order,
+// with data the replacement's bytes of element `at` (the block buffer for an NVMe sub-group).
+template <typename Fn>
+void SubgroupStore::Replacement::each_stretch(std::size_t begin, std::size_t end, Fn&& fn) {
   ZERO_ASSERT(begin <= end && end <= begins_.back());
   const std::size_t esize = dtype_size(dtype_);
   // The first sub-group that ends after `begin`.
@@ -396,46 +399,44 @@ void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end, c
                                     (begins_.begin() + 1));
   for (std::size_t at = begin; at < end; ++g) {
     const std::size_t n = std::min(end, begins_[g + 1]) - at;
-    const Group& group = store_->groups_[g];
-    if (n > 0 && group.nvme) {
-      fn(block_ + (at - begins_[g]) * esize, at, n);
-      // The sub-group's last element is in: its block goes to the tensor's part of the spare
-      // slot (the committed slot stays as it was until adopt()).
-      // The whole area, past a short sub-group's values too, so that the swap file reaches the
-      // end of every record a later read of the whole record asks for.
-      if (at + n == begins_[g + 1]) {
-        IoRequest req = store_->request(group, spare_slot(group), IoOp::Write, block_);
-        req.offset += store_->tensor_offset_[static_cast<std::size_t>(tensor_)];
-        req.bytes = block_bytes_;
-        store_->io_->wait(store_->io_->submit({req}));
-      }
-    } else if (n > 0) {
-      fn(static_cast<std::byte*>(memory_[g].data()) + (at - begins_[g]) * esize, at, n);
-    }
+    std::byte* base = store_->groups_[g].nvme ? block_ : static_cast<std::byte*>(memory_[g].data());
+    if (n > 0) fn(g, at, n, base + (at - begins_[g]) * esize);
     at += n;
   }
 }
 
+// The tensor's area of NVMe sub-group g's spare slot, `bytes` of it, from or into the block.
+void SubgroupStore::Replacement::transfer_block(std::size_t g, IoOp op, std::size_t bytes) {
+  const Group& group = store_->groups_[g];
+  IoRequest req = store_->request(group, spare_slot(group), op, block_);
+  req.offset += store_->tensor_offset_[static_cast<std::size_t>(tensor_)];
+  req.bytes = bytes;
+  store_->io_->wait(store_->io_->submit({req}));
+}
+
+void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end, const Stretch& fn) {
+  each_stretch(begin, end, [&](std::size_t g, std::size_t at, std::size_t n, std::byte* data) {
+    fn(data, at, n);
+    // An NVMe sub-group's last element is in: its block goes to the tensor's area of the spare
+    // slot (the committed slot stays as it was until adopt()), the whole area, past a short
+    // sub-group's values too, so that the swap file reaches the end of every record a later
+    // read of a whole record asks for.
+    if (store_->groups_[g].nvme && at + n == begins_[g + 1]) {
+      transfer_block(g, IoOp::Write, block_bytes_);
+    }
+  });
+}
+
 void SubgroupStore::Replacement::read_range(std::size_t begin, std::size_t end,
                                             const Reader& fn) {
-  ZERO_ASSERT(begin <= end && end <= begins_.back());
   const std::size_t esize = dtype_size(dtype_);
-  auto g = static_cast<std::size_t>(std::upper_bound(begins_.begin() + 1, begins_.end(), begin) -
-                                    (begins_.begin() + 1));
-  for (std::size_t at = begin; at < end; ++g) {
-    const std::size_t n = std::min(end, begins_[g + 1]) - at;
-    const Group& group = store_->groups_[g];
-    if (n > 0 && group.nvme) {
-      IoRequest req = store_->request(group, spare_slot(group), IoOp::Read, block_);
-      req.offset += store_->tensor_offset_[static_cast<std::size_t>(tensor_)];
-      req.bytes = align_up((begins_[g + 1] - begins_[g]) * esize, store_->align_);
-      store_->io_->wait(store_->io_->submit({req}));
-      fn(block_ + (at - begins_[g]) * esize, at, n);
-    } else if (n > 0) {
-      fn(static_cast<const std::byte*>(memory_[g].data()) + (at - begins_[g]) * esize, at, n);
+  each_stretch(begin, end, [&](std::size_t g, std::size_t at, std::size_t n, std::byte* data) {
+    if (store_->groups_[g].nvme) {
+      transfer_block(g, IoOp::Read,
+                     align_up((begins_[g + 1] - begins_[g]) * esize, store_->align_));
     }
-    at += n;
-  }
+    fn(data, at, n);
+  });
 }
 
 void SubgroupStore::adopt(std::vector<Replacement>&& all) {

@@ -157,6 +157,10 @@ class SubgroupStore {
 
    private:
     friend class SubgroupStore;
+    template <typename Fn>
+    void each_stretch(std::size_t begin, std::size_t end, Fn&& fn);
+    void transfer_block(std::size_t g, IoOp op, std::size_t bytes);
+
     SubgroupStore* store_ = nullptr;
     int tensor_ = 0;
     DType dtype_ = DType::F32;

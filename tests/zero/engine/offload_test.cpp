@@ -4,7 +4,6 @@
 // saved from NVMe resumes bitwise; no swap file outlives the engine.
 #include <catch2/catch.hpp>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 
 #include "tests/temp_dir.h"
@@ -103,6 +102,88 @@ TEST_CASE("stage-3 parameters on NVMe (with or without the optimizer state) stay
   CHECK(std::filesystem::is_empty(nvme.path()));
 }
 
+// One rank training kModel from `config` by hand, so that a test can fail its I/O between calls.
+struct OneRank {
+  explicit OneRank(const json& config)
+      : shape(models::MlpShape::parse(kModel)),
+        mp(models::mlp_params(shape)),
+        cfg(config::load_config_json(config, [] {
+          config::Supplied s;
+          s.world_size = 1;
+          return s;
+        }())),
+        specs(make_specs()),
+        comm(world.comm(0)),
+        device(make_device("cpu", 0, {})),
+        engine(Engine::create(
+            cfg, *comm, *device, specs,
+            [&](std::size_t i, std::span<float> out) { models::init_param(shape, i, 7, 0, out); },
+            [] {
+              EngineOptions o;
+              o.kernel_threads = 1;
+              return o;
+            }())),
+        data(shape, 7) {}
+
+  engine_detail::EngineImpl& impl() { return dynamic_cast<engine_detail::EngineImpl&>(*engine); }
+
+  // Gathers, runs forward and backward on step t's batch and hands the gradients over.
+  void backward(int t) {
+    std::vector<std::vector<float>> w(specs.size()), g(specs.size());
+    for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      w[i] = to_f32(engine->param(i), cfg.model_dtype);
+      g[i].resize(mp[i].numel());
+    }
+    const auto micro = static_cast<std::size_t>(*cfg.train_micro_batch_size_per_gpu);
+    const models::Batch batch = data.batch(static_cast<std::uint64_t>(t), 0, micro);
+    std::vector<std::span<const float>> ws(w.begin(), w.end());
+    std::vector<std::span<float>> gs(g.begin(), g.end());
+    models::forward_backward(shape, ws, batch, static_cast<float>(engine->backward_scale()), gs);
+    for (std::size_t u = engine->num_units(); u-- > 0;) engine->release(static_cast<int>(u));
+    for (std::size_t i = specs.size(); i-- > 0;) {
+      kernels::cast_cpu(g[i].data(), DType::F32, engine->grad(i).data(), cfg.model_dtype,
+                        g[i].size());
+      engine->grad_ready(i);
+    }
+  }
+
+  // Every parameter's master weights and model copy, then global steps and learning rate.
+  std::vector<std::vector<float>> snapshot() {
+    std::vector<std::vector<float>> out;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      out.push_back(engine->gather_master(i));
+      out.push_back(to_f32(engine->gather_model(i), cfg.model_dtype));
+    }
+    out.push_back(
+        {static_cast<float>(engine->global_steps()), static_cast<float>(engine->current_lr())});
+    return out;
+  }
+
+  std::vector<ParamSpec> make_specs() const {
+    std::vector<ParamSpec> out;
+    for (std::size_t i = 0; i < mp.size(); ++i) {
+      ParamSpec spec;
+      spec.name = mp[i].name;
+      for (std::size_t d : mp[i].shape) spec.shape.push_back(static_cast<std::int64_t>(d));
+      spec.dtype = cfg.model_dtype;
+      spec.unit = static_cast<int>(i / 2);
+      out.push_back(spec);
+    }
+    return out;
+  }
+
+  const models::MlpShape shape;
+  const std::vector<models::MlpParam> mp;
+  const config::DsConfig cfg;
+  const std::vector<ParamSpec> specs;
+  InProcWorld world{1};
+  const std::unique_ptr<Communicator> comm;
+  const std::unique_ptr<Device> device;
+  const std::unique_ptr<Engine> engine;
+  const models::TeacherStudentData data;
+};
+
 // One rank trains; at step `faulty_step`, the I/O call k of one store's step fails (or, with
 // `disk_gone`, every call from the k-th on), for every k until a step goes through. Each failed
 // step must leave parameters, master weights and counters as they were; the run then continues.
@@ -113,68 +194,14 @@ struct FaultRun {
 };
 FaultRun train_with_io_faults(const json& config, bool fault_params, int faulty_step,
                               bool disk_gone = false) {
-  using namespace zero::models;
-  const MlpShape shape = MlpShape::parse(kModel);
-  const std::vector<MlpParam> mp = mlp_params(shape);
-  config::Supplied supplied;
-  supplied.world_size = 1;
-  const config::DsConfig cfg = config::load_config_json(config, supplied);
-  std::vector<ParamSpec> specs;
-  for (std::size_t i = 0; i < mp.size(); ++i) {
-    ParamSpec s;
-    s.name = mp[i].name;
-    for (std::size_t d : mp[i].shape) s.shape.push_back(static_cast<std::int64_t>(d));
-    s.dtype = cfg.model_dtype;
-    s.unit = static_cast<int>(i / 2);
-    specs.push_back(s);
-  }
-  InProcWorld world(1);
-  const std::unique_ptr<Communicator> comm = world.comm(0);
-  auto device = make_device("cpu", 0, {});
-  EngineOptions options;
-  options.kernel_threads = 1;
-  auto engine = Engine::create(
-      cfg, *comm, *device, specs,
-      [&](std::size_t i, std::span<float> out) { init_param(shape, i, 7, 0, out); }, options);
-  auto& impl = dynamic_cast<engine_detail::EngineImpl&>(*engine);
-  offload::AsyncIo* io = fault_params ? impl.param_io() : impl.optimizer_io();
+  OneRank r(config);
+  offload::AsyncIo* io = fault_params ? r.impl().param_io() : r.impl().optimizer_io();
   REQUIRE(io != nullptr);
-  const TeacherStudentData data(shape, 7);
-  const auto micro = static_cast<std::size_t>(*cfg.train_micro_batch_size_per_gpu);
-  auto backward = [&](int t) {
-    std::vector<std::vector<float>> w(specs.size()), g(specs.size());
-    for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      w[i] = to_f32(engine->param(i), cfg.model_dtype);
-      g[i].resize(mp[i].numel());
-    }
-    const Batch batch = data.batch(static_cast<std::uint64_t>(t), 0, micro);
-    std::vector<std::span<const float>> ws(w.begin(), w.end());
-    std::vector<std::span<float>> gs(g.begin(), g.end());
-    forward_backward(shape, ws, batch, static_cast<float>(engine->backward_scale()), gs);
-    for (std::size_t u = engine->num_units(); u-- > 0;) engine->release(static_cast<int>(u));
-    for (std::size_t i = specs.size(); i-- > 0;) {
-      kernels::cast_cpu(g[i].data(), DType::F32, engine->grad(i).data(), cfg.model_dtype,
-                        g[i].size());
-      engine->grad_ready(i);
-    }
-  };
-  auto snapshot = [&] {
-    std::vector<std::vector<float>> out;
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      out.push_back(engine->gather_master(i));
-      const std::vector<std::byte> m = engine->gather_model(i);
-      out.push_back(to_f32(m, cfg.model_dtype));
-    }
-    out.push_back(
-        {static_cast<float>(engine->global_steps()), static_cast<float>(engine->current_lr())});
-    return out;
-  };
   FaultRun result;
   for (int t = 0; t < 4; ++t) {
     for (std::uint64_t k = 0;; ++k) {
-      const auto before = snapshot();
-      backward(t);
+      const auto before = r.snapshot();
+      r.backward(t);
       if (t == faulty_step) {
         const std::uint64_t at = io->calls() + k;
         io->set_fault([at, disk_gone](std::uint64_t call, const offload::IoRequest&) {
@@ -184,18 +211,20 @@ FaultRun train_with_io_faults(const json& config, bool fault_params, int faulty_
       }
       bool failed = false;
       try {
-        engine->step();
+        r.engine->step();
       } catch (const IoError&) {
         failed = true;
       }
       io->set_fault(nullptr);
       if (!failed) break;
       INFO("step " << t << ": I/O call " << k << " of the step failed");
-      REQUIRE(snapshot() == before);
+      REQUIRE(r.snapshot() == before);
       ++result.failures;
     }
   }
-  for (std::size_t i = 0; i < specs.size(); ++i) result.params.push_back(engine->gather_master(i));
+  for (std::size_t i = 0; i < r.specs.size(); ++i) {
+    result.params.push_back(r.engine->gather_master(i));
+  }
   return result;
 }
 
@@ -241,62 +270,18 @@ TEST_CASE(
     "a checkpoint load into NVMe does its I/O before the ranks agree: a failure at any "
     "call changes nothing, and no whole copy of the state is held in memory",
     "[offload]") {
-  using namespace zero::models;
   TempDir nvme("zero_nvme");
   TempDir ckpt("zero_nvme_load");
-  json c = with_offload(base_config(2, "fp32", 1), "nvme", nvme.str());
-  const MlpShape shape = MlpShape::parse(kModel);
-  const std::vector<MlpParam> mp = mlp_params(shape);
-  config::Supplied supplied;
-  supplied.world_size = 1;
-  const config::DsConfig cfg = config::load_config_json(c, supplied);
-  std::vector<ParamSpec> specs;
-  for (std::size_t i = 0; i < mp.size(); ++i) {
-    ParamSpec spec;
-    spec.name = mp[i].name;
-    for (std::size_t d : mp[i].shape) spec.shape.push_back(static_cast<std::int64_t>(d));
-    spec.dtype = cfg.model_dtype;
-    spec.unit = static_cast<int>(i / 2);
-    specs.push_back(spec);
-  }
-  InProcWorld world(1);
-  const std::unique_ptr<Communicator> comm = world.comm(0);
-  auto device = make_device("cpu", 0, {});
-  EngineOptions options;
-  options.kernel_threads = 1;
-  auto engine = Engine::create(
-      cfg, *comm, *device, specs,
-      [&](std::size_t i, std::span<float> out) { init_param(shape, i, 7, 0, out); }, options);
-  auto& impl = dynamic_cast<engine_detail::EngineImpl&>(*engine);
-  offload::AsyncIo* io = impl.optimizer_io();
+  OneRank r(with_offload(base_config(2, "fp32", 1), "nvme", nvme.str()));
+  Engine* engine = r.engine.get();
+  Device* device = r.device.get();
+  offload::AsyncIo* io = r.impl().optimizer_io();
   REQUIRE(io != nullptr);
-  const TeacherStudentData data(shape, 7);
   auto train_step = [&](int t) {
-    std::vector<std::vector<float>> w(specs.size()), g(specs.size());
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      w[i] = to_f32(engine->param(i), cfg.model_dtype);
-      g[i].resize(mp[i].numel());
-    }
-    const Batch batch = data.batch(static_cast<std::uint64_t>(t), 0, 4);
-    std::vector<std::span<const float>> ws(w.begin(), w.end());
-    std::vector<std::span<float>> gs(g.begin(), g.end());
-    forward_backward(shape, ws, batch, static_cast<float>(engine->backward_scale()), gs);
-    for (std::size_t i = specs.size(); i-- > 0;) {
-      std::memcpy(engine->grad(i).data(), g[i].data(), g[i].size() * sizeof(float));
-      engine->grad_ready(i);
-    }
+    r.backward(t);
     engine->step();
   };
-  // Master weights and both Adam moments (through the checkpoint accessors' view: the master).
-  auto snapshot = [&] {
-    std::vector<std::vector<float>> out;
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      out.push_back(engine->gather_master(i));
-      out.push_back(to_f32(engine->gather_model(i), cfg.model_dtype));
-    }
-    out.push_back({static_cast<float>(engine->global_steps())});
-    return out;
-  };
+  auto snapshot = [&] { return r.snapshot(); };
   train_step(0);
   train_step(1);
   engine->save_checkpoint(ckpt.str(), "saved");

@@ -1,6 +1,6 @@
-// zero-bench comm: bus bandwidth of reduce_scatter, all_gather and all_reduce, fp32, bf16 and fp16, for
-// InProcComm (W ranks as threads of this process), ShmComm (W processes this command forks, over
-// shared memory) and, when launched by mpirun, MpiComm (the job's processes). Each figure is
+// zero-bench comm: bus bandwidth of reduce_scatter, all_gather and all_reduce, fp32, bf16 and fp16,
+// for InProcComm (W ranks as threads of this process), ShmComm (W processes this command forks,
+// over shared memory) and, when launched by mpirun, MpiComm (the job's processes). Each figure is
 // validated (a sum over ranks of known values) before it is timed: best of R single ops after a
 // warm-up, the slowest rank's time. InProcComm and ShmComm are measured in alternating rounds
 // (--rounds N: inproc, shm, inproc, shm, ...), each row keeping its best over the rounds, so a
@@ -20,9 +20,9 @@
 // The figure the issue quotes: OpenMPI 4.1's reduce_scatter_block (MPI_Ireduce_scatter_block,
 // which MpiComm uses) reached about 0.4 GB/s bus bandwidth on this machine for 64 MB per rank
 // between 2 processes; a shared-memory collective should be an order of magnitude faster.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 

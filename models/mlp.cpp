@@ -275,8 +275,7 @@ void init_param(const MlpShape& shape, std::size_t index, std::uint64_t seed, in
   const double fan_in = static_cast<double>(shape.widths[index / 2]);
   const double bound = 1.0 / std::sqrt(fan_in);
   for (std::size_t e = 0; e < out.size(); ++e) {
-    const double u =
-        unit(key(seed, static_cast<std::uint64_t>(stream) + 0x100, index, first + e));
+    const double u = unit(key(seed, static_cast<std::uint64_t>(stream) + 0x100, index, first + e));
     out[e] = static_cast<float>((2.0 * u - 1.0) * bound);
   }
 }
@@ -299,8 +298,8 @@ std::vector<float> TeacherStudentData::teacher_param(std::size_t index) const {
   std::vector<float> out(mlp_params(shape_)[index].numel());
   // In pieces over the threads; an element's value depends on its index only.
   const auto count = static_cast<std::int64_t>(threads_);
-  const std::size_t piece = (out.size() + static_cast<std::size_t>(threads_) - 1) /
-                            static_cast<std::size_t>(threads_);
+  const std::size_t piece =
+      (out.size() + static_cast<std::size_t>(threads_) - 1) / static_cast<std::size_t>(threads_);
 #pragma omp parallel for schedule(static) num_threads(threads_) if (threads_ > 1)
   for (std::int64_t t = 0; t < count; ++t) {
     const std::size_t lo = std::min(out.size(), static_cast<std::size_t>(t) * piece);

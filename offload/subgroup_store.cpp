@@ -375,9 +375,8 @@ SubgroupStore::Replacement SubgroupStore::replacement(int tensor) {
   if (largest_nvme > 0) {
     // The tensor's area in a record (records are sized for the largest sub-group).
     const auto t = static_cast<std::size_t>(tensor);
-    const std::size_t block = (t + 1 < tensor_offset_.size() ? tensor_offset_[t + 1]
-                                                             : record_bytes_) -
-                              tensor_offset_[t];
+    const std::size_t block =
+        (t + 1 < tensor_offset_.size() ? tensor_offset_[t + 1] : record_bytes_) - tensor_offset_[t];
     ZERO_ASSERT(block >= largest_nvme);
     r.block_bytes_ = block;
     r.block_memory_ = device_.allocate(block + align_, MemoryKind::Host, MemoryTag::Staging);
@@ -427,8 +426,7 @@ void SubgroupStore::Replacement::for_range(std::size_t begin, std::size_t end, c
   });
 }
 
-void SubgroupStore::Replacement::read_range(std::size_t begin, std::size_t end,
-                                            const Reader& fn) {
+void SubgroupStore::Replacement::read_range(std::size_t begin, std::size_t end, const Reader& fn) {
   const std::size_t esize = dtype_size(dtype_);
   each_stretch(begin, end, [&](std::size_t g, std::size_t at, std::size_t n, std::byte* data) {
     if (store_->groups_[g].nvme) {

@@ -169,7 +169,7 @@ class SubgroupStore {
     std::vector<bool> swap_;           // adopt() swaps memory_[g] in, else copies it
     Buffer block_memory_;              // NVMe sub-groups: the block being filled, aligned
     std::byte* block_ = nullptr;
-    std::size_t block_bytes_ = 0;      // the tensor's area in a record
+    std::size_t block_bytes_ = 0;  // the tensor's area in a record
   };
   Replacement replacement(int tensor);
   // Makes the replacements' values the tensors' (one call for all of them): swaps each memory

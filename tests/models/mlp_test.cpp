@@ -282,7 +282,8 @@ TEST_CASE("a teacher too large to keep gives the kept teacher's targets, bit for
   // A limit of 0 bytes: no teacher is kept; every batch() makes the layers anew.
   const zt::TeacherStudentData made(shape, 9, 2, /*resident_limit_bytes=*/0);
   const zt::TeacherStudentData made_one_thread(shape, 9, 1, 0);
-  for (const auto& [first, rows] : {std::pair<std::uint64_t, std::size_t>{5, 50}, {16, 16}, {3, 1}}) {
+  for (const auto& [first, rows] :
+       {std::pair<std::uint64_t, std::size_t>{5, 50}, {16, 16}, {3, 1}}) {
     INFO("samples " << first << " + " << rows);
     const auto a = kept.batch(2, first, rows);
     const auto b = made.batch(2, first, rows);

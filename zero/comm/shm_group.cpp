@@ -85,8 +85,8 @@ void* map_staggered(int fd, std::size_t bytes, std::uint64_t own_base, std::uint
   }
   // Reserve a period more than needed, place the view in it, give back the rest.
   const std::size_t span = bytes + kStaggerPeriod;
-  void* reserved = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                          -1, 0);
+  void* reserved =
+      ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (reserved == MAP_FAILED) return MAP_FAILED;
   const auto lo = reinterpret_cast<std::uint64_t>(reserved);
   const std::uint64_t want = (own_base + index * kStagger) % kStaggerPeriod;

@@ -409,8 +409,8 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     // Writes fp32 values that produce(out, first, n) makes of elements [offset, offset + count)
     // of domain d, converting in tiles where the tensor is held in another dtype.
     std::vector<float> tile(std::size_t{1} << 16);
-    auto put = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset,
-                   std::size_t count, const auto& produce) {
+    auto put = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset, std::size_t count,
+                   const auto& produce) {
       optimizer_->write_replacement(
           r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
             if (r.dtype() == DType::F32) {

@@ -163,7 +163,8 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
   if (model_store != nullptr) {
     model_store->begin_batch();
     before_agree = [&] {
-      if (preview) store_->visit_memory([&](const auto& view) { each_run(view, PartMode::ModelOnly); });
+      if (preview)
+        store_->visit_memory([&](const auto& view) { each_run(view, PartMode::ModelOnly); });
       model_store->flush();
       if (before_commit) before_commit();
     };
@@ -171,16 +172,18 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
     before_agree = before_commit;
   }
   try {
-    store_->update_all([&](const offload::SubgroupStore::View& view) {
-      if (view.nvme && model_store == nullptr) {
-        for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
-          const std::byte* model = slices_.model(run.domain, run.unit, first);
-          undo.push_back({run.domain, run.unit, first,
-                          std::vector<std::byte>(model, model + (last - first) * msize)});
-        });
-      }
-      each_run(view, !view.nvme && preview ? PartMode::StateOnly : PartMode::Full);
-    }, agree, before_agree);
+    store_->update_all(
+        [&](const offload::SubgroupStore::View& view) {
+          if (view.nvme && model_store == nullptr) {
+            for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
+              const std::byte* model = slices_.model(run.domain, run.unit, first);
+              undo.push_back({run.domain, run.unit, first,
+                              std::vector<std::byte>(model, model + (last - first) * msize)});
+            });
+          }
+          each_run(view, !view.nvme && preview ? PartMode::StateOnly : PartMode::Full);
+        },
+        agree, before_agree);
     if (model_store != nullptr) model_store->commit_batch();
   } catch (const IoError&) {
     if (model_store != nullptr) {
@@ -214,8 +217,8 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
   t.state_dtype = options_.state_dtype;
   // A 16-bit model copy is written by the kernel, rounded once from the updated master.
   if (model_dtype != DType::F32 && write_model) t.param_out_dtype = model_dtype;
-  const std::size_t tile = master_dtype == DType::F32 && !on_copies ? std::max<std::size_t>(n, 1)
-                                                                    : kMasterTileElems;
+  const std::size_t tile =
+      master_dtype == DType::F32 && !on_copies ? std::max<std::size_t>(n, 1) : kMasterTileElems;
   const std::size_t ssize = dtype_size(options_.state_dtype);
   const std::size_t states = view.tensors.size() - 1;
   for (std::size_t b = 0; b < n; b += tile) {
@@ -241,7 +244,8 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
     }
     t.state0 = state[0];
     t.state1 = state[1];
-    if (model_dtype != DType::F32 && write_model) t.param_out = model_out + b * dtype_size(model_dtype);
+    if (model_dtype != DType::F32 && write_model)
+      t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
     if (model_dtype == DType::F32 && write_model) {
@@ -274,8 +278,8 @@ std::vector<std::byte> PartitionOptimizer::model_from(offload::SubgroupStore::Re
   const std::size_t total = static_cast<std::size_t>(domains()) * partition_elems_;
   std::vector<std::byte> model(total * msize);
   master.read_range(0, total, [&](const std::byte* src, std::size_t first, std::size_t n) {
-    compute_.combine(model.data() + first * msize, options_.model_dtype, src,
-                     options_.master_dtype, n, 1.0f, false, options_.exec);
+    compute_.combine(model.data() + first * msize, options_.model_dtype, src, options_.master_dtype,
+                     n, 1.0f, false, options_.exec);
   });
   return model;
 }

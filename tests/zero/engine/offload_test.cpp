@@ -107,11 +107,12 @@ struct OneRank {
   explicit OneRank(const json& config)
       : shape(models::MlpShape::parse(kModel)),
         mp(models::mlp_params(shape)),
-        cfg(config::load_config_json(config, [] {
-          config::Supplied s;
-          s.world_size = 1;
-          return s;
-        }())),
+        cfg(config::load_config_json(config,
+                                     [] {
+                                       config::Supplied s;
+                                       s.world_size = 1;
+                                       return s;
+                                     }())),
         specs(make_specs()),
         comm(world.comm(0)),
         device(make_device("cpu", 0, {})),

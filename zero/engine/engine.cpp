@@ -490,13 +490,6 @@ void EngineImpl::all_gather_model() {
   for (auto& w : inflight) w.first.wait();
 }
 
-void EngineImpl::refresh_model_from_master() {
-  optimizer_->write_model();
-  if (param_store_) param_store_->flush();
-  all_gather_model();
-  if (fetcher_) fetcher_->refresh_after_step();
-}
-
 double EngineImpl::current_lr(int group) const {
   ZERO_CHECK(group >= 0 && static_cast<std::size_t>(group) < groups_.size(),
              "current_lr: unknown group {}", group);

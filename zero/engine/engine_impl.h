@@ -155,7 +155,6 @@ class EngineImpl final : public Engine, private SliceMap {
   void all_gather_model();
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
-  void refresh_model_from_master();
 
   // Checkpoints (engine_checkpoint.cpp).
   ckpt::Manifest describe(const std::string& tag) const;

@@ -78,13 +78,8 @@ void ParamFetcher::start_gather(int unit) {
   const std::byte* slice = nullptr;
   if (!source_) {
     slice = partition_ + ul.partition_offset * dtype_size(dtype_);
-  } else if (u.staged.data() != nullptr) {
-    u.source = std::move(u.staged);
-    slice = static_cast<const std::byte*>(u.source.data());
   } else {
-    u.source = device_.allocate(ul.slice_elems * dtype_size(dtype_), MemoryKind::Device,
-                                MemoryTag::Staging);
-    source_(unit, static_cast<std::byte*>(u.source.data()));
+    u.source = u.staged.empty() ? copy_slice(unit) : std::move(u.staged);
     slice = static_cast<const std::byte*>(u.source.data());
   }
   u.work = comm_.all_gather(slice, u.buffer.data(), ul.slice_elems, dtype_);
@@ -239,15 +234,18 @@ void ParamFetcher::refresh_after_step() {
   for (Unit& u : units_) wait(u);
 }
 
+Buffer ParamFetcher::copy_slice(int unit) {
+  Buffer b = device_.allocate(layout_.unit(unit).slice_elems * dtype_size(dtype_),
+                              MemoryKind::Device, MemoryTag::Staging);
+  source_(unit, static_cast<std::byte*>(b.data()));
+  return b;
+}
+
 void ParamFetcher::stage_refresh() {
   if (!source_) return;
   for (std::size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
-    if (!u.persistent || u.elems == 0) continue;
-    const UnitLayout& ul = layout_.unit(static_cast<int>(i));
-    u.staged = device_.allocate(ul.slice_elems * dtype_size(dtype_), MemoryKind::Device,
-                                MemoryTag::Staging);
-    source_(static_cast<int>(i), static_cast<std::byte*>(u.staged.data()));
+    if (u.persistent && u.elems > 0) u.staged = copy_slice(static_cast<int>(i));
   }
 }
 

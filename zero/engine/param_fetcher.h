@@ -107,6 +107,7 @@ class ParamFetcher {
   enum class Trace { Record, Complete, Invalid };
 
   void start_gather(int unit);
+  Buffer copy_slice(int unit);  // the unit's slice out of source_, in a staging buffer
   void wait(Unit& u);
   void free(Unit& u);
   void prefetch();

@@ -7,6 +7,7 @@
 #include "kernels/cpu_parallel.h"
 #include "zero/base/error.h"
 #include "zero/base/half.h"
+#include "zero/base/stream_copy.h"
 
 namespace zero::kernels {
 namespace {
@@ -69,8 +70,9 @@ void combine_cpu(void* dst, DType dst_dtype, const void* src, DType src_dtype, s
     const std::size_t elem = dtype_size(dst_dtype);
     detail::for_each_tile(
         numel, detail::kTileElems, threads, [&](std::size_t begin, std::size_t end) {
-          std::memcpy(static_cast<std::byte*>(dst) + begin * elem,
-                      static_cast<const std::byte*>(src) + begin * elem, (end - begin) * elem);
+          copy_large(static_cast<std::byte*>(dst) + begin * elem,
+                     static_cast<const std::byte*>(src) + begin * elem, (end - begin) * elem,
+                     numel * elem);
         });
     return;
   }

@@ -332,7 +332,8 @@ const io::SafetensorsReader& CheckpointReader::rank_reader(int rank) const {
 }
 
 void CheckpointReader::read_tracked(int rank, const std::string& what, std::uint64_t offset,
-                                    void* dst, std::size_t bytes) const {
+                                    void* dst, std::size_t bytes,
+                                    const io::SafetensorsReader::PieceFn& also) const {
   const io::SafetensorsReader& reader = rank_reader(rank);
   const RankFile& f = manifest_.files[static_cast<std::size_t>(rank)];
   const auto listed = f.tensors.find(what);
@@ -342,6 +343,7 @@ void CheckpointReader::read_tracked(int rank, const std::string& what, std::uint
   if (!continues) {
     if (!s.verified) s.out_of_order = true;
     reader.read_range(what, offset, dst, bytes);
+    if (also) also(static_cast<const std::byte*>(dst), bytes);
     return;
   }
   // Until the read below succeeded the stream is unusable: an exception leaves it half fed.
@@ -351,8 +353,10 @@ void CheckpointReader::read_tracked(int rank, const std::string& what, std::uint
     reader.read_range(what, s.hashed_bytes, gap.data(), gap.size());
     s.sum.update(gap.data(), gap.size());
   }
-  reader.read_range(what, offset, dst, bytes,
-                    [&](const std::byte* piece, std::size_t n) { s.sum.update(piece, n); });
+  reader.read_range(what, offset, dst, bytes, [&](const std::byte* piece, std::size_t n) {
+    s.sum.update(piece, n);
+    if (also) also(piece, n);
+  });
   s.hashed_bytes = offset + bytes;
   s.out_of_order = false;
   if (s.hashed_bytes < listed->second.bytes) return;
@@ -402,7 +406,7 @@ void CheckpointReader::verify_model_16bit() const {
 }
 
 void CheckpointReader::read_param(std::size_t param, const std::string& what, std::uint64_t begin,
-                                  std::uint64_t count, float* out) const {
+                                  std::uint64_t count, float* out, const ValuesFn& also) const {
   ZERO_CHECK_AS(IoError, param < manifest_.params.size() && manifest_.params[param].trainable,
                 "checkpoint {}: parameter {} is not a trainable parameter", path_, param);
   const ParamEntry& p = manifest_.params[param];
@@ -411,12 +415,20 @@ void CheckpointReader::read_param(std::size_t param, const std::string& what, st
                 begin + count, p.name, p.numel);
   const UnitEntry& u = manifest_.units[static_cast<std::size_t>(p.unit)];
   std::uint64_t flat = p.offset + begin;
+  std::size_t done = 0;  // elements of out written
+  io::SafetensorsReader::PieceFn pass_on;
+  if (also) {
+    pass_on = [&](const std::byte* piece, std::size_t n) {
+      also(piece, done, n / sizeof(float));
+      done += n / sizeof(float);
+    };
+  }
   while (count > 0) {
     const std::uint64_t rank = flat / u.slice_elems;
     const std::uint64_t in_slice = flat % u.slice_elems;
     const std::uint64_t n = std::min(count, u.slice_elems - in_slice);
     read_tracked(static_cast<int>(rank), what, (u.partition_offset + in_slice) * sizeof(float), out,
-                 n * sizeof(float));
+                 n * sizeof(float), pass_on);
     out += n;
     flat += n;
     count -= n;

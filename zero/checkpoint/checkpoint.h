@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -126,9 +127,10 @@ class CheckpointReader {
 
   // Elements [begin, begin + count) of trainable parameter `param` (manifest index) from tensor
   // `what` ("master" or a state name), as fp32. Reads only the byte ranges holding them (and the
-  // small gaps before them, for the checksum).
+  // small gaps before them, for the checksum). `also` as CheckpointSource::read's.
+  using ValuesFn = std::function<void(const std::byte* values, std::size_t first, std::size_t n)>;
   void read_param(std::size_t param, const std::string& what, std::uint64_t begin,
-                  std::uint64_t count, float* out) const;
+                  std::uint64_t count, float* out, const ValuesFn& also = nullptr) const;
   // The whole model copy of a frozen parameter, raw bytes in its dtype.
   std::vector<std::byte> read_frozen(std::size_t param) const;
 
@@ -144,9 +146,10 @@ class CheckpointReader {
 
   const io::SafetensorsReader& rank_reader(int rank) const;
   // Bytes [offset, offset + bytes) of tensor `what` of rank `rank`'s file into dst, hashed on the
-  // way when they continue the tensor's stream.
+  // way when they continue the tensor's stream; also(piece, n), if given, sees them piece by piece
+  // in order (in cache where they are hashed).
   void read_tracked(int rank, const std::string& what, std::uint64_t offset, void* dst,
-                    std::size_t bytes) const;
+                    std::size_t bytes, const io::SafetensorsReader::PieceFn& also = nullptr) const;
   // Compares a stream that has hashed all of tensor `name` with its checksum `sum`; throws
   // IoError naming the file and the tensor on a mismatch.
   void finish_stream(Stream& s, const RankFile& f, const std::string& name,

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -121,11 +122,16 @@ class CheckpointSource {
   void verify(int rank, int world) const;
 
   // Elements [begin, begin + count) of trainable parameter p's "master" weights or of its
-  // optimizer state `what` ("exp_avg", ...), as fp32, into out[0, count).
+  // optimizer state `what` ("exp_avg", ...), as fp32, into out[0, count). `also`, if given, sees
+  // the same values once more, stretch by stretch while they are in cache: also(values, first, n)
+  // with values holding elements [first, first + n) of out (fp32 bytes, any alignment).
   // REQUIRES: params()[p].trainable. Reading a parameter's ranges in order is cheapest (a
   // DeepSpeed parameter is reconstructed whole once and kept for the ranges that follow).
-  virtual void read(std::size_t p, const std::string& what, std::uint64_t begin,
-                    std::uint64_t count, float* out) const = 0;
+  using ValuesFn = std::function<void(const std::byte* values, std::size_t first, std::size_t n)>;
+  void read(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count,
+            float* out, const ValuesFn& also = nullptr) const {
+    read_values(p, what, begin, count, out, also);
+  }
   // Parameter p whole as fp32, for a reader that keeps it frozen: a non-trainable parameter's
   // saved values widened exactly, a trainable one's master weights.
   virtual std::vector<float> read_frozen(std::size_t p) const = 0;
@@ -137,6 +143,11 @@ class CheckpointSource {
   virtual SourceCounters counters() const = 0;
   // What the embedding passed to save_checkpoint (zero); an empty object for DeepSpeed.
   virtual nlohmann::json client_state() const = 0;
+
+ private:
+  // read()'s work, `also` possibly empty.
+  virtual void read_values(std::size_t p, const std::string& what, std::uint64_t begin,
+                           std::uint64_t count, float* out, const ValuesFn& also) const = 0;
 };
 
 }  // namespace zero::ckpt

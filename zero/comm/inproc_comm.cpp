@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "zero/base/error.h"
+#include "zero/base/stream_copy.h"
 #include "zero/comm/comm_thread.h"
 #include "zero/comm/reduce_math.h"
 
@@ -286,7 +287,7 @@ class InProcComm final : public Communicator {
           if (a.in_place && q == rank_) continue;
           const std::size_t offset = static_cast<std::size_t>(q) * bytes;
           const void* src = a.in_place ? bytes_at(peer(q).recv, offset) : peer(q).send;
-          std::memcpy(bytes_at(a.recv, offset), src, bytes);
+          copy_large(bytes_at(a.recv, offset), src, bytes, bytes);
         }
         break;
       }
@@ -305,8 +306,8 @@ class InProcComm final : public Communicator {
           if (q == rank_) continue;
           const auto [qb, qe] = chunk_bounds(a.elems, n, q);
           if (qe > qb) {
-            std::memcpy(bytes_at(a.recv, qb * esz), bytes_at(peer(q).recv, qb * esz),
-                        (qe - qb) * esz);
+            copy_large(bytes_at(a.recv, qb * esz), bytes_at(peer(q).recv, qb * esz),
+                       (qe - qb) * esz, (qe - qb) * esz);
           }
         }
         arrive(op, 3);
@@ -314,7 +315,7 @@ class InProcComm final : public Communicator {
       }
       case Collective::Broadcast:
         if (rank_ != a.root && a.elems > 0) {
-          std::memcpy(a.recv, peer(a.root).recv, a.elems * esz);
+          copy_large(a.recv, peer(a.root).recv, a.elems * esz, a.elems * esz);
         }
         break;
       case Collective::Barrier: break;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "zero/base/error.h"
+#include "zero/base/stream_copy.h"
 #include "zero/comm/reduce_math.h"
 
 namespace zero::comm_detail {
@@ -67,7 +68,7 @@ void cma_copy(ShmGroup& g, int q, std::uint64_t remote, void* local, std::size_t
               const ShmOp& op, ShmScratch& scratch) {
   if (const void* direct = g.direct(q, remote, bytes)) {
     g.count_direct(bytes);
-    std::memcpy(local, direct, bytes);
+    copy_large(local, direct, bytes, bytes);
     return;
   }
   if (((remote ^ reinterpret_cast<std::uint64_t>(local)) & (kAlign - 1)) == 0) {

@@ -7,8 +7,9 @@
 //
 // Load: every rank reads the manifest, reads exactly the byte ranges of its new partition through
 // the old layout (any world size, any stage) into new memory (PartitionOptimizer::replacement),
-// hashing them on the way, verifies what its share of the files (file q by rank q mod W) still
-// needs, and only once every rank succeeded swaps the new memory in.
+// hashing them on the way (and, in memory, making its model copy from the master weights while
+// they are in cache), verifies what its share of the files (file q by rank q mod W) still needs,
+// and only once every rank succeeded swaps the new memory in.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/combine.h"
+#include "zero/base/stream_copy.h"
 #include "zero/checkpoint/source.h"
 #include "zero/engine/engine_impl.h"
 
@@ -404,22 +406,36 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   std::vector<std::vector<std::byte>> frozen(specs_.size());
   std::vector<std::byte> model;
   const bool stash_model = param_store_ != nullptr || optimizer_->store().nvme_count() > 0;
+  // In memory with fp32 master weights, the master weights make the model copy as they are read,
+  // while they are in cache (one pass less over memory than write_model() after the commit).
+  // Until the ranks agree the model copy then no longer matches the master weights in place: a
+  // failure writes it back from them.
+  const bool model_on_the_way = !stash_model && optimizer_->tensor_dtype(0) == DType::F32;
   SourceCounters counters;
   try {
-    // Writes fp32 values that produce(out, first, n) makes of elements [offset, offset + count)
-    // of domain d, converting in tiles where the tensor is held in another dtype.
+    // Writes fp32 values that produce(out, first, n, also) makes of elements [offset, offset +
+    // count) of domain d, converting in tiles where the tensor is held in another dtype. `also`
+    // (CheckpointSource::read's) makes the model copy of master weights on the way, or is empty.
+    using ValuesFn = ckpt::CheckpointSource::ValuesFn;
     std::vector<float> tile(std::size_t{1} << 16);
     auto put = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset, std::size_t count,
                    const auto& produce) {
+      const bool model_too = model_on_the_way && r.tensor() == 0;
       optimizer_->write_replacement(
           r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
             if (r.dtype() == DType::F32) {
-              produce(reinterpret_cast<float*>(data), first, n);
+              ValuesFn also;
+              if (model_too) {
+                also = [&](const std::byte* values, std::size_t i, std::size_t m) {
+                  optimizer_->write_model_range(d, offset + first + i, m, values);
+                };
+              }
+              produce(reinterpret_cast<float*>(data), first, n, also);
               return;
             }
             for (std::size_t b = 0; b < n; b += tile.size()) {
               const std::size_t m = std::min(tile.size(), n - b);
-              produce(tile.data(), first + b, m);
+              produce(tile.data(), first + b, m, ValuesFn());
               combine(data + b * dtype_size(r.dtype()), r.dtype(), tile.data(), DType::F32, m);
             }
           });
@@ -428,7 +444,10 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     auto fill = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset,
                     std::size_t count, float value) {
       put(r, d, offset, count,
-          [&](float* out, std::size_t, std::size_t n) { std::fill_n(out, n, value); });
+          [&](float* out, std::size_t, std::size_t n, const ValuesFn& also) {
+            std::fill_n(out, n, value);
+            if (also) also(reinterpret_cast<const std::byte*>(out), 0, n);
+          });
     };
     // Parameter by parameter (what = master, then each state), so a source that reconstructs a
     // whole parameter at a time does so once per tensor.
@@ -445,9 +464,10 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
           ZERO_ASSERT(seg.slice_offset >= written);
           fill(r, d, written, seg.slice_offset - written, init);
           const std::size_t param = from[layout_to_spec_[seg.param]];
-          put(r, d, seg.slice_offset, seg.numel, [&](float* out, std::size_t first, std::size_t n) {
-            source->read(param, what, seg.param_begin + first, n, out);
-          });
+          put(r, d, seg.slice_offset, seg.numel,
+              [&](float* out, std::size_t first, std::size_t n, const ValuesFn& also) {
+                source->read(param, what, seg.param_begin + first, n, out, also);
+              });
           written = seg.slice_offset + seg.numel;
         }
         fill(r, d, written, P - written, init);
@@ -464,8 +484,8 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     // With NVMe in play, the model copy the new master weights make is found now (reading NVMe
     // sub-groups back), so that nothing after the ranks agree does I/O. With stage 3's slices in
     // a swap store it is written there now as a batch (committed below), and the persistent
-    // units' slices read back for the refresh. In memory, write_model() after the commit reads
-    // the master in place instead (one pass, nothing to fail).
+    // units' slices read back for the refresh. In memory the model copy was made on the way
+    // (fp32 master weights) or write_model() makes it after the commit (nothing to fail).
     if (stash_model) model = optimizer_->model_from(fresh.front());
     if (param_store_) {
       param_store_->begin_batch();
@@ -479,6 +499,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   try {
     agree_on_failure(error);
   } catch (...) {
+    if (model_on_the_way) optimizer_->write_model();
     if (param_store_) param_store_->abort_batch();
     if (fetcher_) fetcher_->drop_staged();
     throw;
@@ -504,7 +525,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     param_store_->commit_batch();  // written back above: flips slots, no I/O
   } else if (stash_model) {
     optimizer_->write_model(model);
-  } else {
+  } else if (!model_on_the_way) {
     optimizer_->write_model();
   }
   all_gather_model();

@@ -1,3 +1,4 @@
+#include "zero/base/stream_copy.h"
 #include "zero/engine/partition_optimizer.h"
 
 #include <algorithm>
@@ -282,6 +283,27 @@ std::vector<std::byte> PartitionOptimizer::model_from(offload::SubgroupStore::Re
                      n, 1.0f, false, options_.exec);
   });
   return model;
+}
+
+void PartitionOptimizer::write_model_range(int domain, std::size_t offset, std::size_t count,
+                                           const std::byte* master) {
+  ZERO_ASSERT(domain >= 0 && domain < domains() && offset + count <= partition_elems_);
+  const DType dt = options_.master_dtype;
+  const std::size_t msize = dtype_size(options_.model_dtype);
+  offload::SubgroupStore::View range;
+  range.begin = static_cast<std::size_t>(domain) * partition_elems_ + offset;
+  range.end = range.begin + count;
+  for_runs(range, [&](const Run& run, std::size_t first, std::size_t last) {
+    const std::byte* src = master + (run.flat + (first - run.begin) - range.begin) * dtype_size(dt);
+    std::byte* dst = slices_.model(run.domain, run.unit, first);
+    if (options_.model_dtype == dt) {
+      // The whole model copy is what is being written, a piece at a time: stream it.
+      copy_large(dst, src, (last - first) * msize, partition_elems_ * msize);
+    } else {
+      compute_.combine(dst, options_.model_dtype, src, dt, last - first, 1.0f, false,
+                       options_.exec);
+    }
+  });
 }
 
 void PartitionOptimizer::write_model(std::span<const std::byte> model) {

@@ -115,6 +115,11 @@ class PartitionOptimizer {
   std::vector<std::byte> model_from(offload::SubgroupStore::Replacement& master);
   // The model copy ← `model` (as model_from() returns it), through the SliceMap.
   void write_model(std::span<const std::byte> model);
+  // The model copy at elements [offset, offset + count) of `domain`'s partition ← `master`
+  // (count master weights in the master dtype, e.g. a replacement's values while they are still in
+  // cache), rounded as write_model() rounds them. The partition's padding has no model copy.
+  void write_model_range(int domain, std::size_t offset, std::size_t count,
+                         const std::byte* master);
 
   // Checkpoint access. Tensor 0 is the master weights, tensor k + 1 optimizer state k; each is
   // domains() × partition_elems() elements, domain after domain, in tensor_dtype(t).

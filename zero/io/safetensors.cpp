@@ -28,7 +28,7 @@
 #include "zero/base/error.h"
 #include "zero/base/half.h"
 #include "zero/base/shape.h"
-#include "zero/io/stream_copy.h"
+#include "zero/base/stream_copy.h"
 
 namespace zero::io {
 
@@ -247,12 +247,12 @@ void SafetensorsReader::copy_pieces(const std::byte* src, std::byte* dst, std::s
     std::memcpy(dst, src, bytes);
     return;
   }
-  // The checksum reads each piece first, so the copy reads it from cache; the copy's
-  // non-temporal stores then write the destination without reading it.
+  // The checksum reads each piece first, so the copy reads it from cache; for a large range the
+  // copy's non-temporal stores then write the destination without reading it.
   for (std::size_t done = 0; done < bytes; done += kPieceBytes) {
     const std::size_t n = std::min(kPieceBytes, bytes - done);
     on_piece(src + done, n);
-    copy_streaming(dst + done, src + done, n);
+    copy_large(dst + done, src + done, n, bytes);
   }
 }
 

@@ -67,9 +67,10 @@ class SafetensorsReader {
   // The same in pieces of at most kPieceBytes: on_piece(piece, piece_bytes) runs on the bytes of
   // each piece as they are copied into dst, while they are in cache (a checksum on the way costs
   // no second trip through memory). Pieces follow each other in order and cover the range.
-  // A range of kMapMinBytes or more is copied out of a read-only mapping of the file with
-  // non-temporal stores (copy_streaming), as safetensors' own loader maps its files; a file
-  // truncated by another process during that copy raises SIGBUS, as it would there.
+  // A range of kMapMinBytes or more is copied out of a read-only mapping of the file (with
+  // non-temporal stores from kStreamingMinBytes on, copy_large), as safetensors' own loader maps
+  // its files; a file truncated by another process during that copy raises SIGBUS, as it would
+  // there.
   using PieceFn = std::function<void(const std::byte* piece, std::size_t bytes)>;
   void read_range(const std::string& name, std::uint64_t byte_offset, void* dst, std::size_t bytes,
                   const PieceFn& on_piece) const;

@@ -262,6 +262,19 @@ std::vector<std::vector<float>> masters(Engine& engine) {
   return out;
 }
 
+// The model copy (fp32) of every parameter, as a forward pass sees it.
+std::vector<std::vector<float>> model_copy(Engine& engine) {
+  std::vector<std::vector<float>> out;
+  for (std::size_t u = 0; u < engine.num_units(); ++u) engine.gather(static_cast<int>(u));
+  for (std::size_t i = 0; i < kSmallSpecs.size(); ++i) {
+    const std::span<const std::byte> p = engine.param(i);
+    out.emplace_back(p.size() / sizeof(float));
+    std::memcpy(out.back().data(), p.data(), p.size());
+  }
+  for (std::size_t u = engine.num_units(); u-- > 0;) engine.release(static_cast<int>(u));
+  return out;
+}
+
 TEST_CASE("a load that finds a corrupted tensor after reading others leaves the engine as it was",
           "[engine][checkpoint]") {
   TempDir good;
@@ -271,8 +284,8 @@ TEST_CASE("a load that finds a corrupted tensor after reading others leaves the 
     small_step(*engine, comm.rank());
     engine->save_checkpoint(good.str(), "step1");
   });
-  // The engine's state after a refused load and one more step, against an engine that never
-  // tried; and, so the comparison is not vacuous, the state a good load gives.
+  // The engine's model copy after a refused load, and its state after one more step, against an
+  // engine that never tried; and, so the comparison is not vacuous, what a good load gives.
   auto after = [&](const std::string& load_dir, std::string* error) {
     std::vector<std::vector<float>> result;
     run_ranks(2, [&](Communicator& comm) {
@@ -285,10 +298,12 @@ TEST_CASE("a load that finds a corrupted tensor after reading others leaves the 
           if (comm.rank() == 0) *error = e.what();
         }
       }
+      std::vector<std::vector<float>> model = model_copy(*engine);
       small_step(*engine, comm.rank());
       std::vector<std::vector<float>> m = masters(*engine);
       if (comm.rank() == 0) {
         m.push_back({static_cast<float>(engine->global_steps())});
+        m.insert(m.end(), model.begin(), model.end());
         result = std::move(m);
       }
     });

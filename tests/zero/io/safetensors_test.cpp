@@ -14,7 +14,7 @@
 
 #include "tests/temp_dir.h"
 #include "zero/base/error.h"
-#include "zero/io/stream_copy.h"
+#include "zero/base/stream_copy.h"
 
 using zero::DType;
 using zero::io::SafetensorsReader;
@@ -199,7 +199,7 @@ TEST_CASE("copy_streaming copies any length at any alignment") {
                           std::size_t{99999}}) {
       INFO("dst + " << shift << ", " << n << " bytes");
       std::fill(dst.begin(), dst.end(), 0);
-      zero::io::copy_streaming(dst.data() + shift, src.data() + 1, n);
+      zero::copy_streaming(dst.data() + shift, src.data() + 1, n);
       CHECK(std::memcmp(dst.data() + shift, src.data() + 1, n) == 0);
       CHECK(dst[shift + n] == 0);
     }

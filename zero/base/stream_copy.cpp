@@ -1,4 +1,4 @@
-#include "zero/io/stream_copy.h"
+#include "zero/base/stream_copy.h"
 
 #include <cstdint>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <emmintrin.h>
 #endif
 
-namespace zero::io {
+namespace zero {
 
 void copy_streaming(void* dst, const void* src, std::size_t bytes) {
   auto* d = static_cast<std::byte*>(dst);
@@ -41,4 +41,16 @@ void copy_streaming(void* dst, const void* src, std::size_t bytes) {
   std::memcpy(d, s, bytes);
 }
 
-}  // namespace zero::io
+}  // namespace zero
+
+namespace zero {
+
+void copy_large(void* dst, const void* src, std::size_t tile_bytes, std::size_t bytes) {
+  if (bytes >= kStreamingMinBytes) {
+    copy_streaming(dst, src, tile_bytes);
+  } else {
+    std::memcpy(dst, src, tile_bytes);
+  }
+}
+
+}  // namespace zero

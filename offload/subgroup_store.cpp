@@ -357,6 +357,7 @@ SubgroupStore::Replacement SubgroupStore::replacement(int tensor) {
     const std::size_t bytes = (g.end - g.begin) * dtype_size(st.dtype);
     r.begins_.push_back(g.begin);
     Buffer b;
+    bool staged = false;  // b is host staging memory, copied into the tensor on adopt()
     if (g.nvme) {
       largest_nvme = std::max(largest_nvme, bytes);
     } else {
@@ -366,9 +367,10 @@ SubgroupStore::Replacement SubgroupStore::replacement(int tensor) {
       } catch (const OutOfMemory&) {
         // No room for two copies under the budget: stage in host memory and copy on adopt().
       }
-      if (b.empty() && bytes > 0) b = device_.allocate(bytes, MemoryKind::Host, MemoryTag::Staging);
+      staged = b.empty() && bytes > 0;
+      if (staged) b = device_.allocate(bytes, MemoryKind::Host, MemoryTag::Staging);
     }
-    r.swap_.push_back(!g.nvme && (!b.empty() || bytes == 0));
+    r.swap_.push_back(!g.nvme && !staged);
     r.memory_.push_back(std::move(b));
   }
   r.begins_.push_back(options_.total_elems);

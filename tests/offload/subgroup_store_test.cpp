@@ -79,6 +79,41 @@ void add_one(const SubgroupStore::View& v) {
   }
 }
 
+TEST_CASE("a replacement with no room for a second copy stages in host memory and copies on adopt") {
+  StoreOptions o;
+  o.total_elems = kTotal;
+  o.sub_group_elems = 1'500;
+  std::size_t resident = 0;
+  {
+    CpuDevice unlimited(0);
+    SubgroupStore s(unlimited, tensors(), o);
+    resident = unlimited.ledger().total(MemoryKind::Device).current_bytes;
+  }
+  REQUIRE(resident > 0);
+  // Room for two sub-groups' master weights beside the store: the others must stage.
+  DeviceOptions d;
+  d.device_budget_bytes = resident + 2 * 1'500 * sizeof(float);
+  CpuDevice device(0, d);
+  SubgroupStore s(device, tensors(), o);
+  {
+    SubgroupStore::Replacement r = s.replacement(0);
+    r.for_range(0, kTotal, [](std::byte* dst, std::size_t first, std::size_t n) {
+      auto* f = reinterpret_cast<float*>(dst);
+      for (std::size_t i = 0; i < n; ++i) f[i] = 3.0f + static_cast<float>(first + i);
+    });
+    CHECK(device.ledger().total(MemoryKind::Host).current_bytes > 0);  // some did stage
+    std::vector<SubgroupStore::Replacement> all;
+    all.push_back(std::move(r));
+    s.adopt(std::move(all));
+  }
+  // The new values are in the store's own memory, which kept its kind and size; no staging
+  // memory is left.
+  const auto c = contents(s);
+  for (std::size_t i = 0; i < kTotal; ++i) REQUIRE(c[0][i] == 3.0f + static_cast<float>(i));
+  CHECK(device.ledger().total(MemoryKind::Device).current_bytes == resident);
+  CHECK(device.ledger().total(MemoryKind::Host).current_bytes == 0);
+}
+
 TEST_CASE("every tier, ratio and pipeline holds the same values") {
   test::TempDir tmp("zero_store");
   CpuDevice device(0);

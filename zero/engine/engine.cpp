@@ -490,6 +490,18 @@ void EngineImpl::all_gather_model() {
   for (auto& w : inflight) w.first.wait();
 }
 
+std::vector<Work> EngineImpl::all_gather_model_async() {
+  std::vector<Work> works;
+  if (world_ == 1 || stage_ == 0 || stage_ == 3) return works;
+  for (std::size_t u = 0; u < layout_units_; ++u) {
+    const UnitLayout& ul = layout_->unit(static_cast<int>(u));
+    if (ul.padded_elems == 0) continue;
+    works.push_back(
+        comm_.all_gather_in_place(units_[u].model.data(), ul.slice_elems, model_dtype_));
+  }
+  return works;
+}
+
 double EngineImpl::current_lr(int group) const {
   ZERO_CHECK(group >= 0 && static_cast<std::size_t>(group) < groups_.size(),
              "current_lr: unknown group {}", group);

@@ -412,67 +412,93 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   // failure writes it back from them.
   const bool model_on_the_way = !stash_model && optimizer_->tensor_dtype(0) == DType::F32;
   SourceCounters counters;
-  try {
-    // Writes fp32 values that produce(out, first, n, also) makes of elements [offset, offset +
-    // count) of domain d, converting in tiles where the tensor is held in another dtype. `also`
-    // (CheckpointSource::read's) makes the model copy of master weights on the way, or is empty.
-    using ValuesFn = ckpt::CheckpointSource::ValuesFn;
-    std::vector<float> tile(std::size_t{1} << 16);
-    auto put = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset, std::size_t count,
-                   const auto& produce) {
-      const bool model_too = model_on_the_way && r.tensor() == 0;
-      optimizer_->write_replacement(
-          r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
-            if (r.dtype() == DType::F32) {
-              ValuesFn also;
-              if (model_too) {
-                also = [&](const std::byte* values, std::size_t i, std::size_t m) {
-                  optimizer_->write_model_range(d, offset + first + i, m, values);
-                };
-              }
-              produce(reinterpret_cast<float*>(data), first, n, also);
-              return;
+  // Writes fp32 values that produce(out, first, n, also) makes of elements [offset, offset +
+  // count) of domain d, converting in tiles where the tensor is held in another dtype. `also`
+  // (CheckpointSource::read's) makes the model copy of master weights on the way, or is empty.
+  using ValuesFn = ckpt::CheckpointSource::ValuesFn;
+  std::vector<float> tile(std::size_t{1} << 16);
+  auto put = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset, std::size_t count,
+                 const auto& produce) {
+    const bool model_too = model_on_the_way && r.tensor() == 0;
+    optimizer_->write_replacement(
+        r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
+          if (r.dtype() == DType::F32) {
+            ValuesFn also;
+            if (model_too) {
+              also = [&](const std::byte* values, std::size_t i, std::size_t m) {
+                optimizer_->write_model_range(d, offset + first + i, m, values);
+              };
             }
-            for (std::size_t b = 0; b < n; b += tile.size()) {
-              const std::size_t m = std::min(tile.size(), n - b);
-              produce(tile.data(), first + b, m, ValuesFn());
-              combine(data + b * dtype_size(r.dtype()), r.dtype(), tile.data(), DType::F32, m);
-            }
-          });
-    };
-    // Padding and alignment gaps hold the optimizer's initial values (master weights: zero).
-    auto fill = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset,
-                    std::size_t count, float value) {
-      put(r, d, offset, count,
-          [&](float* out, std::size_t, std::size_t n, const ValuesFn& also) {
-            std::fill_n(out, n, value);
-            if (also) also(reinterpret_cast<const std::byte*>(out), 0, n);
-          });
-    };
-    // Parameter by parameter (what = master, then each state), so a source that reconstructs a
-    // whole parameter at a time does so once per tensor.
-    for (std::size_t k = 0; k <= names.size(); ++k) {
-      const std::string& what = k == 0 ? std::string("master") : names[k - 1];
-      const float init = k == 0 ? 0.0f
-                                : kernels::optimizer_state_initial_value(groups_[0].hyper,
-                                                                         static_cast<int>(k - 1));
-      fresh.push_back(optimizer_->replacement(static_cast<int>(k)));
-      PartitionOptimizer::Replacement& r = fresh.back();
-      for (int d = 0; d < num_domains(); ++d) {
-        std::size_t written = 0;
-        for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
-          ZERO_ASSERT(seg.slice_offset >= written);
-          fill(r, d, written, seg.slice_offset - written, init);
-          const std::size_t param = from[layout_to_spec_[seg.param]];
-          put(r, d, seg.slice_offset, seg.numel,
-              [&](float* out, std::size_t first, std::size_t n, const ValuesFn& also) {
-                source->read(param, what, seg.param_begin + first, n, out, also);
-              });
-          written = seg.slice_offset + seg.numel;
-        }
-        fill(r, d, written, P - written, init);
+            produce(reinterpret_cast<float*>(data), first, n, also);
+            return;
+          }
+          for (std::size_t b = 0; b < n; b += tile.size()) {
+            const std::size_t m = std::min(tile.size(), n - b);
+            produce(tile.data(), first + b, m, ValuesFn());
+            combine(data + b * dtype_size(r.dtype()), r.dtype(), tile.data(), DType::F32, m);
+          }
+        });
+  };
+  // Padding and alignment gaps hold the optimizer's initial values (master weights: zero).
+  auto fill = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset, std::size_t count,
+                  float value) {
+    put(r, d, offset, count, [&](float* out, std::size_t, std::size_t n, const ValuesFn& also) {
+      std::fill_n(out, n, value);
+      if (also) also(reinterpret_cast<const std::byte*>(out), 0, n);
+    });
+  };
+  // Tensor k (0: master, then each state) parameter by parameter, so a source that reconstructs a
+  // whole parameter at a time does so once per tensor.
+  auto read_tensor = [&](std::size_t k) {
+    const std::string& what = k == 0 ? std::string("master") : names[k - 1];
+    const float init =
+        k == 0 ? 0.0f
+               : kernels::optimizer_state_initial_value(groups_[0].hyper, static_cast<int>(k - 1));
+    fresh.push_back(optimizer_->replacement(static_cast<int>(k)));
+    PartitionOptimizer::Replacement& r = fresh.back();
+    for (int d = 0; d < num_domains(); ++d) {
+      std::size_t written = 0;
+      for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
+        ZERO_ASSERT(seg.slice_offset >= written);
+        fill(r, d, written, seg.slice_offset - written, init);
+        const std::size_t param = from[layout_to_spec_[seg.param]];
+        put(r, d, seg.slice_offset, seg.numel,
+            [&](float* out, std::size_t first, std::size_t n, const ValuesFn& also) {
+              source->read(param, what, seg.param_begin + first, n, out, also);
+            });
+        written = seg.slice_offset + seg.numel;
       }
+      fill(r, d, written, P - written, init);
     }
+  };
+  // At stages 1 and 2 the model copy made on the way is all-gathered while the states are read
+  // (the ranks agree first that every master weight arrived). A failure after that writes the
+  // model copy back from the master weights in place and all-gathers it again.
+  const bool gather_early = model_on_the_way && world_ > 1 && (stage_ == 1 || stage_ == 2);
+  std::vector<Work> early;
+  auto restore_model = [&] {
+    for (Work& w : early) w.wait();
+    if (!model_on_the_way) return;
+    optimizer_->write_model();
+    if (!early.empty()) all_gather_model();
+  };
+  try {
+    read_tensor(0);
+  } catch (const std::exception& e) {
+    error = fmt::format("load_checkpoint {}: {}", source->path(), e.what());
+  }
+  if (gather_early) {
+    try {
+      agree_on_failure(error);
+    } catch (...) {
+      restore_model();
+      throw;
+    }
+    early = all_gather_model_async();
+  }
+  try {
+    if (!error.empty()) throw IoError(error);
+    for (std::size_t k = 1; k <= names.size(); ++k) read_tensor(k);
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       if (params_[i].layout_index) continue;
       const std::vector<float> v = source->read_frozen(from[i]);
@@ -494,12 +520,12 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       if (fetcher_) fetcher_->stage_refresh();
     }
   } catch (const std::exception& e) {
-    error = fmt::format("load_checkpoint {}: {}", source->path(), e.what());
+    if (error.empty()) error = fmt::format("load_checkpoint {}: {}", source->path(), e.what());
   }
   try {
     agree_on_failure(error);
   } catch (...) {
-    if (model_on_the_way) optimizer_->write_model();
+    restore_model();
     if (param_store_) param_store_->abort_batch();
     if (fetcher_) fetcher_->drop_staged();
     throw;
@@ -528,7 +554,11 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   } else if (!model_on_the_way) {
     optimizer_->write_model();
   }
-  all_gather_model();
+  if (gather_early) {
+    for (Work& w : early) w.wait();
+  } else {
+    all_gather_model();
+  }
   if (fetcher_) fetcher_->refresh_after_step();
   return source->client_state();
 }

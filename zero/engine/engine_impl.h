@@ -153,6 +153,9 @@ class EngineImpl final : public Engine, private SliceMap {
   };
   StepPlan plan_step();
   void all_gather_model();
+  // The same collectives all started at once (in place: no memory of their own), for the caller
+  // to wait on; nothing at stages 0 and 3 or with one rank.
+  std::vector<Work> all_gather_model_async();
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
 

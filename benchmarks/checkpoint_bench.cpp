@@ -362,9 +362,10 @@ int run_checkpoint(std::span<const std::string> argv) {
                                      fs::file_size(rank_files[static_cast<std::size_t>(r)]));
                        }));
     for (const bool mapped : {false, true}) {
-      plain_r = std::min(plain_r, concurrently(a.world, [&](int r) {
-                           plain_read_into(plain_file(r), into[static_cast<std::size_t>(r)], mapped);
-                         }));
+      plain_r =
+          std::min(plain_r, concurrently(a.world, [&](int r) {
+                     plain_read_into(plain_file(r), into[static_cast<std::size_t>(r)], mapped);
+                   }));
     }
     cache_r = std::min(cache_r, concurrently(a.world, [&](int r) { plain_read(plain_file(r)); }));
   }

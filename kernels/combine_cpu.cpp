@@ -68,12 +68,12 @@ void combine_cpu(void* dst, DType dst_dtype, const void* src, DType src_dtype, s
   const int threads = resolve_threads(exec.threads);
   if (!accumulate && scale == 1.0f && dst_dtype == src_dtype) {
     const std::size_t elem = dtype_size(dst_dtype);
-    detail::for_each_tile(
-        numel, detail::kTileElems, threads, [&](std::size_t begin, std::size_t end) {
-          copy_large(static_cast<std::byte*>(dst) + begin * elem,
-                     static_cast<const std::byte*>(src) + begin * elem, (end - begin) * elem,
-                     numel * elem);
-        });
+    detail::for_each_tile(numel, detail::kTileElems, threads,
+                          [&](std::size_t begin, std::size_t end) {
+                            copy_large(static_cast<std::byte*>(dst) + begin * elem,
+                                       static_cast<const std::byte*>(src) + begin * elem,
+                                       (end - begin) * elem, numel * elem);
+                          });
     return;
   }
   detail::for_each_tile(

@@ -79,7 +79,8 @@ void add_one(const SubgroupStore::View& v) {
   }
 }
 
-TEST_CASE("a replacement with no room for a second copy stages in host memory and copies on adopt") {
+TEST_CASE(
+    "a replacement with no room for a second copy stages in host memory and copies on adopt") {
   StoreOptions o;
   o.total_elems = kTotal;
   o.sub_group_elems = 1'500;

@@ -65,8 +65,8 @@ class ZeroSource final : public CheckpointSource {
   }
   void verify_file(std::size_t i) const override { r_.verify_rank_file(static_cast<int>(i)); }
 
-  void read_values(std::size_t p, const std::string& what, std::uint64_t begin,
-                   std::uint64_t count, float* out, const ValuesFn& also) const override {
+  void read_values(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count,
+                   float* out, const ValuesFn& also) const override {
     r_.read_param(p, what, begin, count, out, also);
   }
   std::vector<float> read_frozen(std::size_t p) const override {
@@ -149,8 +149,8 @@ class DeepSpeedSource final : public CheckpointSource {
         fmt::format("{}: a DeepSpeed checkpoint has no checksummed file {}", d_.tag_dir(), i));
   }
 
-  void read_values(std::size_t p, const std::string& what, std::uint64_t begin,
-                   std::uint64_t count, float* out, const ValuesFn& also) const override {
+  void read_values(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count,
+                   float* out, const ValuesFn& also) const override {
     if (cached_param_ != p || cached_what_ != what) {
       cached_ = what == "master" ? d_.read_fp32(p) : d_.read_state(p, what);
       cached_param_ = p;

@@ -1,10 +1,10 @@
-#include "zero/base/stream_copy.h"
 #include "zero/engine/partition_optimizer.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "zero/base/error.h"
+#include "zero/base/stream_copy.h"
 
 namespace zero::engine_detail {
 namespace {

@@ -88,9 +88,20 @@ SubgroupStore::SubgroupStore(Device& device, std::vector<StoreTensor> tensors,
       continue;
     }
     const MemoryKind kind = off ? options.offload_kind : options.resident_kind;
+    // A GPU's own memory is filled through a host copy of the initial values.
+    const bool on_host = kind != MemoryKind::Device || device_.name() == "cpu";
+    std::vector<std::byte> initial;
     for (const StoreTensor& st : tensors_) {
-      g.memory.push_back(device_.allocate(n * dtype_size(st.dtype), kind, st.tag));
-      fill_value(static_cast<std::byte*>(g.memory.back().data()), st.dtype, n, st.initial);
+      const std::size_t bytes = n * dtype_size(st.dtype);
+      g.memory.push_back(device_.allocate(bytes, kind, st.tag));
+      auto* data = static_cast<std::byte*>(g.memory.back().data());
+      if (on_host) {
+        fill_value(data, st.dtype, n, st.initial);
+        continue;
+      }
+      initial.resize(bytes);
+      fill_value(initial.data(), st.dtype, n, st.initial);
+      device_.copy(data, initial.data(), bytes);
     }
   }
   if (nvme_count() > 0) {
@@ -453,7 +464,7 @@ void SubgroupStore::adopt(std::vector<Replacement>&& all) {
         std::swap(g.memory[t], r.memory_[i]);
         continue;
       }
-      std::memcpy(g.memory[t].data(), r.memory_[i].data(), (g.end - g.begin) * esize);
+      device_.copy(g.memory[t].data(), r.memory_[i].data(), (g.end - g.begin) * esize);
     }
   }
   if (nvme_count() == 0) return;

@@ -76,6 +76,11 @@ struct EngineOptions {
   // Their instruction set: "" or "auto" (the best this CPU has, or the ZERO_ISA environment
   // variable), "scalar", "avx2", "avx512". Every choice gives bitwise the same results.
   std::string kernel_isa;
+  // The communicator for the engine's small host-memory collectives (agreement checks, the
+  // overflow flag, the gradient norm, initial values, checkpoint checksums), with the same ranks
+  // as `comm`. Null: `comm` itself. Required when `comm` takes device memory only (NcclComm):
+  // pass the host communicator NcclComm::create was given.
+  Communicator* control_comm = nullptr;
 };
 
 // Fills `out` (numel elements) with the initial fp32 value of parameter `index`. Called on rank 0

@@ -12,6 +12,7 @@
 #include "zero/base/error.h"
 #include "zero/base/timer.h"
 #include "zero/checkpoint/checkpoint.h"
+#include "zero/comm/communicator.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
 #include "zero/estimate/from_config.h"
@@ -127,18 +128,25 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   // The device outlives the engine (Engine::create's REQUIRES).
   DeviceOptions device_options;
   device_options.device_budget_bytes = options.memory_budget;
-  // "auto" without ZERO_DEVICE stays on the CPU even with a GPU visible: the engine runs on
-  // host memory only so far (Engine::create refuses other devices).
+  // "auto" without ZERO_DEVICE stays on the CPU even with a GPU visible: the engine's GPU path
+  // has not run on a GPU yet (README, GPU status), so it is asked for by name (--device cuda).
   const bool zero_device_set = std::getenv("ZERO_DEVICE") != nullptr;
   const std::string kind = options.device == "auto" && !zero_device_set ? "cpu" : options.device;
   const std::unique_ptr<Device> device = make_device(kind, comm.rank(), device_options);
   EngineOptions engine_options;
   engine_options.kernel_threads = threads;
+  // On a GPU the engine's collectives go through NCCL; `comm` carries the host-side ones.
+  std::unique_ptr<Communicator> gpu_comm;
+  if (device->gpu_ordinal() >= 0) {
+    gpu_comm = make_gpu_communicator(comm, device->gpu_ordinal());
+    engine_options.control_comm = &comm;
+  }
+  Communicator& engine_comm = gpu_comm ? *gpu_comm : comm;
   const InitFn init = [&](std::size_t index, std::span<float> out) {
     models::init_param(shape, index, options.seed, /*stream=*/0, out);
   };
   const std::unique_ptr<Engine> engine =
-      Engine::create(config, comm, *device, specs, init, engine_options);
+      Engine::create(config, engine_comm, *device, specs, init, engine_options);
 
   const int rank = comm.rank();
   const int world = comm.size();
@@ -244,16 +252,26 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   const std::size_t element_bytes = dtype_size(dtype);
 
   // The model reads the engine's copy of the weights and writes gradients straight into the
-  // engine's slots, in the model dtype: no copy of either on the trainer's side.
+  // engine's slots, in the model dtype: no copy of either on the trainer's side. On a GPU the
+  // model still runs on the CPU: weights come to host memory (staged_weights) and gradients go
+  // back to the engine's slots from host memory (staged_grads) as each layer hands them over.
+  const bool staged = device->gpu_ordinal() >= 0;
+  std::vector<std::vector<std::byte>> staged_weights(staged ? num_params : 0);
+  std::vector<std::vector<std::byte>> staged_grads(staged ? num_params : 0);
   std::vector<models::ParamView> weights(num_params);
   double handover_seconds = 0;
+  auto engine_slot = [&](std::size_t i) {
+    const std::span<std::byte> slot = engine->grad(i);
+    ZERO_CHECK(slot.size() == mlp[i].numel() * element_bytes,
+               "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
+               mlp[i].numel() * element_bytes);
+    return slot;
+  };
   const models::GradSink sink{
       .slot = [&](std::size_t i) -> models::GradView {
-        const std::span<std::byte> slot = engine->grad(i);
-        ZERO_CHECK(slot.size() == mlp[i].numel() * element_bytes,
-                   "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
-                   mlp[i].numel() * element_bytes);
-        return {slot, dtype};
+        if (!staged) return {engine_slot(i), dtype};
+        staged_grads[i].resize(mlp[i].numel() * element_bytes);
+        return {staged_grads[i], dtype};
       },
       // Layer u's gradients are written (bias, then weight: the order backward produces them):
       // hand them to the engine and release the unit. Stage 2/3 may reduce a full bucket inside
@@ -262,7 +280,13 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
       .on_layer_grads =
           [&](std::size_t u) {
             const Clock::time_point start = Clock::now();
-            for (std::size_t i = 2 * u + 2; i-- > 2 * u;) engine->grad_ready(i);
+            for (std::size_t i = 2 * u + 2; i-- > 2 * u;) {
+              if (staged) {
+                const std::span<std::byte> slot = engine_slot(i);
+                device->copy(slot.data(), staged_grads[i].data(), slot.size());
+              }
+              engine->grad_ready(i);
+            }
             engine->release(static_cast<int>(u));
             handover_seconds += seconds_since(start);
           }};
@@ -291,7 +315,13 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
         ZERO_CHECK(p.size() == mlp[i].numel() * element_bytes,
                    "zero-train: engine->param({}) has {} bytes, expected {}", i, p.size(),
                    mlp[i].numel() * element_bytes);
-        weights[i] = {p, dtype};
+        if (staged) {
+          staged_weights[i].resize(p.size());
+          device->copy(staged_weights[i].data(), p.data(), p.size());
+          weights[i] = {staged_weights[i], dtype};
+        } else {
+          weights[i] = {p, dtype};
+        }
       }
       if (share.rows > 0) {
         handover_seconds = 0;

@@ -162,5 +162,10 @@ std::unique_ptr<Communicator> make_communicator(std::string_view backend,
                                                 const CommOptions& options = {});
 // Whether make_communicator(backend) can succeed in this build.
 bool communicator_available(std::string_view backend);
+// An NCCL communicator of the ranks of `host` (each on GPU `cuda_ordinal`), for an engine whose
+// device is that GPU; `host` stays the engine's control communicator (EngineOptions::
+// control_comm). Collective over `host`. Throws zero::Error when this build has no NCCL.
+std::unique_ptr<Communicator> make_gpu_communicator(Communicator& host, int cuda_ordinal,
+                                                    const CommOptions& options = {});
 
 }  // namespace zero

@@ -57,6 +57,23 @@ std::unique_ptr<Communicator> make_communicator(std::string_view backend,
               "\"; expected \"mpi\", \"nccl\", \"shm\" or \"env\"");
 }
 
+std::unique_ptr<Communicator> make_gpu_communicator(Communicator& host, int cuda_ordinal,
+                                                    const CommOptions& options) {
+#if ZERO_WITH_NCCL
+  NcclCommOptions nccl;
+  nccl.comm = options;
+  nccl.cuda_ordinal = cuda_ordinal;
+  return NcclComm::create(host, nccl);
+#else
+  (void)host;
+  (void)cuda_ordinal;
+  (void)options;
+  throw Error(
+      "make_gpu_communicator: ranks on GPUs talk through NCCL, and this build has none (needs "
+      "CUDA and NCCL at configure time)");
+#endif
+}
+
 bool communicator_available(std::string_view backend) {
   if (backend == "inproc" || backend == "shm" || backend == "env") return true;
   if (backend == "mpi") return ZERO_WITH_MPI != 0;

@@ -9,6 +9,9 @@
 // copy or host function enqueued on a stream overlaps with the enqueuing thread, as on a GPU.
 // With DeviceOptions::synchronous_streams every operation runs inline in the enqueuing thread
 // before the call returns (events are then complete as soon as they are recorded).
+//
+// Not final: a test may give it another name(), so that the engine treats its memory as a
+// GPU's (reached from the host only through copy()) while it still computes on the CPU.
 #pragma once
 
 #include <memory>
@@ -18,7 +21,7 @@
 
 namespace zero {
 
-class CpuDevice final : public Device {
+class CpuDevice : public Device {
  public:
   explicit CpuDevice(int rank, const DeviceOptions& options = {});
   ~CpuDevice() override;

@@ -44,6 +44,7 @@ class CudaDevice final : public Device {
   const kernels::ComputeKernels& compute() const override;
 
   int ordinal() const { return ordinal_; }
+  int gpu_ordinal() const override { return ordinal_; }
   // cudaMemGetInfo for this GPU now.
   CudaMemoryInfo memory_info() const;
   // Idle blocks of every kind back to the driver (e.g. before handing memory to another library).

@@ -125,6 +125,8 @@ class Device {
 
   // "cpu", "cuda".
   virtual std::string_view name() const = 0;
+  // The GPU this device computes on (its CUDA ordinal), or -1 for the host.
+  virtual int gpu_ordinal() const { return -1; }
   // The kernels that compute on this device's memory (kernels/compute.h): the engine's one way to
   // run an optimizer step, a norm, an unscale or a cast. Valid for the device's lifetime.
   virtual const kernels::ComputeKernels& compute() const = 0;

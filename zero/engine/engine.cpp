@@ -103,6 +103,8 @@ EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& 
                        std::span<const ParamSpec> params, const EngineOptions& options)
     : cfg_(cfg),
       comm_(comm),
+      control_(options.control_comm != nullptr ? *options.control_comm : comm),
+      host_memory_(device.name() == "cpu"),
       device_(device),
       compute_(device.compute()),
       exec_(exec_of(options)),
@@ -110,21 +112,76 @@ EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& 
 
 EngineImpl::~EngineImpl() = default;
 
+void EngineImpl::host_combine(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                              std::size_t numel) const {
+  kernels::cpu_compute_kernels().combine(dst, dst_dtype, src, src_dtype, numel, 1.0f, false, exec_);
+}
+
+const float* EngineImpl::readable(std::span<const float> host) {
+  if (host_memory_ || host.empty()) return host.data();
+  const std::size_t bytes = host.size_bytes();
+  if (upload_.size_bytes() < bytes) {
+    upload_.reset();
+    upload_ = device_.allocate(bytes, MemoryKind::Device, MemoryTag::Staging);
+  }
+  device_.copy(upload_.data(), host.data(), bytes);
+  return static_cast<const float*>(upload_.data());
+}
+
+std::vector<std::byte> EngineImpl::to_host(const void* src, std::size_t bytes) {
+  std::vector<std::byte> out(bytes);
+  if (bytes > 0) device_.copy(out.data(), src, bytes);
+  return out;
+}
+
+// What does not run on a device whose memory the host cannot address (a GPU) yet: the offload
+// tiers (the CPU step over PCIe is not written) and 16-bit master weights (stepped through a host
+// tile). Refused by name before anything is allocated.
+void EngineImpl::refuse_on_device() const {
+  if (host_memory_) return;
+  const PartitionOptions& p = parts_.partition;
+  const std::string where =
+      fmt::format("not supported on a \"{}\" device yet (issue 16); it runs with ZERO_DEVICE=cpu",
+                  device_.name());
+  std::vector<ConfigError::Problem> problems;
+  if (p.store.nvme || p.kind != MemoryKind::Device ||
+      (p.store.ratio > 0 && p.store.offload_kind != MemoryKind::Device)) {
+    problems.push_back(
+        {"zero_optimization.offload_optimizer", where + ", or set its device to \"none\""});
+  }
+  if (parts_.param_nvme || parts_.param_kind != MemoryKind::Device) {
+    problems.push_back(
+        {"zero_optimization.offload_param", where + ", or set its device to \"none\""});
+  }
+  if (p.master_dtype != DType::F32) {
+    problems.push_back(
+        {"bf16.bf16_master_weights_and_grads", "16-bit master weights are " + where});
+  }
+  if (!problems.empty()) throw ConfigError(std::move(problems));
+}
+
 void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   rank_ = comm_.rank();
   world_ = comm_.size();
+  ZERO_CHECK(control_.rank() == rank_ && control_.size() == world_,
+             "Engine::create: EngineOptions::control_comm is rank {} of {}, the engine's "
+             "communicator rank {} of {}: pass the host communicator of the same ranks",
+             control_.rank(), control_.size(), rank_, world_);
   refuse_blockers(cfg_, world_);
   read_options(options);
+  refuse_on_device();
   register_specs(options);
-  check_agreement(comm_, "the resolved ds_config", cfg_.to_json().dump());
-  check_specs_agree(comm_, specs_);
+  check_agreement(control_, "the resolved ds_config", cfg_.to_json().dump());
+  check_specs_agree(control_, specs_);
   init_state(init);
   if (stage_ == 3) {
     ParamFetcher::SliceSource source;
     if (param_store_) source = [this](int unit, std::byte* out) { copy_own_slice(unit, out); };
+    FetchOptions fetch = parts_.fetch;
+    fetch.control = &control_;
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
                                               static_cast<const std::byte*>(model_part_.data()),
-                                              parts_.fetch, timings_, std::move(source));
+                                              fetch, timings_, std::move(source));
   }
 }
 
@@ -205,17 +262,18 @@ void EngineImpl::init_state(const InitFn& init) {
       }
     }
     if (world_ > 1 && !flat.empty())
-      comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
-    optimizer_->set_master(static_cast<int>(u), flat);
+      control_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
+    const float* values = readable(flat);
+    optimizer_->set_master(static_cast<int>(u), {values, flat.size()});
     if (stage_ == 3) {
       if (ul.slice_elems > 0) {
         combine(own_slice(static_cast<int>(u), 0), model_dtype_,
-                flat.data() + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32,
+                values + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32,
                 ul.slice_elems);
       }
     } else {
       units_[u].model = alloc(ul.padded_elems, model_dtype_, MemoryTag::LowPrecisionParams);
-      combine(units_[u].model.data(), model_dtype_, flat.data(), DType::F32, ul.padded_elems);
+      combine(units_[u].model.data(), model_dtype_, values, DType::F32, ul.padded_elems);
     }
   }
   optimizer_->store().flush();  // the last NVMe sub-group set, to its swap file
@@ -227,11 +285,12 @@ void EngineImpl::init_state(const InitFn& init) {
     flat.assign(params_[i].numel, 0.0f);
     if (rank_ == 0) init(i, flat);
     if (world_ > 1 && !flat.empty())
-      comm_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
+      control_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     params_[i].frozen = alloc(params_[i].numel, model_dtype_, MemoryTag::LowPrecisionParams);
-    combine(params_[i].frozen.data(), model_dtype_, flat.data(), DType::F32, flat.size());
+    combine(params_[i].frozen.data(), model_dtype_, readable(flat), DType::F32, flat.size());
   }
   for (UnitState& u : units_) u.pending = u.trainable.size();
+  upload_.reset();
 }
 
 std::byte* EngineImpl::gradient(int domain, int unit, std::size_t slice_offset) {
@@ -359,13 +418,14 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
     float overflow = 0.0f;
     if (check_overflow_) {
       overflow = optimizer_->has_overflow() ? 1.0f : 0.0f;
-      if (world_ > 1) comm_.all_reduce(&overflow, &overflow, 1, DType::F32, ReduceOp::Max).wait();
+      if (world_ > 1)
+        control_.all_reduce(&overflow, &overflow, 1, DType::F32, ReduceOp::Max).wait();
     }
     plan.overflow = overflow != 0.0f;
     double sumsq = 0.0;
     if (!plan.overflow) {
       sumsq = optimizer_->squared_norm();
-      if (world_ > 1) comm_.all_reduce(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum).wait();
+      if (world_ > 1) control_.all_reduce(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum).wait();
     }
     plan.norm = std::sqrt(sumsq);
   }
@@ -429,7 +489,7 @@ StepResult EngineImpl::step() {
     if (world_ > 1 && (optimizer_->store().nvme_count() > 0 || param_store_)) {
       agree = [this](bool ok) {
         float failed = ok ? 0.0f : 1.0f;
-        comm_.all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
+        control_.all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
         return failed == 0.0f;
       };
     }
@@ -518,13 +578,6 @@ std::unique_ptr<Engine> Engine::create(const config::DsConfig& config, Communica
                                        Device& device, std::span<const ParamSpec> params,
                                        const InitFn& init, const EngineOptions& options) {
   ZERO_CHECK(static_cast<bool>(init), "Engine::create: no InitFn given");
-  // The engine reads and writes its buffers from the host (gradient slots, the model copy, the
-  // step's tiles); a device whose memory the host cannot address is refused before any work.
-  ZERO_CHECK(device.name() == "cpu",
-             "Engine::create: the engine runs on host memory only so far; a \"{}\" device is "
-             "not supported yet (issue 16: offload over PCIe and the GPU forward/backward are "
-             "not implemented). Use ZERO_DEVICE=cpu or device \"cpu\"",
-             device.name());
   auto engine = std::make_unique<engine_detail::EngineImpl>(config, comm, device, params, options);
   engine->build(init, options);
   return engine;

@@ -90,7 +90,7 @@ void EngineImpl::agree_on_failure(const std::string& local_error) {
   // The lowest failing rank tells everyone its message.
   std::vector<double> failed(static_cast<std::size_t>(world_));
   double mine = local_error.empty() ? 0.0 : 1.0;
-  comm_.all_gather(&mine, failed.data(), 1, DType::F64).wait();
+  control_.all_gather(&mine, failed.data(), 1, DType::F64).wait();
   int root = -1;
   for (int r = 0; r < world_ && root < 0; ++r) {
     if (failed[static_cast<std::size_t>(r)] != 0.0) root = r;
@@ -103,7 +103,7 @@ void EngineImpl::agree_on_failure(const std::string& local_error) {
       text[i] = static_cast<unsigned char>(local_error[i]);
     }
   }
-  comm_.broadcast(text.data(), kMax, DType::F64, root).wait();
+  control_.broadcast(text.data(), kMax, DType::F64, root).wait();
   std::string message;
   for (double c : text) {
     if (c == 0.0) break;
@@ -211,16 +211,29 @@ void EngineImpl::save_into(const std::string& dir, const std::string& tag,
     }
     io::SafetensorsStreamWriter w((tmp_dir / mine.file).string(), decls,
                                   {{"format", "zero-checkpoint-rank"}}, checkpoint_write_fault_);
-    // Checkpoints hold fp32 (exact for 16-bit master weights or states), converted in tiles.
+    // Checkpoints hold fp32 (exact for 16-bit master weights or states), converted in tiles;
+    // a device's memory comes to the host a tile at a time.
     auto append_f32 = [&](const std::byte* data, DType dtype, std::size_t n) {
-      if (dtype == DType::F32) {
+      if (dtype == DType::F32 && host_memory_) {
         w.append(data, n * sizeof(float));
         return;
       }
+      const std::size_t esize = dtype_size(dtype);
       std::vector<float> tile(std::min<std::size_t>(n, 1 << 20));
+      std::vector<std::byte> raw;
       for (std::size_t b = 0; b < n; b += tile.size()) {
         const std::size_t m = std::min(tile.size(), n - b);
-        combine(tile.data(), DType::F32, data + b * dtype_size(dtype), dtype, m);
+        const std::byte* src = data + b * esize;
+        if (!host_memory_) {
+          raw.resize(m * esize);
+          device_.copy(raw.data(), src, m * esize);
+          src = raw.data();
+        }
+        if (dtype == DType::F32) {
+          w.append(src, m * sizeof(float));
+          continue;
+        }
+        host_combine(tile.data(), DType::F32, src, dtype, m);
         w.append(tile.data(), m * sizeof(float));
       }
     };
@@ -230,7 +243,15 @@ void EngineImpl::save_into(const std::string& dir, const std::string& tag,
         append_f32(data, optimizer_->tensor_dtype(t), n);
       });
     }
-    for (std::size_t i : frozen) w.append(params_[i].frozen.data(), params_[i].frozen.size_bytes());
+    for (std::size_t i : frozen) {
+      const Buffer& b = params_[i].frozen;
+      if (host_memory_) {
+        w.append(b.data(), b.size_bytes());
+      } else {
+        const std::vector<std::byte> bytes = to_host(b.data(), b.size_bytes());
+        w.append(bytes.data(), bytes.size());
+      }
+    }
     w.finish();
     for (std::size_t k = 0; k < decls.size(); ++k) {
       mine.tensors[decls[k].name] = {w.checksums()[k], decls[k].size_bytes()};
@@ -249,7 +270,7 @@ void EngineImpl::save_into(const std::string& dir, const std::string& tag,
     sums[2 * k + 1] = static_cast<double>(v & 0xffffffffu);
   }
   if (world_ > 1) {
-    comm_.all_gather(sums.data(), all_sums.data(), 2 * nt, DType::F64).wait();
+    control_.all_gather(sums.data(), all_sums.data(), 2 * nt, DType::F64).wait();
   } else {
     all_sums = sums;
   }
@@ -340,7 +361,7 @@ void EngineImpl::save_into(const std::string& dir, const std::string& tag,
   // rank 0 the rest. A failure here loses nothing; the next save removes what is left.
   std::error_code ignored;
   fs::remove(tmp_dir / ckpt::rank_file_name(rank_, world_), ignored);
-  if (world_ > 1) comm_.barrier().wait();
+  if (world_ > 1) control_.barrier().wait();
   if (rank_ == 0) fs::remove_all(tmp_dir, ignored);
 }
 
@@ -410,19 +431,21 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   // while they are in cache (one pass less over memory than write_model() after the commit).
   // Until the ranks agree the model copy then no longer matches the master weights in place: a
   // failure writes it back from them.
-  const bool model_on_the_way = !stash_model && optimizer_->tensor_dtype(0) == DType::F32;
+  const bool model_on_the_way =
+      host_memory_ && !stash_model && optimizer_->tensor_dtype(0) == DType::F32;
   SourceCounters counters;
   // Writes fp32 values that produce(out, first, n, also) makes of elements [offset, offset +
   // count) of domain d, converting in tiles where the tensor is held in another dtype. `also`
   // (CheckpointSource::read's) makes the model copy of master weights on the way, or is empty.
   using ValuesFn = ckpt::CheckpointSource::ValuesFn;
   std::vector<float> tile(std::size_t{1} << 16);
+  std::vector<std::byte> narrow;  // a tile converted on the host, for a device's memory
   auto put = [&](PartitionOptimizer::Replacement& r, int d, std::size_t offset, std::size_t count,
                  const auto& produce) {
     const bool model_too = model_on_the_way && r.tensor() == 0;
     optimizer_->write_replacement(
         r, d, offset, count, [&](std::byte* data, std::size_t first, std::size_t n) {
-          if (r.dtype() == DType::F32) {
+          if (r.dtype() == DType::F32 && host_memory_) {
             ValuesFn also;
             if (model_too) {
               also = [&](const std::byte* values, std::size_t i, std::size_t m) {
@@ -432,10 +455,21 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
             produce(reinterpret_cast<float*>(data), first, n, also);
             return;
           }
+          // In tiles: converted where the tensor is 16-bit, and copied to a device's memory.
+          const std::size_t esize = dtype_size(r.dtype());
           for (std::size_t b = 0; b < n; b += tile.size()) {
             const std::size_t m = std::min(tile.size(), n - b);
             produce(tile.data(), first + b, m, ValuesFn());
-            combine(data + b * dtype_size(r.dtype()), r.dtype(), tile.data(), DType::F32, m);
+            std::byte* out = data + b * esize;
+            if (host_memory_) {
+              combine(out, r.dtype(), tile.data(), DType::F32, m);
+            } else if (r.dtype() == DType::F32) {
+              device_.copy(out, tile.data(), m * esize);
+            } else {
+              narrow.resize(m * esize);
+              host_combine(narrow.data(), r.dtype(), tile.data(), DType::F32, m);
+              device_.copy(out, narrow.data(), m * esize);
+            }
           }
         });
   };
@@ -503,7 +537,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       if (params_[i].layout_index) continue;
       const std::vector<float> v = source->read_frozen(from[i]);
       frozen[i].resize(params_[i].numel * dtype_size(model_dtype_));
-      combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size());
+      host_combine(frozen[i].data(), model_dtype_, v.data(), DType::F32, v.size());
     }
     source->verify(rank_, world_);
     counters = source->counters();
@@ -535,7 +569,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   optimizer_->adopt(std::move(fresh));
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (!frozen[i].empty())
-      std::memcpy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());
+      device_.copy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());
   }
   global_steps_ = counters.global_steps;
   skipped_steps_ = counters.skipped_steps;

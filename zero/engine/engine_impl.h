@@ -133,8 +133,18 @@ class EngineImpl final : public Engine, private SliceMap {
                std::size_t numel) const {
     compute_.combine(dst, dst_dtype, src, src_dtype, numel, 1.0f, false, exec_);
   }
+  // The same between two host arrays, on the CPU whatever the device (the same bits: the CPU and
+  // CUDA kernels share their element math).
+  void host_combine(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                    std::size_t numel) const;
+  // `host` where the device's kernels can read it: `host` itself on a host-memory device, else a
+  // copy in device staging memory, valid until the next call.
+  const float* readable(std::span<const float> host);
+  // The bytes of engine memory `src` in a host vector.
+  std::vector<std::byte> to_host(const void* src, std::size_t bytes);
 
   void read_options(const EngineOptions& options);
+  void refuse_on_device() const;
   void register_specs(const EngineOptions& options);
   void init_state(const InitFn& init);
   // Stage 3: the model copy's own slices in memory, or in the NVMe param store.
@@ -169,8 +179,14 @@ class EngineImpl final : public Engine, private SliceMap {
                  bool with_model);
   io::WriteFault checkpoint_write_fault_;
 
+  Buffer upload_;  // readable()'s staging memory (devices other than the host's)
+
   const config::DsConfig cfg_;
   Communicator& comm_;
+  Communicator& control_;  // host-memory collectives (EngineOptions::control_comm)
+  // The device's memory is the host's (CpuDevice): host code may read and write engine buffers.
+  // Otherwise every byte crosses with device_.copy.
+  const bool host_memory_;
   Device& device_;
   const kernels::ComputeKernels& compute_;
   kernels::CpuExec exec_;

@@ -57,16 +57,16 @@ void EngineImpl::copy_own_slice(int unit, std::byte* out) {
   const UnitLayout& ul = layout_->unit(unit);
   const std::size_t begin = ul.partition_offset;
   if (!param_store_) {
-    std::memcpy(out, element_at(model_part_, model_dtype_, begin),
-                ul.slice_elems * dtype_size(model_dtype_));
+    device_.copy(out, element_at(model_part_, model_dtype_, begin),
+                 ul.slice_elems * dtype_size(model_dtype_));
     return;
   }
   param_store_->read(begin, begin + ul.slice_elems, [&](const offload::SubgroupStore::View& v) {
     const std::size_t lo = std::max(begin, v.begin);
     const std::size_t hi = std::min(begin + ul.slice_elems, v.end);
-    std::memcpy(out + (lo - begin) * dtype_size(model_dtype_),
-                v.tensors[0] + (lo - v.begin) * dtype_size(model_dtype_),
-                (hi - lo) * dtype_size(model_dtype_));
+    device_.copy(out + (lo - begin) * dtype_size(model_dtype_),
+                 v.tensors[0] + (lo - v.begin) * dtype_size(model_dtype_),
+                 (hi - lo) * dtype_size(model_dtype_));
   });
 }
 

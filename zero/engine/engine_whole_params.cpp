@@ -1,7 +1,8 @@
 // Whole parameters outside a micro-step: reading one parameter's full master or model value, and
 // replacing it (what `zero.GatheredParameters(..., modifier_rank=r)` does on exit). Each is
 // collective where the value is spread over ranks: every rank calls it for the same parameters
-// in the same order.
+// in the same order. Values cross between the device and the host with device_.copy; the
+// collectives on host vectors go through the control communicator.
 #include <algorithm>
 #include <cstring>
 
@@ -19,7 +20,7 @@ std::vector<std::byte> EngineImpl::gather_master_unit(int unit) {
     optimizer_->read_tensor(0, d, ul.partition_offset, ul.slice_elems,
                             [&](const std::byte* data, std::size_t n) {
                               const std::size_t bytes = n * dtype_size(master_dtype);
-                              std::memcpy(dst, data, bytes);
+                              device_.copy(dst, data, bytes);
                               dst += bytes;
                             });
   };
@@ -30,7 +31,7 @@ std::vector<std::byte> EngineImpl::gather_master_unit(int unit) {
   } else if (ul.slice_elems > 0) {
     std::vector<std::byte> mine(slice_bytes);
     read_slice(0, mine.data());
-    comm_.all_gather(mine.data(), flat.data(), ul.slice_elems, master_dtype).wait();
+    control_.all_gather(mine.data(), flat.data(), ul.slice_elems, master_dtype).wait();
   }
   return flat;
 }
@@ -40,14 +41,16 @@ std::vector<float> EngineImpl::gather_master(std::size_t param) {
   const ParamState& ps = params_[param];
   std::vector<float> out(ps.numel);
   if (!ps.layout_index) {
-    combine(out.data(), DType::F32, ps.frozen.data(), model_dtype_, ps.numel);
+    const std::vector<std::byte> raw =
+        to_host(ps.frozen.data(), ps.numel * dtype_size(model_dtype_));
+    host_combine(out.data(), DType::F32, raw.data(), model_dtype_, ps.numel);
     return out;
   }
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
   const DType master_dtype = optimizer_->master_dtype();
   const std::vector<std::byte> flat = gather_master_unit(pl.unit);
-  combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype), master_dtype,
-          ps.numel);
+  host_combine(out.data(), DType::F32, flat.data() + pl.offset * dtype_size(master_dtype),
+               master_dtype, ps.numel);
   return out;
 }
 
@@ -57,7 +60,7 @@ std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
   const std::size_t bytes = ps.numel * dtype_size(model_dtype_);
   std::vector<std::byte> out(bytes);
   if (!ps.layout_index || !fetcher_) {
-    if (bytes > 0) std::memcpy(out.data(), this->param(param).data(), bytes);
+    if (bytes > 0) device_.copy(out.data(), this->param(param).data(), bytes);
     return out;
   }
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
@@ -67,7 +70,7 @@ std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
   Buffer mine = alloc(ul.slice_elems, model_dtype_, MemoryTag::Staging);
   copy_own_slice(pl.unit, static_cast<std::byte*>(mine.data()));
   comm_.all_gather(mine.data(), flat.data(), ul.slice_elems, model_dtype_).wait();
-  std::memcpy(out.data(), element_at(flat, model_dtype_, pl.offset), bytes);
+  device_.copy(out.data(), element_at(flat, model_dtype_, pl.offset), bytes);
   return out;
 }
 
@@ -81,10 +84,13 @@ void EngineImpl::set_param(std::size_t param, std::span<const float> values, int
              specs_[param].name, ps.numel, values.size(), root);
   std::vector<float> v(ps.numel);
   if (rank_ == root && !v.empty()) std::memcpy(v.data(), values.data(), v.size() * sizeof(float));
-  if (world_ > 1 && !v.empty()) comm_.broadcast(v.data(), v.size(), DType::F32, root).wait();
+  if (world_ > 1 && !v.empty()) control_.broadcast(v.data(), v.size(), DType::F32, root).wait();
 
+  // The model copy's new value, rounded from the new master value as a step would.
+  std::vector<std::byte> rounded(ps.numel * dtype_size(model_dtype_));
+  host_combine(rounded.data(), model_dtype_, v.data(), DType::F32, v.size());
   if (!ps.layout_index) {  // frozen: only its model copy
-    combine(ps.frozen.data(), model_dtype_, v.data(), DType::F32, v.size());
+    if (!rounded.empty()) device_.copy(ps.frozen.data(), rounded.data(), rounded.size());
     return;
   }
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
@@ -94,16 +100,14 @@ void EngineImpl::set_param(std::size_t param, std::span<const float> values, int
   const DType master_dtype = optimizer_->master_dtype();
   const std::vector<std::byte> unit_master = gather_master_unit(pl.unit);
   std::vector<float> flat(ul.padded_elems);
-  combine(flat.data(), DType::F32, unit_master.data(), master_dtype, flat.size());
+  host_combine(flat.data(), DType::F32, unit_master.data(), master_dtype, flat.size());
   std::memcpy(flat.data() + pl.offset, v.data(), v.size() * sizeof(float));
-  optimizer_->set_master(pl.unit, flat);
+  optimizer_->set_master(pl.unit, {readable(flat), flat.size()});
+  upload_.reset();
   optimizer_->store().flush();
 
-  // The model copy, rounded from the new master value as a step would.
-  std::vector<std::byte> rounded(ps.numel * dtype_size(model_dtype_));
-  combine(rounded.data(), model_dtype_, v.data(), DType::F32, v.size());
   if (!fetcher_) {
-    std::memcpy(
+    device_.copy(
         element_at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset),
         rounded.data(), rounded.size());
     return;
@@ -115,8 +119,8 @@ void EngineImpl::set_param(std::size_t param, std::span<const float> values, int
   const std::size_t end = std::min(lo + ul.slice_elems, pl.offset + ps.numel);
   const std::size_t es = dtype_size(model_dtype_);
   if (begin < end) {
-    std::memcpy(own_slice(pl.unit, begin - lo), rounded.data() + (begin - pl.offset) * es,
-                (end - begin) * es);
+    device_.copy(own_slice(pl.unit, begin - lo), rounded.data() + (begin - pl.offset) * es,
+                 (end - begin) * es);
     if (param_store_) param_store_->flush();
   }
   fetcher_->overwrite(pl.unit, pl.offset, rounded.data(), ps.numel);

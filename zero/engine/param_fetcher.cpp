@@ -24,6 +24,7 @@ ParamFetcher::ParamFetcher(Communicator& comm, Device& device, const FlatLayout&
                            std::size_t units, DType dtype, const std::byte* partition,
                            const FetchOptions& options, EngineTimings& timings, SliceSource source)
     : comm_(comm),
+      control_(options.control != nullptr ? *options.control : comm),
       device_(device),
       layout_(layout),
       dtype_(dtype),
@@ -201,7 +202,7 @@ void ParamFetcher::overwrite(int unit, std::size_t offset, const std::byte* src,
   Unit& u = units_[static_cast<std::size_t>(unit)];
   wait(u);
   if (u.state != State::Gathered || elems == 0) return;
-  std::memcpy(element_at(u.buffer, dtype_, offset), src, elems * dtype_size(dtype_));
+  device_.copy(element_at(u.buffer, dtype_, offset), src, elems * dtype_size(dtype_));
 }
 
 void ParamFetcher::end_micro_step() {
@@ -210,7 +211,7 @@ void ParamFetcher::end_micro_step() {
     const auto h = static_cast<double>(order_hash(current_) >> 11);  // exact in a double
     order_minmax_[0] = h;
     order_minmax_[1] = -h;
-    order_check_ = comm_.all_reduce(order_minmax_, order_minmax_, 2, DType::F64, ReduceOp::Max);
+    order_check_ = control_.all_reduce(order_minmax_, order_minmax_, 2, DType::F64, ReduceOp::Max);
     order_check_pending_ = true;
     checked_ = current_;
   }
@@ -265,12 +266,12 @@ void ParamFetcher::finish_order_check() {
 void ParamFetcher::explain_order_difference() {
   const auto W = static_cast<std::size_t>(comm_.size());
   double len = static_cast<double>(checked_.size());
-  comm_.all_reduce(&len, &len, 1, DType::F64, ReduceOp::Max).wait();
+  control_.all_reduce(&len, &len, 1, DType::F64, ReduceOp::Max).wait();
   const auto n = static_cast<std::size_t>(len);
   std::vector<double> mine(n + 1, -1.0), all(W * (n + 1));
   for (std::size_t i = 0; i < checked_.size(); ++i) mine[i] = checked_[i];
   mine[n] = static_cast<double>(checked_.size());
-  comm_.all_gather(mine.data(), all.data(), n + 1, DType::F64).wait();
+  control_.all_gather(mine.data(), all.data(), n + 1, DType::F64).wait();
   std::string detail;
   for (std::size_t k = 0; k < n && detail.empty(); ++k) {
     for (std::size_t r = 1; r < W; ++r) {

@@ -41,6 +41,9 @@ struct FetchOptions {
   std::size_t max_reuse_distance_elems = 1'000'000'000;
   std::size_t param_persistence_threshold_elems = 100'000;
   std::size_t model_persistence_threshold_elems = SIZE_MAX;
+  // The communicator of the order checks (host memory), with the ranks of the fetcher's; null:
+  // the fetcher's own.
+  Communicator* control = nullptr;
 };
 
 class ParamFetcher {
@@ -116,6 +119,7 @@ class ParamFetcher {
   void explain_order_difference();
 
   Communicator& comm_;
+  Communicator& control_;  // FetchOptions::control
   Device& device_;
   const FlatLayout& layout_;
   const DType dtype_;

@@ -8,14 +8,15 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config/ds_config.h"
 #include "kernels/cast.h"
 #include "models/mlp.h"
+#include "zero/comm/communicator.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
@@ -46,6 +47,12 @@ struct TrainSpec {
   std::string load_dir;
   // Per-rank budget of MemoryKind::Device bytes (DeviceOptions::device_budget_bytes).
   std::optional<std::size_t> device_budget;
+  // make_device's kind. On a GPU ("cuda") rank r uses GPU r mod the visible count, the engine's
+  // collectives go through NCCL (the in-process communicator is its control communicator), and
+  // weights and gradients cross to and from host memory around the CPU model.
+  std::string device = "cpu";
+  // Makes each rank's device instead of make_device(device, ...), when given.
+  std::function<std::unique_ptr<Device>(int rank, const DeviceOptions&)> device_factory;
 };
 
 struct TrainResult {
@@ -116,12 +123,26 @@ inline TrainResult train(const TrainSpec& spec) {
     const int r = comm.rank();
     DeviceOptions device_options;
     device_options.device_budget_bytes = spec.device_budget;
-    auto device = make_device("cpu", r, device_options);
+    std::unique_ptr<Device> device = spec.device_factory
+                                         ? spec.device_factory(r, device_options)
+                                         : make_device(spec.device, r, device_options);
     EngineOptions options;
     options.groups = spec.groups;
     options.kernel_threads = 1;
+    std::unique_ptr<Communicator> gpu_comm;
+    if (device->gpu_ordinal() >= 0) {
+      gpu_comm = make_gpu_communicator(comm, device->gpu_ordinal());
+      options.control_comm = &comm;
+    }
+    // Engine memory as host bytes (a copy on a GPU).
+    auto host_bytes = [&](std::span<const std::byte> engine_bytes) {
+      std::vector<std::byte> out(engine_bytes.size());
+      if (!out.empty()) device->copy(out.data(), engine_bytes.data(), out.size());
+      return out;
+    };
+    std::vector<std::byte> grad_bytes;
     auto engine = Engine::create(
-        cfg, comm, *device, specs,
+        cfg, gpu_comm ? *gpu_comm : comm, *device, specs,
         [&](std::size_t i, std::span<float> out) { init_param(shape, i, spec.seed, 0, out); },
         options);
     for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -141,7 +162,8 @@ inline TrainResult train(const TrainSpec& spec) {
       double loss_sum = 0;
       for (int k = 0; k < gas; ++k) {
         for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
-        for (std::size_t i = 0; i < specs.size(); ++i) weights[i] = to_f32(engine->param(i), dtype);
+        for (std::size_t i = 0; i < specs.size(); ++i)
+          weights[i] = to_f32(host_bytes(engine->param(i)), dtype);
         const std::uint64_t first = static_cast<std::uint64_t>(r) * micro * gas + k * micro;
         const Batch batch = data.batch(static_cast<std::uint64_t>(t), first, micro);
         std::vector<std::span<const float>> w(weights.begin(), weights.end());
@@ -153,7 +175,9 @@ inline TrainResult train(const TrainSpec& spec) {
           if (!specs[i].trainable) continue;
           if (spec.corrupt) spec.corrupt(r, t, k, i, grads[i]);
           std::span<std::byte> slot = engine->grad(i);
-          kernels::cast_cpu(grads[i].data(), DType::F32, slot.data(), dtype, grads[i].size());
+          grad_bytes.resize(slot.size());
+          kernels::cast_cpu(grads[i].data(), DType::F32, grad_bytes.data(), dtype, grads[i].size());
+          if (!slot.empty()) device->copy(slot.data(), grad_bytes.data(), slot.size());
           engine->grad_ready(i);
         }
         const StepResult sr = engine->step();

@@ -1,0 +1,108 @@
+// The engine's path for a device whose memory the host does not read (a GPU's), run on the CPU:
+// a CpuDevice stand-in with another name makes the engine move every value that crosses between
+// host code and engine memory with Device::copy (initial values, gathered and set parameters,
+// checkpoint tiles, the store's initial states), as it must on a GPU, while the kernels still
+// run on the CPU. The results must be bitwise the CPU engine's. The CUDA device itself is
+// engine_gpu_test's.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <memory>
+
+#include "tests/temp_dir.h"
+#include "tests/zero/engine/engine_test_util.h"
+#include "zero/base/error.h"
+#include "zero/device/cpu_device.h"
+
+namespace zero::test {
+namespace {
+
+// A CpuDevice that says it is not the host, and counts the copies made through it.
+class GpuStandIn final : public CpuDevice {
+ public:
+  GpuStandIn(int rank, const DeviceOptions& options, std::atomic<std::size_t>& copies)
+      : CpuDevice(rank, options), copies_(copies) {}
+  std::string_view name() const override { return "gpu-stand-in"; }
+
+ protected:
+  void copy_impl(void* dst, const void* src, std::size_t bytes) override {
+    ++copies_;
+    CpuDevice::copy_impl(dst, src, bytes);
+  }
+
+ private:
+  std::atomic<std::size_t>& copies_;
+};
+
+TrainSpec spec_for(const nlohmann::json& cfg, int world, int steps,
+                   std::atomic<std::size_t>* copies) {
+  TrainSpec spec;
+  spec.config = cfg;
+  spec.world = world;
+  spec.steps = steps;
+  if (copies != nullptr) {
+    spec.device_factory = [copies](int rank, const DeviceOptions& o) {
+      return std::make_unique<GpuStandIn>(rank, o, *copies);
+    };
+  }
+  return spec;
+}
+
+TEST_CASE("staged through device copies, every stage and precision trains bitwise as on the CPU",
+          "[engine]") {
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      INFO(precision << " stage " << stage);
+      const nlohmann::json cfg = base_config(stage, precision, 2, 2);
+      const TrainResult cpu = train(spec_for(cfg, 2, 4, nullptr));
+      std::atomic<std::size_t> copies{0};
+      const TrainResult staged = train(spec_for(cfg, 2, 4, &copies));
+      REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
+      CHECK(copies > 0);                                      // the staged path was taken
+      require_bitwise_equal(cpu, staged);
+    }
+  }
+}
+
+TEST_CASE("staged through device copies, a checkpoint saves and resumes bitwise", "[engine]") {
+  for (int stage : {0, 2, 3}) {
+    INFO("stage " << stage);
+    const nlohmann::json cfg = base_config(stage, "bf16", 1, 2);
+    TempDir dir;
+    std::atomic<std::size_t> copies{0};
+    TrainSpec whole = spec_for(cfg, 2, 6, &copies);
+    whole.save_dir = dir.str();
+    whole.save_after = 3;
+    const TrainResult uninterrupted = train(whole);
+    TrainSpec resumed = spec_for(cfg, 2, 6, &copies);
+    resumed.load_dir = dir.str();
+    const TrainResult r = train(resumed);
+    REQUIRE(r.steps.size() == 3);
+    require_bitwise_equal(uninterrupted, r);
+    // And what the stand-in saved is what the CPU engine saves: it resumes there bitwise too.
+    TrainSpec on_cpu = spec_for(cfg, 2, 6, nullptr);
+    on_cpu.load_dir = dir.str();
+    require_bitwise_equal(uninterrupted, train(on_cpu));
+  }
+}
+
+TEST_CASE("on a device that is not the host, offload and 16-bit master weights are refused by name",
+          "[engine]") {
+  std::atomic<std::size_t> copies{0};
+  nlohmann::json cfg = base_config(2, "bf16", 1, 2);
+  cfg["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  CHECK_THROWS_WITH(train(spec_for(cfg, 1, 1, &copies)),
+                    Catch::Contains("zero_optimization.offload_optimizer") &&
+                        Catch::Contains("\"gpu-stand-in\" device") &&
+                        Catch::Contains("ZERO_DEVICE=cpu"));
+  cfg = base_config(3, "bf16", 1, 2);
+  cfg["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  CHECK_THROWS_WITH(train(spec_for(cfg, 1, 1, &copies)),
+                    Catch::Contains("zero_optimization.offload_param"));
+  cfg = base_config(2, "bf16", 1, 2);
+  cfg["bf16"]["bf16_master_weights_and_grads"] = true;
+  cfg["bf16"]["bf16_optimizer_states"] = true;
+  CHECK_THROWS_WITH(train(spec_for(cfg, 1, 1, &copies)), Catch::Contains("16-bit master weights"));
+}
+
+}  // namespace
+}  // namespace zero::test

@@ -1,0 +1,101 @@
+// The engine on GPUs: a CudaDevice, NCCL between ranks, the CUDA compute table. Against the CPU
+// engine (within 1e-6: the kernels share their element math, but reductions may run in another
+// order), stages against each other, and a checkpoint resumed on the GPU against an
+// uninterrupted run (bitwise). Exits 77, reported as skipped, on a machine without a CUDA device.
+// Nothing here has run on a GPU yet (README, GPU status).
+#define CATCH_CONFIG_RUNNER
+#include <algorithm>
+#include <cstdio>
+
+#include "kernels/cuda_device_count.h"
+#include "tests/temp_dir.h"
+#include "tests/zero/engine/engine_test_util.h"
+#include "zero/base/error.h"
+
+namespace zero::test {
+namespace {
+
+TrainResult run_on(const std::string& device, const nlohmann::json& cfg, int world, int steps,
+                   const std::string& save_dir = {}, int save_after = -1,
+                   const std::string& load_dir = {}) {
+  TrainSpec spec;
+  spec.config = cfg;
+  spec.world = world;
+  spec.steps = steps;
+  spec.device = device;
+  spec.save_dir = save_dir;
+  spec.save_after = save_after;
+  spec.load_dir = load_dir;
+  return train(spec);
+}
+
+int gpu_world() {
+  return std::min(2, kernels::cuda_device_count());
+}
+
+TEST_CASE("one GPU trains as the CPU engine does, at every stage and precision", "[gpu]") {
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      INFO(precision << " stage " << stage);
+      const nlohmann::json cfg = base_config(stage, precision, 2);
+      const TrainResult cpu = run_on("cpu", cfg, 1, 5);
+      const TrainResult gpu = run_on("cuda", cfg, 1, 5);
+      REQUIRE(gpu.steps.size() == cpu.steps.size());
+      // Not vacuous: training moved the weights.
+      REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);
+      CHECK(max_abs_diff(gpu.params, cpu.params) < 1e-6);
+      for (std::size_t s = 0; s < cpu.steps.size(); ++s) {
+        CHECK(gpu.steps[s].skipped == cpu.steps[s].skipped);
+        CHECK(std::abs(gpu.steps[s].grad_norm - cpu.steps[s].grad_norm) <=
+              1e-6 * std::max(1.0, std::abs(cpu.steps[s].grad_norm)));
+      }
+    }
+  }
+}
+
+TEST_CASE("on the GPUs present, stages 1-3 end where stage 0 ends", "[gpu]") {
+  const int world = gpu_world();
+  for (const std::string precision : {"fp32", "bf16"}) {
+    INFO(precision << ", " << world << " GPUs");
+    const TrainResult s0 = run_on("cuda", base_config(0, precision, 1, 4 / world), world, 4);
+    REQUIRE(max_abs_diff(s0.params, s0.initial) > 1e-4);
+    for (int stage = 1; stage <= 3; ++stage) {
+      INFO("stage " << stage);
+      const TrainResult s = run_on("cuda", base_config(stage, precision, 1, 4 / world), world, 4);
+      // NCCL may reduce in another order per collective size: equal within rounding.
+      CHECK(max_abs_diff(s.params, s0.params) < (precision == "fp32" ? 1e-6 : 1e-2));
+    }
+  }
+}
+
+TEST_CASE("a run resumed on the GPU from its checkpoint equals the uninterrupted one", "[gpu]") {
+  const int world = gpu_world();
+  for (int stage : {1, 3}) {
+    INFO("stage " << stage << ", " << world << " GPUs");
+    TempDir dir;
+    const nlohmann::json cfg = base_config(stage, "bf16", 1, 4 / world);
+    const TrainResult whole = run_on("cuda", cfg, world, 6, dir.str(), 3);
+    const TrainResult resumed = run_on("cuda", cfg, world, 6, {}, -1, dir.str());
+    REQUIRE(resumed.steps.size() == 3);
+    require_bitwise_equal(whole, resumed);
+  }
+}
+
+TEST_CASE("what the GPU engine does not run yet is refused by name", "[gpu]") {
+  nlohmann::json cfg = base_config(2, "bf16", 1);
+  cfg["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  CHECK_THROWS_WITH(
+      run_on("cuda", cfg, 1, 1),
+      Catch::Contains("zero_optimization.offload_optimizer") && Catch::Contains("\"cuda\" device"));
+}
+
+}  // namespace
+}  // namespace zero::test
+
+int main(int argc, char** argv) {
+  if (zero::kernels::cuda_device_count() == 0) {
+    std::fprintf(stderr, "engine_gpu_test: no CUDA device, skipped\n");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

@@ -94,7 +94,7 @@ if "$train" --help 2>&1 | grep -q -- '--device'; then
     record FAIL "main job on the GPU" "see $log_dir/main-job.log"
   fi
 else
-  record "NOT BUILT YET" "main job on the GPU" "issue 16 items 4-5: the engine runs on host memory only"
+  record "NOT BUILT YET" "main job on the GPU" "zero-train has no --device flag in this build"
 fi
 
 echo "== gpu-check summary ($(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$root" rev-parse --short HEAD 2>/dev/null))"

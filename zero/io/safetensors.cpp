@@ -213,13 +213,15 @@ void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_o
     copy_pieces(memory_.data() + at_byte, out, bytes, on_piece);
     return;
   }
+  if (on_piece && bytes >= kMapMinBytes) {
+    if (const std::byte* map = mapping()) {
+      copy_pieces(map + at_byte, out, bytes, on_piece);
+      return;
+    }
+  }
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   ZERO_CHECK_AS(IoError, fd >= 0, "safetensors {}: cannot open: {}", path_, std::strerror(errno));
   try {
-    if (on_piece && bytes >= kMapMinBytes && read_mapped(fd, at_byte, out, bytes, on_piece)) {
-      ::close(fd);
-      return;
-    }
     // Without a piece function one large read: the kernel's copy is the whole cost.
     const std::size_t piece = on_piece ? kPieceBytes : bytes;
     for (std::size_t done = 0; done < bytes;) {
@@ -256,24 +258,23 @@ void SafetensorsReader::copy_pieces(const std::byte* src, std::byte* dst, std::s
   }
 }
 
-bool SafetensorsReader::read_mapped(int fd, std::uint64_t at_byte, std::byte* dst,
-                                    std::size_t bytes, const PieceFn& on_piece) const {
-  static const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-  const std::uint64_t map_begin = at_byte / page * page;
-  const std::size_t map_bytes = static_cast<std::size_t>(at_byte + bytes - map_begin);
-  // MAP_POPULATE maps every page in one call (reading what the page cache lacks) instead of a
-  // fault per page.
-  void* map = ::mmap(nullptr, map_bytes, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd,
-                     static_cast<off_t>(map_begin));
-  if (map == MAP_FAILED) return false;
-  try {
-    copy_pieces(static_cast<const std::byte*>(map) + (at_byte - map_begin), dst, bytes, on_piece);
-  } catch (...) {
-    ::munmap(map, map_bytes);
-    throw;
-  }
-  ::munmap(map, map_bytes);
-  return true;
+const std::byte* SafetensorsReader::mapping() const {
+  if (mapping_tried_) return mapping_.get();
+  mapping_tried_ = true;
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  std::error_code ec;
+  const std::size_t bytes = static_cast<std::size_t>(std::filesystem::file_size(path_, ec));
+  // No MAP_POPULATE: pages are faulted in (with the kernel's fault-around) as the copies first
+  // read them, so a load that reads part of the file maps only that part.
+  void* map = ec || bytes == 0 ? MAP_FAILED
+                               : ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return nullptr;
+  mapping_ = std::shared_ptr<const std::byte>(
+      static_cast<const std::byte*>(map),
+      [bytes](const std::byte* p) { ::munmap(const_cast<std::byte*>(p), bytes); });
+  return mapping_.get();
 }
 
 std::vector<float> SafetensorsReader::read_f32(const std::string& name) const {

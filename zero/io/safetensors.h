@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,8 @@ inline constexpr std::size_t kMapMinBytes = std::size_t{1} << 20;
 class SafetensorsReader {
  public:
   // Opens and validates `path`. The file is reopened for each read, so the reader holds no
-  // descriptor between calls.
+  // descriptor between calls; the first large read with a piece function maps the whole file
+  // read-only, and the mapping lasts as long as the reader (and its copies).
   static SafetensorsReader open(const std::string& path);
   // Parses a whole file image held in memory (tests, fuzzing).
   static SafetensorsReader from_bytes(std::vector<std::byte> bytes, std::string label = "<memory>");
@@ -67,10 +69,10 @@ class SafetensorsReader {
   // The same in pieces of at most kPieceBytes: on_piece(piece, piece_bytes) runs on the bytes of
   // each piece as they are copied into dst, while they are in cache (a checksum on the way costs
   // no second trip through memory). Pieces follow each other in order and cover the range.
-  // A range of kMapMinBytes or more is copied out of a read-only mapping of the file (with
-  // non-temporal stores from kStreamingMinBytes on, copy_large), as safetensors' own loader maps
-  // its files; a file truncated by another process during that copy raises SIGBUS, as it would
-  // there.
+  // A range of kMapMinBytes or more is copied out of the reader's read-only mapping of the whole
+  // file (with non-temporal stores from kStreamingMinBytes on, copy_large), as safetensors' own
+  // loader maps its files: one mapping for every range, its pages faulted in as they are first
+  // read. A file truncated by another process during that copy raises SIGBUS, as it would there.
   using PieceFn = std::function<void(const std::byte* piece, std::size_t bytes)>;
   void read_range(const std::string& name, std::uint64_t byte_offset, void* dst, std::size_t bytes,
                   const PieceFn& on_piece) const;
@@ -81,12 +83,14 @@ class SafetensorsReader {
   void parse(const std::vector<std::byte>& header_json, std::uint64_t data_bytes);
   static void copy_pieces(const std::byte* src, std::byte* dst, std::size_t bytes,
                           const PieceFn& on_piece);
-  // False when the range cannot be mapped (the caller reads it instead).
-  bool read_mapped(int fd, std::uint64_t at_byte, std::byte* dst, std::size_t bytes,
-                   const PieceFn& on_piece) const;
+  // The whole file mapped read-only (made on the first call), or null when it cannot be mapped
+  // (the caller reads instead).
+  const std::byte* mapping() const;
 
   std::string path_;
   std::vector<std::byte> memory_;  // whole image for from_bytes(), else empty
+  mutable std::shared_ptr<const std::byte> mapping_;  // mapping()'s, unmapped with the last copy
+  mutable bool mapping_tried_ = false;
   std::uint64_t data_offset_ = 0;  // 8 + header length
   std::map<std::string, std::string> metadata_;
   std::vector<TensorInfo> tensors_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <vector>
 
 #include "zero/base/error.h"
@@ -23,7 +24,8 @@ double bus_bandwidth_factor(Collective kind, int world_size) {
 }
 
 CollectiveTiming time_collective(Communicator& comm, Device& device, Collective kind,
-                                 std::size_t bytes_per_rank, int iterations, DType dtype) {
+                                 std::size_t bytes_per_rank, int iterations, DType dtype,
+                                 Communicator* control) {
   const auto world = static_cast<std::size_t>(comm.size());
   const std::size_t esize = dtype_size(dtype);
   ZERO_CHECK(kind == Collective::ReduceScatter || kind == Collective::AllGather ||
@@ -36,8 +38,10 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
   ZERO_CHECK(iterations >= 1, "time_collective: iterations must be at least 1");
   const std::size_t elems = bytes_per_rank / esize;
   const std::size_t chunk = elems / world;
-  Buffer big = device.allocate(bytes_per_rank, MemoryKind::Host, MemoryTag::Other);
-  Buffer small = device.allocate(bytes_per_rank / world, MemoryKind::Host, MemoryTag::Other);
+  const MemoryKind kind_of_memory =
+      device.gpu_ordinal() >= 0 ? MemoryKind::Device : MemoryKind::Host;
+  Buffer big = device.allocate(bytes_per_rank, kind_of_memory, MemoryTag::Other);
+  Buffer small = device.allocate(bytes_per_rank / world, kind_of_memory, MemoryTag::Other);
 
   auto issue = [&]() -> Work {
     switch (kind) {
@@ -47,21 +51,26 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
       default: return comm.all_reduce(big.data(), big.data(), elems, dtype, ReduceOp::Sum);
     }
   };
-  // Small integers, exact in every dtype (sums up to world·(world+1)/2).
+  // Small integers, exact in every dtype (sums up to world·(world+1)/2), through host memory
+  // (Device::copy: a GPU's memory is not the host's).
   auto fill = [&](Buffer& b, float value) {
     const std::vector<float> v(b.size_bytes() / esize, value);
+    std::vector<std::byte> raw(b.size_bytes());
     if (dtype == DType::F32) {
-      std::copy(v.begin(), v.end(), b.as<float>().begin());
+      std::memcpy(raw.data(), v.data(), raw.size());
     } else {
-      comm_detail::narrow_from_f32(v.data(), b.data(), v.size(), dtype, 1.0f);
+      comm_detail::narrow_from_f32(v.data(), raw.data(), v.size(), dtype, 1.0f);
     }
+    device.copy(b.data(), raw.data(), raw.size());
   };
   auto values = [&](const Buffer& b) {
+    std::vector<std::byte> raw(b.size_bytes());
+    device.copy(raw.data(), b.data(), raw.size());
     std::vector<float> v(b.size_bytes() / esize);
     if (dtype == DType::F32) {
-      std::copy_n(b.as<float>().begin(), v.size(), v.begin());
+      std::memcpy(v.data(), raw.data(), raw.size());
     } else {
-      comm_detail::widen_to_f32(b.data(), v.data(), v.size(), dtype);
+      comm_detail::widen_to_f32(raw.data(), v.data(), v.size(), dtype);
     }
     return v;
   };
@@ -97,7 +106,9 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iterations; ++i) issue().wait();
   double seconds[1] = {seconds_since(start)};
-  comm.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
+  (control != nullptr ? *control : comm)
+      .all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max)
+      .wait();
 
   CollectiveTiming t;
   t.bytes_per_rank = bytes_per_rank;

@@ -24,13 +24,15 @@ struct CollectiveTiming {
   double bus_gbps = 0;
 };
 
-// Collective over `comm`: allocates `dtype` buffers of `bytes_per_rank` (tag Other) on `device`,
-// checks one run's result against the expected values (throws zero::Error if wrong), then times
-// `iterations` back-to-back ops after one warm-up. Every rank returns the same figures.
+// Collective over `comm`: allocates `dtype` buffers of `bytes_per_rank` (tag Other) on `device`
+// (host memory, or the GPU's own for a GPU device), checks one run's result against the expected
+// values (throws zero::Error if wrong), then times `iterations` back-to-back ops after one
+// warm-up. `control` (`comm` when null) carries the host-memory timing reduction, for a `comm`
+// that takes device memory only (NCCL). Every rank returns the same figures.
 // REQUIRES: kind is ReduceScatter, AllGather or AllReduce; dtype F32, BF16 or F16;
 // bytes_per_rank a multiple of dtype_size × comm.size(); iterations >= 1.
 CollectiveTiming time_collective(Communicator& comm, Device& device, Collective kind,
                                  std::size_t bytes_per_rank, int iterations,
-                                 DType dtype = DType::F32);
+                                 DType dtype = DType::F32, Communicator* control = nullptr);
 
 }  // namespace zero::bench

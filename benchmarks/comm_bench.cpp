@@ -57,11 +57,11 @@ namespace zero::bench {
 
 namespace {
 
-enum class BackendChoice { Inproc, Shm, Mpi, All };
+enum class BackendChoice { Inproc, Shm, Mpi, Nccl, All };
 
 struct CommArgs {
   bool json = false;
-  int world_size = 2;  // inproc and shm; under mpirun the job's size
+  int world_size = 2;  // inproc, shm and nccl (one GPU per rank); under mpirun the job's size
   std::vector<std::size_t> sizes_bytes = {std::size_t{1} << 20, std::size_t{16} << 20,
                                           std::size_t{64} << 20};
   BackendChoice backend = BackendChoice::All;
@@ -71,7 +71,7 @@ struct CommArgs {
 
 constexpr std::string_view kUsage =
     "usage: zero-bench comm [--json] [--world-size N] [--sizes LIST] [--backend "
-    "inproc|shm|mpi|all] "
+    "inproc|shm|mpi|nccl|all] "
     "[--reps R] [--rounds N]";
 
 // "64K", "1M", "2G" (binary units) or a plain byte count.
@@ -142,10 +142,12 @@ CommArgs parse_args(std::span<const std::string> args) {
         r.backend = BackendChoice::Shm;
       } else if (b == "mpi") {
         r.backend = BackendChoice::Mpi;
+      } else if (b == "nccl") {
+        r.backend = BackendChoice::Nccl;
       } else if (b == "all") {
         r.backend = BackendChoice::All;
       } else {
-        ZERO_CHECK(false, "--backend {}: expected inproc, shm, mpi or all", b);
+        ZERO_CHECK(false, "--backend {}: expected inproc, shm, mpi, nccl or all", b);
       }
     } else {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
@@ -164,22 +166,37 @@ bool launched_by_mpirun() {
 }
 
 // Seconds for every rank of `comm` to std::memcpy `bytes` at the same time (the slowest rank's),
-// best of `repetitions` after one warm-up copy. Collective over `comm`.
-double memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes, int repetitions) {
-  Buffer src = device.allocate(bytes, MemoryKind::Host, MemoryTag::Other);
-  Buffer dst = device.allocate(bytes, MemoryKind::Host, MemoryTag::Other);
-  std::memset(src.data(), comm.rank() + 1, bytes);
-  std::memset(dst.data(), 0, bytes);
-  std::memcpy(dst.data(), src.data(), bytes);
-  ZERO_CHECK(std::memcmp(dst.data(), src.data(), bytes) == 0,
-             "comm bench: memcpy of {} bytes on rank {} gave a wrong result", bytes, comm.rank());
+// best of `repetitions` after one warm-up copy. On a GPU device the copy is the GPU's own
+// (Device::copy between two buffers of its memory) and `control` carries the host-memory
+// reduction. Collective over `comm`.
+double memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes, int repetitions,
+                      Communicator& control) {
+  const bool gpu = device.gpu_ordinal() >= 0;
+  const MemoryKind kind = gpu ? MemoryKind::Device : MemoryKind::Host;
+  Buffer src = device.allocate(bytes, kind, MemoryTag::Other);
+  Buffer dst = device.allocate(bytes, kind, MemoryTag::Other);
+  auto copy = [&] {
+    if (gpu) {
+      device.copy(dst.data(), src.data(), bytes);
+    } else {
+      std::memcpy(dst.data(), src.data(), bytes);
+    }
+  };
+  std::vector<std::byte> expected(bytes, static_cast<std::byte>(comm.rank() + 1));
+  std::vector<std::byte> got(bytes, std::byte{0});
+  device.copy(src.data(), expected.data(), bytes);
+  device.copy(dst.data(), got.data(), bytes);
+  copy();
+  device.copy(got.data(), dst.data(), bytes);
+  ZERO_CHECK(got == expected, "comm bench: memcpy of {} bytes on rank {} gave a wrong result",
+             bytes, comm.rank());
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < repetitions; ++r) {
     comm.barrier().wait();
     const auto start = std::chrono::steady_clock::now();
-    std::memcpy(dst.data(), src.data(), bytes);
+    copy();
     double seconds[1] = {seconds_since(start)};
-    comm.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
+    control.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
     best = std::min(best, seconds[0]);
   }
   return best;
@@ -260,15 +277,21 @@ void check_sizes(const CommArgs& args, int world_size) {
 }
 
 // Every figure for one backend, in a fixed order (size, dtype, op). Collective over `comm`; every
-// rank returns the same timings.
-std::vector<Figure> measure(Communicator& comm, const CommArgs& args) {
+// rank returns the same timings. Buffers live in host memory, or with `gpu` in that GPU's memory,
+// `control` then carrying the host-memory timing reductions.
+std::vector<Figure> measure(Communicator& comm, const CommArgs& args, Device* gpu = nullptr,
+                            Communicator* control = nullptr) {
   check_sizes(args, comm.size());
-  const auto device = make_device("cpu", comm.rank());
+  std::unique_ptr<Device> cpu;
+  if (gpu == nullptr) cpu = make_device("cpu", comm.rank());
+  Device* const device = gpu != nullptr ? gpu : cpu.get();
+  Communicator& host = control != nullptr ? *control : comm;
   const std::optional<ShmTransport> transport = shm_transport(comm);
   std::vector<Figure> figures;
   for (std::size_t bytes : args.sizes_bytes) {
     const double memcpy_gbps =
-        static_cast<double>(bytes) / memcpy_seconds(comm, *device, bytes, args.repetitions) / 1e9;
+        static_cast<double>(bytes) /
+        memcpy_seconds(comm, *device, bytes, args.repetitions, host) / 1e9;
     for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       for (Collective op :
            {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
@@ -277,7 +300,8 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args) {
         Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, transport, 0};
         const std::optional<ShmReadStats> before = shm_read_stats(comm);
         for (int r = 0; r < args.repetitions; ++r) {
-          const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype);
+          const CollectiveTiming t =
+              time_collective(comm, *device, op, bytes, 1, dtype, &host);
           if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
         }
         if (const std::optional<ShmReadStats> after = shm_read_stats(comm)) {
@@ -289,6 +313,33 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args) {
       }
     }
   }
+  return figures;
+}
+
+// In-process ranks, one GPU each, over NCCL (the in-process communicator carries the host-side
+// reductions). The limit is the GPU's own copy between two buffers of its memory.
+void check_nccl(const CommArgs& args) {
+  const int gpus = visible_gpu_count();
+  ZERO_CHECK(communicator_available("nccl"),
+             "--backend nccl: this build has no NCCL (needs CUDA and NCCL at configure time)");
+  ZERO_CHECK(gpus > 0,
+             "--backend nccl: this process sees no CUDA device; run it on a machine with GPUs");
+  ZERO_CHECK(gpus >= args.world_size,
+             "--backend nccl: {} ranks need a GPU each, and this process sees {}; use "
+             "--world-size {} or fewer",
+             args.world_size, gpus, gpus);
+}
+
+std::vector<Figure> measure_nccl(const CommArgs& args) {
+  std::vector<Figure> figures;
+  run_ranks(args.world_size, [&](Communicator& host) {
+    DeviceOptions options;
+    options.cuda_ordinal = host.rank();
+    const std::unique_ptr<Device> gpu = make_device("cuda", host.rank(), options);
+    const std::unique_ptr<Communicator> nccl = make_gpu_communicator(host, gpu->gpu_ordinal());
+    auto mine = measure(*nccl, args, gpu.get(), &host);
+    if (host.rank() == 0) figures = std::move(mine);
+  });
   return figures;
 }
 
@@ -457,6 +508,14 @@ int run_comm(std::span<const std::string> argv) {
              "launched by mpirun, but this build has no MPI to coordinate the processes; run "
              "zero-bench comm without mpirun for the inproc figures");
 
+  if (args.backend == BackendChoice::Nccl) {
+    ZERO_CHECK(!under_mpirun, "--backend nccl: zero-bench runs its own ranks; run it without mpirun");
+    check_sizes(args, args.world_size);
+    check_nccl(args);
+    print_header(args, 1);
+    for (const Figure& f : measure_nccl(args)) print_figure(args, f);
+    return 0;
+  }
   const bool run_inproc =
       args.backend == BackendChoice::Inproc || args.backend == BackendChoice::All;
   const bool run_shm = args.backend == BackendChoice::Shm || args.backend == BackendChoice::All;

@@ -183,5 +183,7 @@ class Device {
 // device's ledger; a CUDA device budget larger than the GPU's free memory is an error too.
 std::unique_ptr<Device> make_device(std::string_view kind, int rank,
                                     const DeviceOptions& options = {});
+// The CUDA devices this process sees: 0 without a GPU, a driver, or CUDA in the build.
+int visible_gpu_count();
 
 }  // namespace zero

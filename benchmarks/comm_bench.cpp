@@ -289,9 +289,8 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args, Device* gp
   const std::optional<ShmTransport> transport = shm_transport(comm);
   std::vector<Figure> figures;
   for (std::size_t bytes : args.sizes_bytes) {
-    const double memcpy_gbps =
-        static_cast<double>(bytes) /
-        memcpy_seconds(comm, *device, bytes, args.repetitions, host) / 1e9;
+    const double memcpy_gbps = static_cast<double>(bytes) /
+                               memcpy_seconds(comm, *device, bytes, args.repetitions, host) / 1e9;
     for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       for (Collective op :
            {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
@@ -300,8 +299,7 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args, Device* gp
         Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, transport, 0};
         const std::optional<ShmReadStats> before = shm_read_stats(comm);
         for (int r = 0; r < args.repetitions; ++r) {
-          const CollectiveTiming t =
-              time_collective(comm, *device, op, bytes, 1, dtype, &host);
+          const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype, &host);
           if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
         }
         if (const std::optional<ShmReadStats> after = shm_read_stats(comm)) {
@@ -509,7 +507,8 @@ int run_comm(std::span<const std::string> argv) {
              "zero-bench comm without mpirun for the inproc figures");
 
   if (args.backend == BackendChoice::Nccl) {
-    ZERO_CHECK(!under_mpirun, "--backend nccl: zero-bench runs its own ranks; run it without mpirun");
+    ZERO_CHECK(!under_mpirun,
+               "--backend nccl: zero-bench runs its own ranks; run it without mpirun");
     check_sizes(args, args.world_size);
     check_nccl(args);
     print_header(args, 1);

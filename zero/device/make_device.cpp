@@ -36,7 +36,9 @@ CudaAvailability cuda_availability() {
 
 }  // namespace
 
-int visible_gpu_count() { return cuda_availability().device_count; }
+int visible_gpu_count() {
+  return cuda_availability().device_count;
+}
 
 std::unique_ptr<Device> make_device(std::string_view kind, int rank, const DeviceOptions& options) {
   ZERO_CHECK(rank >= 0, "make_device: rank must be non-negative, got {}", rank);

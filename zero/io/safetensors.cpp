@@ -267,8 +267,7 @@ const std::byte* SafetensorsReader::mapping() const {
   const std::size_t bytes = static_cast<std::size_t>(std::filesystem::file_size(path_, ec));
   // No MAP_POPULATE: pages are faulted in (with the kernel's fault-around) as the copies first
   // read them, so a load that reads part of the file maps only that part.
-  void* map = ec || bytes == 0 ? MAP_FAILED
-                               : ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* map = ec || bytes == 0 ? MAP_FAILED : ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) return nullptr;
   mapping_ = std::shared_ptr<const std::byte>(

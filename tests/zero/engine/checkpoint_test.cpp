@@ -34,14 +34,7 @@ constexpr double kReshardTol = 1e-5;
 
 TrainResult run(const json& cfg, int world, int steps, const std::string& save_dir = {},
                 int save_after = -1, const std::string& load_dir = {}) {
-  TrainSpec spec;
-  spec.config = cfg;
-  spec.world = world;
-  spec.steps = steps;
-  spec.save_dir = save_dir;
-  spec.save_after = save_after;
-  spec.load_dir = load_dir;
-  return train(spec);
+  return train_run(cfg, world, steps, save_dir, save_after, load_dir);
 }
 
 json config_for(int stage, const std::string& precision, int world, int global_micro = 12) {

@@ -18,15 +18,7 @@ namespace {
 TrainResult run_on(const std::string& device, const nlohmann::json& cfg, int world, int steps,
                    const std::string& save_dir = {}, int save_after = -1,
                    const std::string& load_dir = {}) {
-  TrainSpec spec;
-  spec.config = cfg;
-  spec.world = world;
-  spec.steps = steps;
-  spec.device = device;
-  spec.save_dir = save_dir;
-  spec.save_after = save_after;
-  spec.load_dir = load_dir;
-  return train(spec);
+  return train_run(cfg, world, steps, save_dir, save_after, load_dir, device);
 }
 
 int gpu_world() {

@@ -200,6 +200,22 @@ inline TrainResult train(const TrainSpec& spec) {
   return result;
 }
 
+// train() of `config` on `world` ranks of `device` for `steps` optimizer steps, saving after step
+// `save_after` into `save_dir`, or resuming from `load_dir`'s latest checkpoint.
+inline TrainResult train_run(const nlohmann::json& config, int world, int steps,
+                             const std::string& save_dir = {}, int save_after = -1,
+                             const std::string& load_dir = {}, const std::string& device = "cpu") {
+  TrainSpec spec;
+  spec.config = config;
+  spec.world = world;
+  spec.steps = steps;
+  spec.save_dir = save_dir;
+  spec.save_after = save_after;
+  spec.load_dir = load_dir;
+  spec.device = device;
+  return train(spec);
+}
+
 // train() with only a config, a world size, a step count and a model.
 inline TrainResult train_config(const nlohmann::json& config, int world, int steps,
                                 const std::string& model = TrainSpec{}.model) {

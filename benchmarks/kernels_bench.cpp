@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -15,10 +16,12 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "benchmarks/commands.h"
 #include "cli/flags.h"
+#include "kernels/compute.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/isa.h"
@@ -27,6 +30,7 @@
 #include "zero/base/error.h"
 #include "zero/base/half.h"
 #include "zero/base/timer.h"
+#include "zero/device/device.h"
 
 namespace zero::bench {
 
@@ -44,11 +48,12 @@ struct KernelsArgs {
   kernels::Isa isa = kernels::Isa::Auto;
   int repetitions = 9;
   std::string only_optimizer;  // empty = all
+  std::string device = "cpu";  // "cuda": the CUDA kernels on GPU 0, against its traffic probe
 };
 
 constexpr std::string_view kUsage =
     "usage: zero-bench kernels [--json] [--params N] [--threads T] [--isa I] [--reps R] "
-    "[--optimizer O]";
+    "[--optimizer O] [--device cpu|cuda]";
 
 KernelsArgs parse_args(std::span<const std::string> args) {
   KernelsArgs r;
@@ -78,6 +83,10 @@ KernelsArgs parse_args(std::span<const std::string> args) {
       r.only_optimizer = arg.value("an optimizer");
       ZERO_CHECK(kernels::parse_optimizer_kind(r.only_optimizer).has_value(),
                  "--optimizer {}: expected adam, adamw, adagrad, lion or sgd", r.only_optimizer);
+    } else if (a == "--device" && arg.has_value()) {
+      r.device = arg.value("a device");
+      ZERO_CHECK(r.device == "cpu" || r.device == "cuda", "--device {}: expected cpu or cuda",
+                 r.device);
     } else if (a == "--isa" && arg.has_value()) {
       const std::string text = arg.value("an ISA");
       const auto isa = kernels::parse_isa(text);
@@ -161,17 +170,27 @@ struct Case {
   bool param_out;
 };
 
-OptimizerTensors tensors_for(const Case& c, const Arrays& a, std::size_t n) {
+// The eight arrays of Arrays, wherever they live, in its member order; and their sizes.
+using ArrayPtrs = std::array<void*, 8>;
+std::array<std::size_t, 8> array_bytes(std::size_t n) {
+  return {4 * n, 4 * n, 2 * n, 4 * n, 4 * n, 2 * n, 2 * n, 2 * n};
+}
+ArrayPtrs ptrs(const Arrays& a) {
+  return {a.master.get(),     a.grad_f32.get(),    a.grad_bf16.get(),   a.state0_f32.get(),
+          a.state1_f32.get(), a.state0_bf16.get(), a.state1_bf16.get(), a.out_bf16.get()};
+}
+
+OptimizerTensors tensors_for(const Case& c, const ArrayPtrs& a, std::size_t n) {
   OptimizerTensors t;
-  t.master = static_cast<float*>(a.master.get());
+  t.master = static_cast<float*>(a[0]);
   const bool bf16_grad = c.grad_dtype == DType::BF16;
-  t.grad = bf16_grad ? a.grad_bf16.get() : a.grad_f32.get();
+  t.grad = bf16_grad ? a[2] : a[1];
   t.grad_dtype = c.grad_dtype;
   const bool bf16_state = c.state_dtype == DType::BF16;
-  t.state0 = bf16_state ? a.state0_bf16.get() : a.state0_f32.get();
-  t.state1 = bf16_state ? a.state1_bf16.get() : a.state1_f32.get();
+  t.state0 = bf16_state ? a[5] : a[3];
+  t.state1 = bf16_state ? a[6] : a[4];
   t.state_dtype = c.state_dtype;
-  t.param_out = c.param_out ? a.out_bf16.get() : nullptr;
+  t.param_out = c.param_out ? a[7] : nullptr;
   t.param_out_dtype = DType::BF16;
   t.numel = n;
   return t;
@@ -261,6 +280,121 @@ void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& 
   }
 }
 
+// One case's figures: bytes per parameter, the best kernel and probe times.
+struct Row {
+  Case c;
+  std::size_t bytes = 0;
+  std::size_t n = 0;
+  std::string where;  // the ISA, or "cuda"
+  int threads = 0;
+  double kernel_s = 0;
+  double probe_s = 0;
+};
+
+void print_row(const KernelsArgs& args, const Row& r) {
+  const double params_per_s = static_cast<double>(r.n) / r.kernel_s;
+  const double gb_per_s = params_per_s * static_cast<double>(r.bytes) / 1e9;
+  const double limit_gb_per_s =
+      static_cast<double>(r.n) * static_cast<double>(r.bytes) / r.probe_s / 1e9;
+  const double ratio = gb_per_s / limit_gb_per_s;
+  const std::string name(kernels::optimizer_name(r.c.hyper.kind));
+  const std::string grad_name(dtype_name(r.c.grad_dtype)), state_name(dtype_name(r.c.state_dtype));
+  const char* out_name = r.c.param_out ? "bf16" : "none";
+  if (args.json) {
+    std::printf(
+        "{\"bench\":\"kernels\",\"device\":\"%s\",\"optimizer\":\"%s\",\"grad_dtype\":\"%s\","
+        "\"state_dtype\":\"%s\",\"param_out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+        "\"params\":%zu,\"params_per_s\":%.6g,\"bytes_per_param\":%zu,\"gb_per_s\":%.4g,"
+        "\"limit\":\"traffic-probe\",\"limit_gb_per_s\":%.4g,\"ratio\":%.3f}\n",
+        args.device.c_str(), name.c_str(), grad_name.c_str(), state_name.c_str(), out_name,
+        r.where.c_str(), r.threads, r.n, params_per_s, r.bytes, gb_per_s, limit_gb_per_s, ratio);
+  } else {
+    std::printf("%-8s %-5s %-5s %-5s %6zu %12.0f %9.1f %12.1f %6.3f\n", name.c_str(),
+                grad_name.c_str(), state_name.c_str(), out_name, r.bytes, params_per_s / 1e6,
+                gb_per_s, limit_gb_per_s, ratio);
+  }
+  std::fflush(stdout);
+}
+
+// Every case on GPU 0 through its compute table (CudaDevice::compute(): the CUDA kernels, which
+// synchronize before returning), next to the table's traffic probe. One step on the full arrays
+// must equal the CPU kernels' bit for bit (the same element math; nvcc builds with --fmad=false).
+int run_kernels_on_device(const KernelsArgs& args, const std::vector<OptimizerHyper>& optimizers) {
+  const std::unique_ptr<Device> device = make_device(args.device, 0);
+  const kernels::ComputeKernels& table = device->compute();
+  const std::size_t n = args.params;
+  const int threads = kernels::resolve_threads(args.threads);
+  const kernels::CpuExec cpu_exec{threads, kernels::Isa::Auto};
+  const Arrays host = make_arrays(n, threads);
+  const std::array<std::size_t, 8> bytes = array_bytes(n);
+  std::array<zero::Buffer, 8> on_device;
+  ArrayPtrs dev{};
+  for (std::size_t k = 0; k < bytes.size(); ++k) {
+    on_device[k] = device->allocate(bytes[k], MemoryKind::Device, MemoryTag::Other);
+    dev[k] = on_device[k].data();
+  }
+  auto upload = [&] {
+    const ArrayPtrs h = ptrs(host);
+    for (std::size_t k = 0; k < bytes.size(); ++k) device->copy(dev[k], h[k], bytes[k]);
+  };
+  if (!args.json) {
+    std::printf("zero-bench kernels: %zu params on %s (GPU 0), best of %d\n", n,
+                args.device.c_str(), args.repetitions);
+    std::printf("%-8s %-5s %-5s %-5s %6s %12s %9s %12s %6s\n", "optim", "grad", "state", "out",
+                "B/par", "Mparams/s", "GB/s", "probe GB/s", "ratio");
+  }
+  std::int64_t step = 1;
+  std::vector<std::byte> back;
+  for (const auto& hyper : optimizers) {
+    for (DType grad : {DType::F32, DType::BF16}) {
+      for (DType state : {DType::F32, DType::BF16}) {
+        for (bool param_out : {false, true}) {
+          const Case c{hyper, grad, state, param_out};
+          fill_arrays(host, n, threads);
+          upload();
+          const OptimizerTensors th = tensors_for(c, ptrs(host), n);
+          const OptimizerTensors td = tensors_for(c, dev, n);
+          const int state_count = kernels::optimizer_state_count(hyper);
+          const kernels::StepScalars scalars{1e-3, step++, 0.5};
+          table.optimizer_step(hyper, scalars, td, {});
+          kernels::optimizer_step_cpu(hyper, scalars, th, cpu_exec);
+          const std::pair<const void*, const void*> outputs[] = {
+              {th.master, td.master},
+              {state_count > 0 ? th.state0 : nullptr, td.state0},
+              {state_count > 1 ? th.state1 : nullptr, td.state1},
+              {th.param_out, td.param_out}};
+          const char* names[] = {"master", "state0", "state1", "param_out"};
+          const std::size_t sizes[] = {4, dtype_size(state), dtype_size(state), 2};
+          for (std::size_t k = 0; k < 4; ++k) {
+            if (outputs[k].first == nullptr) continue;
+            back.resize(n * sizes[k]);
+            device->copy(back.data(), outputs[k].second, back.size());
+            const std::string diff =
+                first_difference(names[k], outputs[k].first, back.data(), n, sizes[k], 0);
+            ZERO_CHECK(diff.empty(),
+                       "kernels bench: {} (grad {}, state {}{}) on {} differs from the CPU "
+                       "kernels: {}",
+                       kernels::optimizer_name(hyper.kind), dtype_name(grad), dtype_name(state),
+                       param_out ? ", bf16 param out" : "", args.device, diff);
+          }
+          double best_kernel = 1e30, best_probe = 1e30;
+          for (int r = 0; r < args.repetitions; ++r) {
+            auto t0 = std::chrono::steady_clock::now();
+            table.optimizer_step(hyper, {1e-3, step++, 1.0}, td, {});
+            best_kernel = std::min(best_kernel, seconds_since(t0));
+            t0 = std::chrono::steady_clock::now();
+            table.traffic_probe(td, state_count, {});
+            best_probe = std::min(best_probe, seconds_since(t0));
+          }
+          print_row(args, {c, kernels::optimizer_bytes_per_elem(th, state_count), n, args.device, 0,
+                           best_kernel, best_probe});
+        }
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_kernels(std::span<const std::string> argv) {
@@ -269,7 +403,6 @@ int run_kernels(std::span<const std::string> argv) {
   const int threads = kernels::resolve_threads(args.threads);
   const kernels::CpuExec exec{threads, isa};
   const std::size_t n = args.params;
-  const Arrays arrays = make_arrays(n, threads);
 
   std::vector<OptimizerHyper> optimizers;
   for (auto kind : {OptimizerKind::AdamW, OptimizerKind::Adam, OptimizerKind::Adagrad,
@@ -282,12 +415,14 @@ int run_kernels(std::span<const std::string> argv) {
     if (kind == OptimizerKind::Sgd) h.momentum = 0.9;
     optimizers.push_back(h);
   }
+  if (args.device != "cpu") return run_kernels_on_device(args, optimizers);
   if (!args.json) {
     std::printf("zero-bench kernels: %zu params, %d threads, isa %s, best of %d\n", n, threads,
                 std::string(kernels::isa_name(isa)).c_str(), args.repetitions);
     std::printf("%-8s %-5s %-5s %-5s %6s %12s %9s %12s %6s\n", "optim", "grad", "state", "out",
                 "B/par", "Mparams/s", "GB/s", "probe GB/s", "ratio");
   }
+  const Arrays arrays = make_arrays(n, threads);
   std::int64_t step = 1;
   for (const auto& hyper : optimizers) {
     for (DType grad : {DType::F32, DType::BF16}) {
@@ -295,7 +430,7 @@ int run_kernels(std::span<const std::string> argv) {
         for (bool param_out : {false, true}) {
           const Case c{hyper, grad, state, param_out};
           fill_arrays(arrays, n, threads);
-          const OptimizerTensors t = tensors_for(c, arrays, n);
+          const OptimizerTensors t = tensors_for(c, ptrs(arrays), n);
           const int state_count = kernels::optimizer_state_count(hyper);
           validate(c, t, exec, step++);
           double best_kernel = 1e30, best_probe = 1e30;
@@ -307,30 +442,8 @@ int run_kernels(std::span<const std::string> argv) {
             kernels::traffic_probe_cpu(t, state_count, exec);
             best_probe = std::min(best_probe, seconds_since(t0));
           }
-          const std::size_t bytes = kernels::optimizer_bytes_per_elem(t, state_count);
-          const double params_per_s = static_cast<double>(n) / best_kernel;
-          const double gb_per_s = params_per_s * static_cast<double>(bytes) / 1e9;
-          const double limit_gb_per_s =
-              static_cast<double>(n) * static_cast<double>(bytes) / best_probe / 1e9;
-          const double ratio = gb_per_s / limit_gb_per_s;
-          const std::string name(kernels::optimizer_name(hyper.kind));
-          const std::string grad_name(dtype_name(grad)), state_name(dtype_name(state));
-          const char* out_name = param_out ? "bf16" : "none";
-          if (args.json) {
-            std::printf(
-                "{\"bench\":\"kernels\",\"optimizer\":\"%s\",\"grad_dtype\":\"%s\",\"state_dtype\":"
-                "\"%s\","
-                "\"param_out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"params\":%zu,"
-                "\"params_per_s\":%.6g,\"bytes_per_param\":%zu,\"gb_per_s\":%.4g,"
-                "\"limit\":\"traffic-probe\",\"limit_gb_per_s\":%.4g,\"ratio\":%.3f}\n",
-                name.c_str(), grad_name.c_str(), state_name.c_str(), out_name,
-                std::string(kernels::isa_name(isa)).c_str(), threads, n, params_per_s, bytes,
-                gb_per_s, limit_gb_per_s, ratio);
-          } else {
-            std::printf("%-8s %-5s %-5s %-5s %6zu %12.0f %9.1f %12.1f %6.3f\n", name.c_str(),
-                        grad_name.c_str(), state_name.c_str(), out_name, bytes, params_per_s / 1e6,
-                        gb_per_s, limit_gb_per_s, ratio);
-          }
+          print_row(args, {c, kernels::optimizer_bytes_per_elem(t, state_count), n,
+                           std::string(kernels::isa_name(isa)), threads, best_kernel, best_probe});
           std::fflush(stdout);
         }
       }

@@ -33,6 +33,8 @@ struct ComputeKernels {
   void (*combine)(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t numel,
                   float scale, bool accumulate, const CpuExec& exec);
   void (*fill_zero)(void* dst, DType dtype, std::size_t numel, const CpuExec& exec);
+  // The optimizer step's memory roofline (traffic_probe.h): its loads and stores, no arithmetic.
+  void (*traffic_probe)(const OptimizerTensors& tensors, int state_count, const CpuExec& exec);
 };
 
 // The table of the CPU kernels (SIMD and OpenMP, ISA chosen per call from exec.isa).

@@ -1,6 +1,7 @@
 #include "kernels/combine.h"
 #include "kernels/compute.h"
 #include "kernels/norm.h"
+#include "kernels/traffic_probe.h"
 #include "kernels/unscale.h"
 
 namespace zero::kernels {
@@ -13,6 +14,7 @@ const ComputeKernels& cpu_compute_kernels() {
       .squared_l2_norm = &squared_l2_norm_cpu,
       .combine = &combine_cpu,
       .fill_zero = &fill_zero_cpu,
+      .traffic_probe = &traffic_probe_cpu,
   };
   return table;
 }

@@ -86,6 +86,11 @@ void fill_zero(void* dst, DType dtype, std::size_t numel, const CpuExec& exec) {
   synchronize(exec);
 }
 
+void traffic_probe(const OptimizerTensors& tensors, int state_count, const CpuExec& exec) {
+  traffic_probe_cuda(tensors, state_count, CudaExec{exec.cuda_stream});
+  synchronize(exec);
+}
+
 }  // namespace
 
 const ComputeKernels& cuda_compute_kernels() {
@@ -96,6 +101,7 @@ const ComputeKernels& cuda_compute_kernels() {
       .squared_l2_norm = &squared_l2_norm,
       .combine = &combine,
       .fill_zero = &fill_zero,
+      .traffic_probe = &traffic_probe,
   };
   return table;
 }

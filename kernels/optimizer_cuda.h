@@ -21,4 +21,10 @@ struct CudaExec {
 void optimizer_step_cuda(const OptimizerHyper& hyper, const StepScalars& scalars,
                          std::span<const OptimizerTensors> tensors, const CudaExec& exec = {});
 
+// The memory roofline of that step (traffic_probe.h's, on the GPU): the same kernel, launches
+// and accesses with one add per array in place of the update; the arrays' values become
+// meaningless. Enqueued on exec.stream like the step. `state_count` as optimizer_state_count().
+void traffic_probe_cuda(const OptimizerTensors& tensors, int state_count,
+                        const CudaExec& exec = {});
+
 }  // namespace zero::kernels

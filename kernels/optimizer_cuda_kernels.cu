@@ -1,5 +1,6 @@
 // The CUDA kernels of optimizer_step_cuda: one fused multi-tensor step per launch over the
-// element functions of optimizer_math.h, and launch_multi_tensor_step (optimizer_cuda_launch.h).
+// element functions of optimizer_math.h, and launch_multi_tensor_step (optimizer_cuda_launch.h);
+// the same kernel with one add per array in place of the update is traffic_probe_cuda's.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,8 +15,23 @@ namespace {
 
 constexpr int kElemsPerThreadStep = 4;
 
+// What the kernel does to one element: the optimizer's update, or the traffic probe's add.
+template <OptimizerKind kKind>
+struct Step {
+  static __device__ void apply(const math::StepCoeffs& c, float& p, float g, float& s0, float& s1) {
+    math::optimizer_update<kKind>(c, p, g, s0, s1);
+  }
+};
+struct Probe {
+  static __device__ void apply(const math::StepCoeffs&, float& p, float g, float& s0, float& s1) {
+    p += g;
+    s0 += g;
+    s1 += g;
+  }
+};
+
 // One block per chunk; within it a block-stride loop, 4 elements per thread step when aligned.
-template <OptimizerKind kKind, int kStates>
+template <typename Update, int kStates>
 __global__ void __launch_bounds__(kCudaThreadsPerBlock)
     multi_tensor_step_kernel(const __grid_constant__ CudaLaunchArgs args) {
   const CudaTensorSlot& t = args.tensors[args.block_slot[blockIdx.x]];
@@ -33,7 +49,7 @@ __global__ void __launch_bounds__(kCudaThreadsPerBlock)
       if (kStates > 0) load4(t.state0, args.state_dtype, i, s0);
       if (kStates > 1) load4(t.state1, args.state_dtype, i, s1);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) math::optimizer_update<kKind>(c, p[k], g[k], s0[k], s1[k]);
+      for (int k = 0; k < 4; ++k) Update::apply(c, p[k], g[k], s0[k], s1[k]);
       store4(t.master, DType::F32, i, p);
       if (kStates > 0) store4(t.state0, args.state_dtype, i, s0);
       if (kStates > 1) store4(t.state1, args.state_dtype, i, s1);
@@ -46,7 +62,7 @@ __global__ void __launch_bounds__(kCudaThreadsPerBlock)
     const float g = load_elem(t.grad, args.grad_dtype, i);
     float s0 = kStates > 0 ? load_elem(t.state0, args.state_dtype, i) : 0.0f;
     float s1 = kStates > 1 ? load_elem(t.state1, args.state_dtype, i) : 0.0f;
-    math::optimizer_update<kKind>(c, p, g, s0, s1);
+    Update::apply(c, p, g, s0, s1);
     t.master[i] = p;
     if (kStates > 0) store_elem(t.state0, args.state_dtype, i, s0);
     if (kStates > 1) store_elem(t.state1, args.state_dtype, i, s1);
@@ -64,28 +80,47 @@ CudaLaunchStatus launch_multi_tensor_step(const CudaLaunchArgs& args, int blocks
     case OptimizerKind::Adam:
     case OptimizerKind::AdamW:
       name = "multi_tensor_step_kernel<adam>";
-      multi_tensor_step_kernel<OptimizerKind::AdamW, 2>
+      multi_tensor_step_kernel<Step<OptimizerKind::AdamW>, 2>
           <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       break;
     case OptimizerKind::Adagrad:
       name = "multi_tensor_step_kernel<adagrad>";
-      multi_tensor_step_kernel<OptimizerKind::Adagrad, 1>
+      multi_tensor_step_kernel<Step<OptimizerKind::Adagrad>, 1>
           <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       break;
     case OptimizerKind::Lion:
       name = "multi_tensor_step_kernel<lion>";
-      multi_tensor_step_kernel<OptimizerKind::Lion, 1>
+      multi_tensor_step_kernel<Step<OptimizerKind::Lion>, 1>
           <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       break;
     case OptimizerKind::Sgd:
       name = "multi_tensor_step_kernel<sgd>";
       if (state_count == 1) {
-        multi_tensor_step_kernel<OptimizerKind::Sgd, 1>
+        multi_tensor_step_kernel<Step<OptimizerKind::Sgd>, 1>
             <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       } else {
-        multi_tensor_step_kernel<OptimizerKind::Sgd, 0>
+        multi_tensor_step_kernel<Step<OptimizerKind::Sgd>, 0>
             <<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       }
+      break;
+  }
+  const cudaError_t status = cudaGetLastError();
+  return {name, status == cudaSuccess ? nullptr : cudaGetErrorString(status)};
+}
+
+CudaLaunchStatus launch_multi_tensor_probe(const CudaLaunchArgs& args, int blocks, int state_count,
+                                           void* stream_handle) {
+  const auto stream = static_cast<cudaStream_t>(stream_handle);
+  const char* name = "multi_tensor_step_kernel<probe>";
+  switch (state_count) {
+    case 0:
+      multi_tensor_step_kernel<Probe, 0><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
+      break;
+    case 1:
+      multi_tensor_step_kernel<Probe, 1><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
+      break;
+    default:
+      multi_tensor_step_kernel<Probe, 2><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);
       break;
   }
   const cudaError_t status = cudaGetLastError();

@@ -49,5 +49,8 @@ struct CudaLaunchStatus {
 // Launches one multi-tensor step over `blocks` blocks on `stream` (a cudaStream_t).
 CudaLaunchStatus launch_multi_tensor_step(const CudaLaunchArgs& args, int blocks, int state_count,
                                           void* stream);
+// The same launch with one add per array in place of the update (the traffic probe).
+CudaLaunchStatus launch_multi_tensor_probe(const CudaLaunchArgs& args, int blocks, int state_count,
+                                           void* stream);
 
 }  // namespace zero::kernels::detail

@@ -259,8 +259,8 @@ void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& 
     kernels::optimizer_step_cpu(c.hyper, scalars, s.view, {1, kernels::Isa::Scalar});
     const std::size_t first = starts[k];
     const std::size_t sb = dtype_size(t.state_dtype);
-    std::string diff = first_difference("master", s.master.data(), t.master + first, window, 4,
-                                        first);
+    std::string diff =
+        first_difference("master", s.master.data(), t.master + first, window, 4, first);
     if (diff.empty() && states > 0) {
       diff = first_difference("state0", s.state0.data(),
                               static_cast<std::byte*>(t.state0) + first * sb, window, sb, first);
@@ -278,6 +278,28 @@ void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& 
                kernels::optimizer_name(c.hyper.kind), dtype_name(c.grad_dtype),
                dtype_name(c.state_dtype), c.param_out ? ", bf16 param out" : "", diff);
   }
+}
+
+// Every case of `optimizers` in the benchmark's order: gradient dtype, state dtype, param write.
+std::vector<Case> cases_of(const std::vector<OptimizerHyper>& optimizers) {
+  std::vector<Case> out;
+  for (const auto& hyper : optimizers) {
+    for (DType grad : {DType::F32, DType::BF16}) {
+      for (DType state : {DType::F32, DType::BF16}) {
+        for (bool param_out : {false, true}) out.push_back({hyper, grad, state, param_out});
+      }
+    }
+  }
+  return out;
+}
+
+// The table's heading, after a first line saying where the kernels run.
+void print_heading(const KernelsArgs& args, const std::string& where) {
+  if (args.json) return;
+  std::printf("zero-bench kernels: %zu params, %s, best of %d\n", args.params, where.c_str(),
+              args.repetitions);
+  std::printf("%-8s %-5s %-5s %-5s %6s %12s %9s %12s %6s\n", "optim", "grad", "state", "out",
+              "B/par", "Mparams/s", "GB/s", "probe GB/s", "ratio");
 }
 
 // One case's figures: bytes per parameter, the best kernel and probe times.
@@ -337,60 +359,51 @@ int run_kernels_on_device(const KernelsArgs& args, const std::vector<OptimizerHy
     const ArrayPtrs h = ptrs(host);
     for (std::size_t k = 0; k < bytes.size(); ++k) device->copy(dev[k], h[k], bytes[k]);
   };
-  if (!args.json) {
-    std::printf("zero-bench kernels: %zu params on %s (GPU 0), best of %d\n", n,
-                args.device.c_str(), args.repetitions);
-    std::printf("%-8s %-5s %-5s %-5s %6s %12s %9s %12s %6s\n", "optim", "grad", "state", "out",
-                "B/par", "Mparams/s", "GB/s", "probe GB/s", "ratio");
-  }
+  print_heading(args, args.device + " (GPU 0)");
   std::int64_t step = 1;
   std::vector<std::byte> back;
-  for (const auto& hyper : optimizers) {
-    for (DType grad : {DType::F32, DType::BF16}) {
-      for (DType state : {DType::F32, DType::BF16}) {
-        for (bool param_out : {false, true}) {
-          const Case c{hyper, grad, state, param_out};
-          fill_arrays(host, n, threads);
-          upload();
-          const OptimizerTensors th = tensors_for(c, ptrs(host), n);
-          const OptimizerTensors td = tensors_for(c, dev, n);
-          const int state_count = kernels::optimizer_state_count(hyper);
-          const kernels::StepScalars scalars{1e-3, step++, 0.5};
-          table.optimizer_step(hyper, scalars, td, {});
-          kernels::optimizer_step_cpu(hyper, scalars, th, cpu_exec);
-          const std::pair<const void*, const void*> outputs[] = {
-              {th.master, td.master},
-              {state_count > 0 ? th.state0 : nullptr, td.state0},
-              {state_count > 1 ? th.state1 : nullptr, td.state1},
-              {th.param_out, td.param_out}};
-          const char* names[] = {"master", "state0", "state1", "param_out"};
-          const std::size_t sizes[] = {4, dtype_size(state), dtype_size(state), 2};
-          for (std::size_t k = 0; k < 4; ++k) {
-            if (outputs[k].first == nullptr) continue;
-            back.resize(n * sizes[k]);
-            device->copy(back.data(), outputs[k].second, back.size());
-            const std::string diff =
-                first_difference(names[k], outputs[k].first, back.data(), n, sizes[k], 0);
-            ZERO_CHECK(diff.empty(),
-                       "kernels bench: {} (grad {}, state {}{}) on {} differs from the CPU "
-                       "kernels: {}",
-                       kernels::optimizer_name(hyper.kind), dtype_name(grad), dtype_name(state),
-                       param_out ? ", bf16 param out" : "", args.device, diff);
-          }
-          double best_kernel = 1e30, best_probe = 1e30;
-          for (int r = 0; r < args.repetitions; ++r) {
-            auto t0 = std::chrono::steady_clock::now();
-            table.optimizer_step(hyper, {1e-3, step++, 1.0}, td, {});
-            best_kernel = std::min(best_kernel, seconds_since(t0));
-            t0 = std::chrono::steady_clock::now();
-            table.traffic_probe(td, state_count, {});
-            best_probe = std::min(best_probe, seconds_since(t0));
-          }
-          print_row(args, {c, kernels::optimizer_bytes_per_elem(th, state_count), n, args.device, 0,
-                           best_kernel, best_probe});
-        }
-      }
+  for (const Case& c : cases_of(optimizers)) {
+    const OptimizerHyper& hyper = c.hyper;
+    const DType grad = c.grad_dtype, state = c.state_dtype;
+    const bool param_out = c.param_out;
+    fill_arrays(host, n, threads);
+    upload();
+    const OptimizerTensors th = tensors_for(c, ptrs(host), n);
+    const OptimizerTensors td = tensors_for(c, dev, n);
+    const int state_count = kernels::optimizer_state_count(hyper);
+    const kernels::StepScalars scalars{1e-3, step++, 0.5};
+    table.optimizer_step(hyper, scalars, td, {});
+    kernels::optimizer_step_cpu(hyper, scalars, th, cpu_exec);
+    const std::pair<const void*, const void*> outputs[] = {
+        {th.master, td.master},
+        {state_count > 0 ? th.state0 : nullptr, td.state0},
+        {state_count > 1 ? th.state1 : nullptr, td.state1},
+        {th.param_out, td.param_out}};
+    const char* names[] = {"master", "state0", "state1", "param_out"};
+    const std::size_t sizes[] = {4, dtype_size(state), dtype_size(state), 2};
+    for (std::size_t k = 0; k < 4; ++k) {
+      if (outputs[k].first == nullptr) continue;
+      back.resize(n * sizes[k]);
+      device->copy(back.data(), outputs[k].second, back.size());
+      const std::string diff =
+          first_difference(names[k], outputs[k].first, back.data(), n, sizes[k], 0);
+      ZERO_CHECK(diff.empty(),
+                 "kernels bench: {} (grad {}, state {}{}) on {} differs from the CPU "
+                 "kernels: {}",
+                 kernels::optimizer_name(hyper.kind), dtype_name(grad), dtype_name(state),
+                 param_out ? ", bf16 param out" : "", args.device, diff);
     }
+    double best_kernel = 1e30, best_probe = 1e30;
+    for (int r = 0; r < args.repetitions; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      table.optimizer_step(hyper, {1e-3, step++, 1.0}, td, {});
+      best_kernel = std::min(best_kernel, seconds_since(t0));
+      t0 = std::chrono::steady_clock::now();
+      table.traffic_probe(td, state_count, {});
+      best_probe = std::min(best_probe, seconds_since(t0));
+    }
+    print_row(args, {c, kernels::optimizer_bytes_per_elem(th, state_count), n, args.device, 0,
+                     best_kernel, best_probe});
   }
   return 0;
 }
@@ -416,38 +429,27 @@ int run_kernels(std::span<const std::string> argv) {
     optimizers.push_back(h);
   }
   if (args.device != "cpu") return run_kernels_on_device(args, optimizers);
-  if (!args.json) {
-    std::printf("zero-bench kernels: %zu params, %d threads, isa %s, best of %d\n", n, threads,
-                std::string(kernels::isa_name(isa)).c_str(), args.repetitions);
-    std::printf("%-8s %-5s %-5s %-5s %6s %12s %9s %12s %6s\n", "optim", "grad", "state", "out",
-                "B/par", "Mparams/s", "GB/s", "probe GB/s", "ratio");
-  }
+  print_heading(args, fmt::format("{} threads, isa {}", threads, kernels::isa_name(isa)));
   const Arrays arrays = make_arrays(n, threads);
   std::int64_t step = 1;
-  for (const auto& hyper : optimizers) {
-    for (DType grad : {DType::F32, DType::BF16}) {
-      for (DType state : {DType::F32, DType::BF16}) {
-        for (bool param_out : {false, true}) {
-          const Case c{hyper, grad, state, param_out};
-          fill_arrays(arrays, n, threads);
-          const OptimizerTensors t = tensors_for(c, ptrs(arrays), n);
-          const int state_count = kernels::optimizer_state_count(hyper);
-          validate(c, t, exec, step++);
-          double best_kernel = 1e30, best_probe = 1e30;
-          for (int r = 0; r < args.repetitions; ++r) {
-            auto t0 = std::chrono::steady_clock::now();
-            kernels::optimizer_step_cpu(hyper, {1e-3, step++, 1.0}, t, exec);
-            best_kernel = std::min(best_kernel, seconds_since(t0));
-            t0 = std::chrono::steady_clock::now();
-            kernels::traffic_probe_cpu(t, state_count, exec);
-            best_probe = std::min(best_probe, seconds_since(t0));
-          }
-          print_row(args, {c, kernels::optimizer_bytes_per_elem(t, state_count), n,
-                           std::string(kernels::isa_name(isa)), threads, best_kernel, best_probe});
-          std::fflush(stdout);
-        }
-      }
+  for (const Case& c : cases_of(optimizers)) {
+    const OptimizerHyper& hyper = c.hyper;
+    fill_arrays(arrays, n, threads);
+    const OptimizerTensors t = tensors_for(c, ptrs(arrays), n);
+    const int state_count = kernels::optimizer_state_count(hyper);
+    validate(c, t, exec, step++);
+    double best_kernel = 1e30, best_probe = 1e30;
+    for (int r = 0; r < args.repetitions; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      kernels::optimizer_step_cpu(hyper, {1e-3, step++, 1.0}, t, exec);
+      best_kernel = std::min(best_kernel, seconds_since(t0));
+      t0 = std::chrono::steady_clock::now();
+      kernels::traffic_probe_cpu(t, state_count, exec);
+      best_probe = std::min(best_probe, seconds_since(t0));
     }
+    print_row(args, {c, kernels::optimizer_bytes_per_elem(t, state_count), n,
+                     std::string(kernels::isa_name(isa)), threads, best_kernel, best_probe});
+    std::fflush(stdout);
   }
   return 0;
 }

@@ -39,7 +39,7 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
   const std::size_t elems = bytes_per_rank / esize;
   const std::size_t chunk = elems / world;
   const MemoryKind kind_of_memory =
-      device.gpu_ordinal() >= 0 ? MemoryKind::Device : MemoryKind::Host;
+      device.host_addressable() ? MemoryKind::Host : MemoryKind::Device;
   Buffer big = device.allocate(bytes_per_rank, kind_of_memory, MemoryTag::Other);
   Buffer small = device.allocate(bytes_per_rank / world, kind_of_memory, MemoryTag::Other);
 

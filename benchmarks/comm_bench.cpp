@@ -171,7 +171,7 @@ bool launched_by_mpirun() {
 // reduction. Collective over `comm`.
 double memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes, int repetitions,
                       Communicator& control) {
-  const bool gpu = device.gpu_ordinal() >= 0;
+  const bool gpu = !device.host_addressable();
   const MemoryKind kind = gpu ? MemoryKind::Device : MemoryKind::Host;
   Buffer src = device.allocate(bytes, kind, MemoryTag::Other);
   Buffer dst = device.allocate(bytes, kind, MemoryTag::Other);

@@ -89,7 +89,7 @@ SubgroupStore::SubgroupStore(Device& device, std::vector<StoreTensor> tensors,
     }
     const MemoryKind kind = off ? options.offload_kind : options.resident_kind;
     // A GPU's own memory is filled through a host copy of the initial values.
-    const bool on_host = kind != MemoryKind::Device || device_.name() == "cpu";
+    const bool on_host = kind != MemoryKind::Device || device_.host_addressable();
     std::vector<std::byte> initial;
     for (const StoreTensor& st : tensors_) {
       const std::size_t bytes = n * dtype_size(st.dtype);

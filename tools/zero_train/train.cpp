@@ -255,7 +255,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   // engine's slots, in the model dtype: no copy of either on the trainer's side. On a GPU the
   // model still runs on the CPU: weights come to host memory (staged_weights) and gradients go
   // back to the engine's slots from host memory (staged_grads) as each layer hands them over.
-  const bool staged = device->gpu_ordinal() >= 0;
+  const bool staged = !device->host_addressable();
   std::vector<std::vector<std::byte>> staged_weights(staged ? num_params : 0);
   std::vector<std::vector<std::byte>> staged_grads(staged ? num_params : 0);
   std::vector<models::ParamView> weights(num_params);

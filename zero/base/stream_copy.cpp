@@ -41,10 +41,6 @@ void copy_streaming(void* dst, const void* src, std::size_t bytes) {
   std::memcpy(d, s, bytes);
 }
 
-}  // namespace zero
-
-namespace zero {
-
 void copy_large(void* dst, const void* src, std::size_t tile_bytes, std::size_t bytes) {
   if (bytes >= kStreamingMinBytes) {
     copy_streaming(dst, src, tile_bytes);

@@ -21,5 +21,9 @@ inline constexpr std::size_t kStreamingMinBytes = std::size_t{8} << 20;
 // memcpy below kStreamingMinBytes, copy_streaming from there on. `bytes` is the size of the
 // whole copy the caller makes, even when it hands over one tile of it at a time (`tile_bytes`).
 void copy_large(void* dst, const void* src, std::size_t tile_bytes, std::size_t bytes);
+// The same for a copy made in one piece.
+inline void copy_large(void* dst, const void* src, std::size_t bytes) {
+  copy_large(dst, src, bytes, bytes);
+}
 
 }  // namespace zero

@@ -19,7 +19,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -28,6 +27,7 @@
 #include <vector>
 
 #include "zero/base/dtype.h"
+#include "zero/checkpoint/checkpoint.h"
 #include "zero/schedule/loss_scaler.h"
 
 namespace zero::ckpt {
@@ -127,7 +127,7 @@ class CheckpointSource {
   // with values holding elements [first, first + n) of out (fp32 bytes, any alignment).
   // REQUIRES: params()[p].trainable. Reading a parameter's ranges in order is cheapest (a
   // DeepSpeed parameter is reconstructed whole once and kept for the ranges that follow).
-  using ValuesFn = std::function<void(const std::byte* values, std::size_t first, std::size_t n)>;
+  using ValuesFn = CheckpointReader::ValuesFn;
   void read(std::size_t p, const std::string& what, std::uint64_t begin, std::uint64_t count,
             float* out, const ValuesFn& also = nullptr) const {
     read_values(p, what, begin, count, out, also);

@@ -287,7 +287,7 @@ class InProcComm final : public Communicator {
           if (a.in_place && q == rank_) continue;
           const std::size_t offset = static_cast<std::size_t>(q) * bytes;
           const void* src = a.in_place ? bytes_at(peer(q).recv, offset) : peer(q).send;
-          copy_large(bytes_at(a.recv, offset), src, bytes, bytes);
+          copy_large(bytes_at(a.recv, offset), src, bytes);
         }
         break;
       }
@@ -307,7 +307,7 @@ class InProcComm final : public Communicator {
           const auto [qb, qe] = chunk_bounds(a.elems, n, q);
           if (qe > qb) {
             copy_large(bytes_at(a.recv, qb * esz), bytes_at(peer(q).recv, qb * esz),
-                       (qe - qb) * esz, (qe - qb) * esz);
+                       (qe - qb) * esz);
           }
         }
         arrive(op, 3);
@@ -315,7 +315,7 @@ class InProcComm final : public Communicator {
       }
       case Collective::Broadcast:
         if (rank_ != a.root && a.elems > 0) {
-          copy_large(a.recv, peer(a.root).recv, a.elems * esz, a.elems * esz);
+          copy_large(a.recv, peer(a.root).recv, a.elems * esz);
         }
         break;
       case Collective::Barrier: break;

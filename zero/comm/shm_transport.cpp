@@ -68,7 +68,7 @@ void cma_copy(ShmGroup& g, int q, std::uint64_t remote, void* local, std::size_t
               const ShmOp& op, ShmScratch& scratch) {
   if (const void* direct = g.direct(q, remote, bytes)) {
     g.count_direct(bytes);
-    copy_large(local, direct, bytes, bytes);
+    copy_large(local, direct, bytes);
     return;
   }
   if (((remote ^ reinterpret_cast<std::uint64_t>(local)) & (kAlign - 1)) == 0) {

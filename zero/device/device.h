@@ -127,6 +127,9 @@ class Device {
   virtual std::string_view name() const = 0;
   // The GPU this device computes on (its CUDA ordinal), or -1 for the host.
   virtual int gpu_ordinal() const { return -1; }
+  // Whether host code may read and write its MemoryKind::Device memory (the CPU device's is host
+  // memory); otherwise such memory is reached only through copy() and the device's kernels.
+  bool host_addressable() const { return name() == "cpu"; }
   // The kernels that compute on this device's memory (kernels/compute.h): the engine's one way to
   // run an optimizer step, a norm, an unscale or a cast. Valid for the device's lifetime.
   virtual const kernels::ComputeKernels& compute() const = 0;

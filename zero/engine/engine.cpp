@@ -104,7 +104,7 @@ EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& 
     : cfg_(cfg),
       comm_(comm),
       control_(options.control_comm != nullptr ? *options.control_comm : comm),
-      host_memory_(device.name() == "cpu"),
+      host_memory_(device.host_addressable()),
       device_(device),
       compute_(device.compute()),
       exec_(exec_of(options)),
@@ -529,15 +529,18 @@ StepResult EngineImpl::step() {
 // Stages 1/2: every rank's updated slices of the model copy to every rank, several units in
 // flight up to allgather_bucket_size elements.
 void EngineImpl::all_gather_model() {
-  if (world_ == 1 || stage_ == 0 || stage_ == 3) return;
+  if (!gathers_model()) return;
   ScopedTimer timer(timings_.all_gather_s);
-  const std::size_t limit = parts_.allgather_bucket_elems;
+  for (Work& w : start_all_gather_model(parts_.allgather_bucket_elems)) w.wait();
+}
+
+std::vector<Work> EngineImpl::start_all_gather_model(std::size_t window_elems) {
   std::deque<std::pair<Work, std::size_t>> inflight;
   std::size_t inflight_elems = 0;
-  for (std::size_t u = 0; u < layout_units_; ++u) {
+  for (std::size_t u = 0; gathers_model() && u < layout_units_; ++u) {
     const UnitLayout& ul = layout_->unit(static_cast<int>(u));
     if (ul.padded_elems == 0) continue;
-    while (!inflight.empty() && inflight_elems + ul.padded_elems > limit) {
+    while (!inflight.empty() && inflight_elems + ul.padded_elems > window_elems) {
       inflight.front().first.wait();
       inflight_elems -= inflight.front().second;
       inflight.pop_front();
@@ -547,18 +550,8 @@ void EngineImpl::all_gather_model() {
         ul.padded_elems);
     inflight_elems += ul.padded_elems;
   }
-  for (auto& w : inflight) w.first.wait();
-}
-
-std::vector<Work> EngineImpl::all_gather_model_async() {
   std::vector<Work> works;
-  if (world_ == 1 || stage_ == 0 || stage_ == 3) return works;
-  for (std::size_t u = 0; u < layout_units_; ++u) {
-    const UnitLayout& ul = layout_->unit(static_cast<int>(u));
-    if (ul.padded_elems == 0) continue;
-    works.push_back(
-        comm_.all_gather_in_place(units_[u].model.data(), ul.slice_elems, model_dtype_));
-  }
+  for (auto& [work, elems] : inflight) works.push_back(std::move(work));
   return works;
 }
 

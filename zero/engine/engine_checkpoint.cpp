@@ -508,7 +508,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   // At stages 1 and 2 the model copy made on the way is all-gathered while the states are read
   // (the ranks agree first that every master weight arrived). A failure after that writes the
   // model copy back from the master weights in place and all-gathers it again.
-  const bool gather_early = model_on_the_way && world_ > 1 && (stage_ == 1 || stage_ == 2);
+  const bool gather_early = model_on_the_way && gathers_model();
   std::vector<Work> early;
   auto restore_model = [&] {
     for (Work& w : early) w.wait();
@@ -528,7 +528,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       restore_model();
       throw;
     }
-    early = all_gather_model_async();
+    early = start_all_gather_model(SIZE_MAX);
   }
   try {
     if (!error.empty()) throw IoError(error);

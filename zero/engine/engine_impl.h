@@ -162,10 +162,13 @@ class EngineImpl final : public Engine, private SliceMap {
     std::vector<kernels::StepScalars> scalars;
   };
   StepPlan plan_step();
+  // Whether the model copy is all-gathered after a step (stages 1 and 2, more than one rank).
+  bool gathers_model() const { return world_ > 1 && (stage_ == 1 || stage_ == 2); }
   void all_gather_model();
-  // The same collectives all started at once (in place: no memory of their own), for the caller
-  // to wait on; nothing at stages 0 and 3 or with one rank.
-  std::vector<Work> all_gather_model_async();
+  // Starts all_gather_model()'s collectives, waiting on the oldest while more than
+  // `window_elems` elements would be in flight; returns those still in flight (in place: no
+  // memory of their own). Nothing when !gathers_model().
+  std::vector<Work> start_all_gather_model(std::size_t window_elems);
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
 

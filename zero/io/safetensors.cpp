@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 #if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
@@ -263,11 +264,11 @@ const std::byte* SafetensorsReader::mapping() const {
   mapping_tried_ = true;
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return nullptr;
-  std::error_code ec;
-  const std::size_t bytes = static_cast<std::size_t>(std::filesystem::file_size(path_, ec));
+  struct stat st {};
+  const std::size_t bytes = ::fstat(fd, &st) == 0 ? static_cast<std::size_t>(st.st_size) : 0;
   // No MAP_POPULATE: pages are faulted in (with the kernel's fault-around) as the copies first
   // read them, so a load that reads part of the file maps only that part.
-  void* map = ec || bytes == 0 ? MAP_FAILED : ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* map = bytes == 0 ? MAP_FAILED : ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) return nullptr;
   mapping_ = std::shared_ptr<const std::byte>(

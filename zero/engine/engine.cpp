@@ -134,9 +134,10 @@ std::vector<std::byte> EngineImpl::to_host(const void* src, std::size_t bytes) {
   return out;
 }
 
-// What does not run on a device whose memory the host cannot address (a GPU) yet: the offload
-// tiers (the CPU step over PCIe is not written) and 16-bit master weights (stepped through a host
-// tile). Refused by name before anything is allocated.
+// On a device whose memory the host cannot address (a GPU), offload_optimizer (cpu or nvme, every
+// sub-group: ratio 1) steps the partition on the host (host_step_); what does not run there yet
+// is refused by name before anything is allocated: a partial offload (ratio < 1), stage 3's
+// parameter offload, and 16-bit master weights kept on the device (stepped through a host tile).
 void EngineImpl::refuse_on_device() const {
   if (host_memory_) return;
   const PartitionOptions& p = parts_.partition;
@@ -144,18 +145,22 @@ void EngineImpl::refuse_on_device() const {
       fmt::format("not supported on a \"{}\" device yet (issue 16); it runs with ZERO_DEVICE=cpu",
                   device_.name());
   std::vector<ConfigError::Problem> problems;
-  if (p.store.nvme || p.kind != MemoryKind::Device ||
-      (p.store.ratio > 0 && p.store.offload_kind != MemoryKind::Device)) {
-    problems.push_back(
-        {"zero_optimization.offload_optimizer", where + ", or set its device to \"none\""});
+  const bool offloaded = p.store.nvme || p.kind != MemoryKind::Device ||
+                         (p.store.ratio > 0 && p.store.offload_kind != MemoryKind::Device);
+  if (offloaded && p.store.ratio < 1.0) {
+    problems.push_back({"zero_optimization.offload_optimizer.ratio",
+                        fmt::format("{} (part of the optimizer on the device, part on the host) is "
+                                    "{}, or set the ratio to 1",
+                                    p.store.ratio, where)});
   }
   if (parts_.param_nvme || parts_.param_kind != MemoryKind::Device) {
     problems.push_back(
         {"zero_optimization.offload_param", where + ", or set its device to \"none\""});
   }
-  if (p.master_dtype != DType::F32) {
-    problems.push_back(
-        {"bf16.bf16_master_weights_and_grads", "16-bit master weights are " + where});
+  if (p.master_dtype != DType::F32 && !host_step_) {
+    problems.push_back({"bf16.bf16_master_weights_and_grads",
+                        "16-bit master weights on the device are " + where +
+                            ", or offload the optimizer (offload_optimizer.device \"cpu\")"});
   }
   if (!problems.empty()) throw ConfigError(std::move(problems));
 }
@@ -194,6 +199,15 @@ void EngineImpl::read_options(const EngineOptions& options) {
   ignore_unused_ = cfg_.zero_optimization.ignore_unused_parameters;
   clip_ = cfg_.gradient_clipping;
   parts_ = part_options(cfg_, rank_, world_, exec_);
+  PartitionOptions& p = parts_.partition;
+  host_step_ = !host_memory_ && stage_ >= 1 &&
+               (p.store.nvme || p.kind != MemoryKind::Device) && p.store.ratio >= 1.0;
+  if (host_step_) {
+    // Everything the CPU kernels touch is host memory: gradients and, with NVMe, the sub-groups'
+    // buffers too (on the CPU device the kinds only name the ledger's columns).
+    p.kind = p.store.offload_kind;
+    parts_.reducer.host_landing = &kernels::cpu_compute_kernels();
+  }
   std::vector<GroupOverrides> overrides;
   for (const ParamGroupOptions& g : options.groups) overrides.push_back({g.lr, g.weight_decay});
   groups_ = group_optimizers(cfg_, overrides);
@@ -248,8 +262,13 @@ void EngineImpl::register_specs(const EngineOptions& options) {
 // Rank 0 initialises each unit in full, broadcasts it, and every rank keeps what its stage needs.
 void EngineImpl::init_state(const InitFn& init) {
   SliceMap& slices = *this;
-  optimizer_ =
-      std::make_unique<PartitionOptimizer>(device_, compute_, *layout_, parts_.partition, slices);
+  if (host_step_) {
+    mirror_ = std::make_unique<HostModelMirror>(
+        device_, *layout_, Domains{rank_, world_, stage_ == 0}, model_dtype_, slices);
+  }
+  optimizer_ = std::make_unique<PartitionOptimizer>(
+      device_, host_step_ ? kernels::cpu_compute_kernels() : compute_, *layout_, parts_.partition,
+      host_step_ ? static_cast<SliceMap&>(*mirror_) : slices);
   if (stage_ == 3) make_param_store();
   std::vector<float> flat;
   for (std::size_t u = 0; u < layout_units_; ++u) {
@@ -264,7 +283,8 @@ void EngineImpl::init_state(const InitFn& init) {
     if (world_ > 1 && !flat.empty())
       control_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     const float* values = readable(flat);
-    optimizer_->set_master(static_cast<int>(u), {values, flat.size()});
+    optimizer_->set_master(static_cast<int>(u),
+                           {host_step_ ? flat.data() : values, flat.size()});
     if (stage_ == 3) {
       if (ul.slice_elems > 0) {
         combine(own_slice(static_cast<int>(u), 0), model_dtype_,

@@ -22,6 +22,7 @@
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/engine.h"
 #include "zero/engine/gradient_reducer.h"
+#include "zero/engine/host_model_mirror.h"
 #include "zero/engine/optimizer_setup.h"
 #include "zero/engine/param_fetcher.h"
 #include "zero/engine/part_options.h"
@@ -140,6 +141,11 @@ class EngineImpl final : public Engine, private SliceMap {
   // `host` where the device's kernels can read it: `host` itself on a host-memory device, else a
   // copy in device staging memory, valid until the next call.
   const float* readable(std::span<const float> host);
+  // Where the optimizer partition reads `host` from: host memory when it is stepped on the host,
+  // else readable(host).
+  const float* optimizer_input(std::span<const float> host) {
+    return host_step_ ? host.data() : readable(host);
+  }
   // The bytes of engine memory `src` in a host vector.
   std::vector<std::byte> to_host(const void* src, std::size_t bytes);
 
@@ -190,6 +196,10 @@ class EngineImpl final : public Engine, private SliceMap {
   // The device's memory is the host's (CpuDevice): host code may read and write engine buffers.
   // Otherwise every byte crosses with device_.copy.
   const bool host_memory_;
+  // The optimizer partition is stepped on the host by the CPU kernels although the device's memory
+  // is not the host's: offload_optimizer on a GPU (ZeRO-Offload's schedule). Gradients land in
+  // host memory (ReducerOptions::host_landing) and the model copy is written through mirror_.
+  bool host_step_ = false;
   Device& device_;
   const kernels::ComputeKernels& compute_;
   kernels::CpuExec exec_;
@@ -215,6 +225,7 @@ class EngineImpl final : public Engine, private SliceMap {
   // Stage 3 with offload_param nvme: the own slices in swap files instead, one record per unit.
   std::unique_ptr<offload::SubgroupStore> param_store_;
 
+  std::unique_ptr<HostModelMirror> mirror_;  // host_step_: the optimizer's SliceMap
   std::unique_ptr<PartitionOptimizer> optimizer_;
   std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<ParamFetcher> fetcher_;  // stage 3

@@ -102,7 +102,7 @@ void EngineImpl::set_param(std::size_t param, std::span<const float> values, int
   std::vector<float> flat(ul.padded_elems);
   host_combine(flat.data(), DType::F32, unit_master.data(), master_dtype, flat.size());
   std::memcpy(flat.data() + pl.offset, v.data(), v.size() * sizeof(float));
-  optimizer_->set_master(pl.unit, {readable(flat), flat.size()});
+  optimizer_->set_master(pl.unit, {optimizer_input(flat), flat.size()});
   upload_.reset();
   optimizer_->store().flush();
 

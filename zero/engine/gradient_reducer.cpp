@@ -26,6 +26,8 @@ GradientReducer::GradientReducer(Communicator& comm, Device& device,
   ZERO_CHECK(layout.world_size() == world_,
              "GradientReducer: the layout is for {} ranks but the communicator has {}",
              layout.world_size(), world_);
+  ZERO_CHECK(options.host_landing == nullptr || options.stage >= 1,
+             "GradientReducer: host landing is for stages 1-3 (stage {})", options.stage);
   // A bucket holds reduce_bucket_size elements, never more than the whole model needs.
   const std::size_t total = layout.total_padded_elems();
   const std::size_t bucket = std::max<std::size_t>(options.bucket_elems, 1);
@@ -203,15 +205,26 @@ void GradientReducer::finish(Slot& slot) {
   slot.in_flight = false;
   ScopedTimer timer(timings_.unpack_s);
   const DType comm_dtype = options_.comm_dtype;
+  const kernels::ComputeKernels& land = options_.host_landing ? *options_.host_landing : compute_;
   for (int d = 0; d < domains_.count(); ++d) {
     const auto q = static_cast<std::size_t>(domains_.rank_of(d));
     const std::byte* chunk = scatters() ? static_cast<const std::byte*>(slot.recv.data())
                                         : element_at(slot.send, comm_dtype, q * slot.chunk_elems);
+    if (options_.host_landing != nullptr) {
+      const std::size_t bytes = slot.chunk_elems * dtype_size(comm_dtype);
+      if (landing_.size_bytes() < bytes) {
+        landing_.reset();
+        landing_ = device_.allocate(chunk_capacity_ * dtype_size(comm_dtype),
+                                    MemoryKind::PinnedHost, MemoryTag::Buckets);
+      }
+      device_.copy(landing_.data(), chunk, bytes);
+      chunk = static_cast<const std::byte*>(landing_.data());
+    }
     std::size_t off = 0;
     for (const Piece& p : slot.pieces) {
-      compute_.combine(target_.gradient(d, p.unit, p.begin), options_.accum_dtype,
-                       chunk + off * dtype_size(comm_dtype), comm_dtype, p.size(),
-                       options_.consume_scale, slot.accumulate, options_.exec);
+      land.combine(target_.gradient(d, p.unit, p.begin), options_.accum_dtype,
+                   chunk + off * dtype_size(comm_dtype), comm_dtype, p.size(),
+                   options_.consume_scale, slot.accumulate, options_.exec);
       off += p.size();
     }
   }

@@ -47,6 +47,11 @@ struct ReducerOptions {
   float pack_scale = 1.0f;
   float consume_scale = 1.0f;
   kernels::CpuExec exec;
+  // Set when the target's gradients are host memory of a device whose memory the host cannot
+  // address (the partition stepped on the host under offload_optimizer, ZeRO-Offload's schedule):
+  // each reduced chunk is copied into pinned host memory as its bucket finishes (during backward
+  // with overlap_comm) and lands with these kernels (the CPU's). Stages 1–3 only.
+  const kernels::ComputeKernels* host_landing = nullptr;
 };
 
 class GradientReducer {
@@ -143,6 +148,7 @@ class GradientReducer {
   std::vector<Source> open_;
   std::size_t open_elems_ = 0;
   std::vector<Slot> slots_;
+  Buffer landing_;  // host_landing: a reduced chunk in pinned host memory
   std::size_t next_slot_ = 0;
   bool window_first_micro_ = true;  // the current micro-step opened its window
 };

@@ -192,13 +192,17 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
     } else {
       for (const Undo& u : undo) {
         std::memcpy(slices_.model(u.domain, u.unit, u.first), u.bytes.data(), u.bytes.size());
+        slices_.model_written(u.domain, u.unit, u.first, u.bytes.size() / msize);
       }
     }
+    slices_.model_settled();
     throw;
   } catch (...) {
     if (model_store != nullptr) model_store->abort_batch();
+    slices_.model_settled();
     throw;
   }
+  slices_.model_settled();
 }
 
 void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_t last,
@@ -259,6 +263,7 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
       compute_.combine(master, master_dtype, t.master, DType::F32, m, 1.0f, false, options_.exec);
     }
   }
+  if (write_model) slices_.model_written(run.domain, run.unit, first, n);
 }
 
 void PartitionOptimizer::write_model() {
@@ -269,8 +274,10 @@ void PartitionOptimizer::write_model() {
       compute_.combine(slices_.model(run.domain, run.unit, first), options_.model_dtype,
                        view.tensors[0] + off * dtype_size(dt), dt, last - first, 1.0f, false,
                        options_.exec);
+      slices_.model_written(run.domain, run.unit, first, last - first);
     });
   });
+  slices_.model_settled();
 }
 
 std::vector<std::byte> PartitionOptimizer::model_from(offload::SubgroupStore::Replacement& master) {
@@ -303,7 +310,9 @@ void PartitionOptimizer::write_model_range(int domain, std::size_t offset, std::
       compute_.combine(dst, options_.model_dtype, src, dt, last - first, 1.0f, false,
                        options_.exec);
     }
+    slices_.model_written(run.domain, run.unit, first, last - first);
   });
+  slices_.model_settled();
 }
 
 void PartitionOptimizer::write_model(std::span<const std::byte> model) {
@@ -316,8 +325,10 @@ void PartitionOptimizer::write_model(std::span<const std::byte> model) {
       if (n == 0) continue;
       std::memcpy(slices_.model(d, unit, 0), model.data() + partition_offset(d, unit) * msize,
                   n * msize);
+      slices_.model_written(d, unit, 0, n);
     }
   }
+  slices_.model_settled();
 }
 
 DType PartitionOptimizer::tensor_dtype(int tensor) const {

@@ -30,6 +30,13 @@ class SliceMap {
   virtual std::byte* gradient(int domain, int unit, std::size_t slice_offset) = 0;
   // The low-precision model copy at the same positions, in the model dtype.
   virtual std::byte* model(int domain, int unit, std::size_t slice_offset) = 0;
+  // A writer of model() says what it wrote: `count` elements of `domain`'s slice of `unit` from
+  // `slice_offset` on (a map whose model() is a host mirror of device memory starts moving them
+  // there). model_settled() returns once everything said so far is where the readers of the model
+  // copy look (the all-gathers, the stage-3 fetcher). Both are no-ops for memory read in place.
+  virtual void model_written(int /*domain*/, int /*unit*/, std::size_t /*slice_offset*/,
+                             std::size_t /*count*/) {}
+  virtual void model_settled() {}
 };
 
 }  // namespace zero::engine_detail

@@ -200,8 +200,8 @@ void EngineImpl::read_options(const EngineOptions& options) {
   clip_ = cfg_.gradient_clipping;
   parts_ = part_options(cfg_, rank_, world_, exec_);
   PartitionOptions& p = parts_.partition;
-  host_step_ = !host_memory_ && stage_ >= 1 &&
-               (p.store.nvme || p.kind != MemoryKind::Device) && p.store.ratio >= 1.0;
+  host_step_ = !host_memory_ && stage_ >= 1 && (p.store.nvme || p.kind != MemoryKind::Device) &&
+               p.store.ratio >= 1.0;
   if (host_step_) {
     // Everything the CPU kernels touch is host memory: gradients and, with NVMe, the sub-groups'
     // buffers too (on the CPU device the kinds only name the ledger's columns).
@@ -283,8 +283,7 @@ void EngineImpl::init_state(const InitFn& init) {
     if (world_ > 1 && !flat.empty())
       control_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     const float* values = readable(flat);
-    optimizer_->set_master(static_cast<int>(u),
-                           {host_step_ ? flat.data() : values, flat.size()});
+    optimizer_->set_master(static_cast<int>(u), {host_step_ ? flat.data() : values, flat.size()});
     if (stage_ == 3) {
       if (ul.slice_elems > 0) {
         combine(own_slice(static_cast<int>(u), 0), model_dtype_,

@@ -12,8 +12,8 @@ HostModelMirror::HostModelMirror(Device& device, const FlatLayout& layout, Domai
       domains_(domains),
       model_dtype_(model_dtype),
       device_map_(device_map),
-      mirror_(device.allocate(static_cast<std::size_t>(domains.count()) *
-                                  layout.partition_elems() * dtype_size(model_dtype),
+      mirror_(device.allocate(static_cast<std::size_t>(domains.count()) * layout.partition_elems() *
+                                  dtype_size(model_dtype),
                               MemoryKind::PinnedHost, MemoryTag::LowPrecisionParams)),
       stream_(device.create_stream()) {}
 

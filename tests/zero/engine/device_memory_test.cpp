@@ -181,9 +181,9 @@ TEST_CASE("on a device that is not the host, what does not run there yet is refu
   cfg = base_config(2, "bf16", 1, 2);
   cfg["bf16"]["bf16_master_weights_and_grads"] = true;
   cfg["bf16"]["bf16_optimizer_states"] = true;
-  CHECK_THROWS_WITH(train(spec_for(cfg, 1, 1, &copies)),
-                    Catch::Contains("16-bit master weights") &&
-                        Catch::Contains("offload_optimizer.device"));
+  CHECK_THROWS_WITH(
+      train(spec_for(cfg, 1, 1, &copies)),
+      Catch::Contains("16-bit master weights") && Catch::Contains("offload_optimizer.device"));
 }
 
 }  // namespace

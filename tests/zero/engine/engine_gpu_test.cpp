@@ -93,9 +93,8 @@ TEST_CASE("offload_optimizer on the GPU steps on the host and trains as the CPU 
 TEST_CASE("what the GPU engine does not run yet is refused by name", "[gpu]") {
   nlohmann::json cfg = base_config(3, "bf16", 1);
   cfg["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
-  CHECK_THROWS_WITH(
-      run_on("cuda", cfg, 1, 1),
-      Catch::Contains("zero_optimization.offload_param") && Catch::Contains("\"cuda\" device"));
+  CHECK_THROWS_WITH(run_on("cuda", cfg, 1, 1), Catch::Contains("zero_optimization.offload_param") &&
+                                                   Catch::Contains("\"cuda\" device"));
 }
 
 }  // namespace

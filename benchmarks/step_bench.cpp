@@ -31,6 +31,12 @@
 // "prefetch" says whether it issued any prefetch in the timed steps;
 // "gather_wait" is every wait for a unit all-gather, including the re-gather of persistent units
 // at the end of step(), which is outside gather().
+//
+// --device cuda puts each rank's engine on a GPU (rank r on GPU r % visible) with NCCL between
+// the ranks and the host communicator for everything else (EngineOptions::control_comm); the
+// synthetic gradients are copied from device memory (there is no forward stand-in), and the
+// limits are a device-to-device copy and the CUDA traffic probe in device memory. It has not
+// run on a GPU yet (README, GPU status).
 #include "benchmarks/step_bench.h"
 
 #include <algorithm>
@@ -58,7 +64,7 @@ namespace {
 constexpr std::string_view kUsage =
     "usage: zero-bench step [--json] [--model mlp:IN,H1,...,OUT | --params N] [--world-size W] "
     "[--stages 0,1,2,3] [--precision fp32|bf16|fp16] [--steps K] [--threads T] [--bucket N] "
-    "[--prefetch on|off|both] [--memory-budget BYTES]";
+    "[--prefetch on|off|both] [--memory-budget BYTES] [--device cpu|cuda]";
 
 StepArgs parse_args(std::span<const std::string> args) {
   StepArgs r;
@@ -112,6 +118,10 @@ StepArgs parse_args(std::span<const std::string> args) {
       r.prefetch = v == "both" ? std::vector<bool>{false, true} : std::vector<bool>{v == "on"};
     } else if (a == "--memory-budget") {
       r.memory_budget = parse_count(flag_value(arg, kUsage), a, kUsage);
+    } else if (a == "--device") {
+      r.device = flag_value(arg, kUsage);
+      ZERO_CHECK(r.device == "cpu" || r.device == "cuda", "--device {}: expected cpu or cuda",
+                 r.device);
     } else if (a == "--bucket") {
       r.bucket_elems = static_cast<std::int64_t>(parse_count(flag_value(arg, kUsage), a, kUsage));
     } else {
@@ -119,6 +129,10 @@ StepArgs parse_args(std::span<const std::string> args) {
     }
   }
   ZERO_CHECK(!(r.model && r.params), "--model and --params are alternatives: give one; {}", kUsage);
+  ZERO_CHECK(r.device == "cpu" || !r.model,
+             "--device {} runs the synthetic layers (--params N); the MLP on a GPU is zero-train's "
+             "(zero-train --device cuda)",
+             r.device);
   if (!r.model && !r.params) r.params = std::size_t{16} << 20;
   return r;
 }

@@ -21,6 +21,7 @@
 #include "models/mlp.h"
 #include "zero/base/dtype.h"
 #include "zero/comm/communicator.h"
+#include "zero/device/device.h"
 #include "zero/engine.h"
 
 namespace zero::bench::step_bench {
@@ -47,6 +48,9 @@ struct StepArgs {
   // Stage 3 runs once per entry: with the default stage3_prefetch_bucket_size, and/or with 0.
   // Without prefetch first, so the run with it can say how much gather waiting it hid.
   std::vector<bool> prefetch = {false, true};
+  // "cuda": every rank's engine on a GPU (rank r on GPU r % visible), NCCL between them, the
+  // synthetic gradients copied from device memory, the limits measured in device memory.
+  std::string device = "cpu";
 };
 
 // What the ranks train: the parameter specs (dtype left to the precision) and initial values.
@@ -90,13 +94,20 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
 double memcpy_seconds(Communicator& comm, std::size_t bytes, int threads);
 double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape, int state_count,
                      std::size_t numel, int threads);
+// The same in the memory of a device the host cannot address (a GPU): a device-to-device copy,
+// and the device compute table's traffic_probe over device arrays.
+double device_memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes);
+double device_probe_seconds(Communicator& comm, Device& device,
+                            const kernels::OptimizerTensors& shape, int state_count,
+                            std::size_t numel);
 
 // The bytes (read + written, per rank) each phase of one step must move, from the config and
 // the rank's partition: what no implementation of the phase can avoid, whatever it overlaps.
 // optimizer_elems / optimizer_bytes_per_elem: the optimizer's (RankResult); gathered_elems:
 // stage 3's unit elements all-gathered per step (EngineTimings::gathered_elems per step).
-// `model` is the trainer's own traffic with the synthetic workload (its forward stand-in's reads
-// and its gradient writes; 0 for --model, whose matrix products are not bound by memory).
+// `model` is the trainer's own traffic with the synthetic workload (its forward stand-in's reads,
+// which a GPU run has none of, and its gradient writes; 0 for --model, whose matrix products are
+// not bound by memory).
 struct PhaseBytes {
   double model = 0, accumulate = 0, pack = 0, reduce = 0, unpack = 0, norm = 0, optimizer = 0,
          all_gather = 0, gather = 0;
@@ -106,7 +117,7 @@ struct PhaseBytes {
 };
 PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
                        std::size_t optimizer_elems, std::size_t optimizer_bytes_per_elem,
-                       double gathered_elems, bool synthetic);
+                       double gathered_elems, bool synthetic, bool forward_reads = true);
 
 // Bytes under `tag` summed over memory kinds: peak or current (step_bench_workload.cpp).
 std::size_t tag_bytes(const MemorySnapshot& m, MemoryTag tag, bool peak);

@@ -6,8 +6,10 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "benchmarks/step_bench.h"
+#include "kernels/compute.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/isa.h"
 #include "kernels/optimizer.h"
@@ -101,6 +103,51 @@ double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape,
   return best_seconds(comm, probe);
 }
 
+// Seconds for every rank at once to copy `bytes` between two arrays of its device's memory, after
+// a validated warm-up copy. Collective over the host communicator `comm`.
+double device_memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes) {
+  const Buffer src = device.allocate(bytes, MemoryKind::Device, MemoryTag::Other);
+  const Buffer dst = device.allocate(bytes, MemoryKind::Device, MemoryTag::Other);
+  std::vector<std::byte> pattern(bytes, static_cast<std::byte>(comm.rank() + 1));
+  device.copy(src.data(), pattern.data(), bytes);
+  auto copy = [&] { device.copy(dst.data(), src.data(), bytes); };
+  copy();
+  std::vector<std::byte> back(bytes);
+  device.copy(back.data(), dst.data(), bytes);
+  ZERO_CHECK(back == pattern, "step bench: a {}-byte copy on {} rank {} gave a wrong result", bytes,
+             device.name(), comm.rank());
+  return best_seconds(comm, copy);
+}
+
+// kernels' traffic probe through the device's compute table (synchronous, as every entry is) over
+// device arrays of the partition's size and dtypes. Collective over `comm`.
+double device_probe_seconds(Communicator& comm, Device& device,
+                            const kernels::OptimizerTensors& shape, int state_count,
+                            std::size_t numel) {
+  auto array = [&](std::size_t bytes) {
+    Buffer b =
+        device.allocate(std::max<std::size_t>(bytes, 1), MemoryKind::Device, MemoryTag::Other);
+    const std::vector<std::byte> zeros(b.size_bytes());
+    device.copy(b.data(), zeros.data(), zeros.size());
+    return b;
+  };
+  const Buffer master = array(numel * sizeof(float));
+  const Buffer grad = array(numel * dtype_size(shape.grad_dtype));
+  const Buffer state0 = array(numel * dtype_size(shape.state_dtype));
+  const Buffer state1 = array(numel * dtype_size(shape.state_dtype));
+  const Buffer out = array(numel * dtype_size(shape.param_out_dtype));
+  kernels::OptimizerTensors t = shape;
+  t.master = static_cast<float*>(master.data());
+  t.grad = grad.data();
+  t.state0 = state0.data();
+  t.state1 = state1.data();
+  t.param_out = shape.param_out != nullptr ? out.data() : nullptr;
+  t.numel = numel;
+  auto probe = [&] { device.compute().traffic_probe(t, state_count, {}); };
+  probe();
+  return best_seconds(comm, probe);
+}
+
 // Per rank, per step without accumulation: N elements in all, S = N / W of them this rank's
 // partition (the optimizer's elements, all W partitions at stage 0), with g, a, c, m the bytes of
 // the gradient (model), accumulation, communication and model dtypes. In-process collectives:
@@ -108,7 +155,7 @@ double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape,
 // reduced chunks; an all-gather copies W − 1 slices.
 PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
                        std::size_t optimizer_elems, std::size_t optimizer_bytes_per_elem,
-                       double gathered_elems, bool synthetic) {
+                       double gathered_elems, bool synthetic, bool forward_reads) {
   const double W = world;
   const double domains = stage == 0 ? W : 1;
   const double S = static_cast<double>(optimizer_elems) / domains;
@@ -123,7 +170,7 @@ PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
   PhaseBytes b;
   // The synthetic trainer reads every parameter (kForwardPasses times, but a unit's later passes
   // may hit the cache, so only the first counts) and copies every gradient into its slot.
-  if (synthetic) b.model = N * (m + 2 * g);
+  if (synthetic) b.model = N * ((forward_reads ? m : 0) + 2 * g);
   // At stage 0/1 the micro-step's gradients become the window's accumulation buffer: taken as
   // they are when the dtypes agree (no bytes), converted into it when they differ.
   const DType accum_dtype = cfg.data_types.grad_accum_dtype.value_or(cfg.model_dtype);

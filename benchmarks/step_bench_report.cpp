@@ -66,7 +66,7 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
       static_cast<double>(r0.optimizer_elems * r0.probe_bytes_per_elem) / r0.probe_s / 1e9;
   f.limit_bytes =
       phase_bytes(stage, args.world_size, cfg, r0.optimizer_elems, r0.optimizer_bytes_per_elem,
-                  static_cast<double>(t.gathered_elems) / n, !w.mlp);
+                  static_cast<double>(t.gathered_elems) / n, !w.mlp, args.device == "cpu");
   f.step_limit_s = f.limit_bytes.total() / (f.memcpy_gbps * 1e9);
   f.step_limit_ratio = f.step_limit_s / f.step_s;
   for (const RankResult& r : ranks) {
@@ -97,12 +97,12 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
 void print_header(const StepArgs& args, const Workload& w, int threads) {
   if (args.json) return;
   std::printf(
-      "zero-bench step: %s (%zu params), %d in-process ranks x %d threads, %s, AdamW, bucket %lld "
-      "elems, median of %d timed steps after a warm-up; ms per step on rank 0; limits: memcpy "
-      "(cpy) and the optimizer's traffic probe (prb) of the optimizer's bytes on every rank at "
-      "once\n",
-      w.label.c_str(), w.params, args.world_size, threads, args.precision.c_str(),
-      static_cast<long long>(args.bucket_elems), args.steps - 1);
+      "zero-bench step: %s (%zu params), %d in-process ranks x %d threads on %s, %s, AdamW, "
+      "bucket %lld elems, median of %d timed steps after a warm-up; ms per step on rank 0; limits: "
+      "memcpy (cpy) and the optimizer's traffic probe (prb) of the optimizer's bytes on every rank "
+      "at once\n",
+      w.label.c_str(), w.params, args.world_size, threads, args.device.c_str(),
+      args.precision.c_str(), static_cast<long long>(args.bucket_elems), args.steps - 1);
   std::printf("%5s %8s %7s %7s %8s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s %6s %8s %6s %8s %6s %9s\n",
               "stage", "step", "model", "pack", "red.wait", "unpack", "accum", "norm", "optim", "allgath",
               "gather", "g.wait", "other", "opt GB/s", "cpy GB/s", "ratio", "prb GB/s", "ratio",
@@ -118,6 +118,7 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     j["stage"] = f.stage;
     j["world_size"] = args.world_size;
     j["precision"] = args.precision;
+    j["device"] = args.device;
     j["model"] = w.label;
     j["params"] = w.params;
     j["threads"] = threads;

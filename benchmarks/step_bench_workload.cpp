@@ -114,8 +114,9 @@ namespace {
 // One rank's trainer loop body: gathers, gradients in backward order, step().
 class Trainer {
  public:
-  Trainer(const Workload& w, Engine& engine, int rank, DType dtype, const kernels::CpuExec& exec)
-      : w_(w), engine_(engine), rank_(rank), dtype_(dtype), exec_(exec) {
+  Trainer(const Workload& w, Engine& engine, Device& device, int rank, DType dtype,
+          const kernels::CpuExec& exec)
+      : w_(w), engine_(engine), device_(device), rank_(rank), dtype_(dtype), exec_(exec) {
     if (w_.mlp) {
       data_.emplace(*w_.mlp, kSeed, exec_.threads);
       for (const ParamSpec& s : w_.specs) {
@@ -136,7 +137,7 @@ class Trainer {
     // thread while this one's parameters are read.
     for (int u = 0; u < w_.units; ++u) {
       engine_.gather(u);
-      if (!w_.mlp) {
+      if (!w_.mlp && device_.host_addressable()) {
         const Clock::time_point start = Clock::now();
         forward_compute(u);
         model_s_ += seconds_since(start);
@@ -187,6 +188,15 @@ class Trainer {
       grads_[i].resize(n * dtype_size(dtype_));
       kernels::cast_cpu(values.data(), DType::F32, grads_[i].data(), dtype_, n, exec_);
     }
+    if (device_.host_addressable()) return;
+    // A GPU's gradients come from its own memory, as a model's backward would leave them.
+    grads_on_device_.resize(grads_.size());
+    for (std::size_t i = 0; i < grads_.size(); ++i) {
+      if (grads_[i].empty()) continue;
+      grads_on_device_[i] =
+          device_.allocate(grads_[i].size(), MemoryKind::Device, MemoryTag::Staging);
+      device_.copy(grads_on_device_[i].data(), grads_[i].data(), grads_[i].size());
+    }
   }
 
   // Unit u's gradients to the engine in backward order, then the unit is released.
@@ -198,6 +208,8 @@ class Trainer {
       if (w_.mlp) {
         kernels::cast_cpu(grads_f32_[i].data(), DType::F32, slot.data(), dtype_,
                           grads_f32_[i].size(), exec_);
+      } else if (!grads_on_device_.empty()) {
+        if (!slot.empty()) device_.copy(slot.data(), grads_on_device_[i].data(), slot.size());
       } else {
         std::memcpy(slot.data(), grads_[i].data(), slot.size());
       }
@@ -237,11 +249,13 @@ class Trainer {
 
   const Workload& w_;
   Engine& engine_;
+  Device& device_;
   int rank_;
   DType dtype_;
   kernels::CpuExec exec_;
   // --params
   std::vector<std::vector<std::byte>> grads_;
+  std::vector<Buffer> grads_on_device_;  // a GPU's copy of grads_
   double grads_scale_ = std::numeric_limits<double>::quiet_NaN();
   // --model
   std::optional<models::TeacherStudentData> data_;
@@ -291,17 +305,23 @@ std::size_t tag_bytes(const MemorySnapshot& m, MemoryTag tag, bool peak) {
 void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& cfg, int threads,
               Communicator& comm, RankResult& out) {
   const DType dtype = cfg.model_dtype;
+  // The device outlives the engine (Engine::create's REQUIRES) and serves the limits after it.
+  DeviceOptions device_options;
+  device_options.device_budget_bytes = args.memory_budget;
+  const std::unique_ptr<Device> device = make_device(args.device, comm.rank(), device_options);
   {
-    // The device outlives the engine (Engine::create's REQUIRES).
-    DeviceOptions device_options;
-    device_options.device_budget_bytes = args.memory_budget;
-    const std::unique_ptr<Device> device = make_device("cpu", comm.rank(), device_options);
     EngineOptions options;
     options.kernel_threads = threads;
+    // On a GPU the engine's collectives go through NCCL; `comm` carries the host-side ones.
+    std::unique_ptr<Communicator> gpu_comm;
+    if (device->gpu_ordinal() >= 0) {
+      gpu_comm = make_gpu_communicator(comm, device->gpu_ordinal());
+      options.control_comm = &comm;
+    }
     const InitFn init = [&](std::size_t index, std::span<float> values) { w.init(index, values); };
     const std::unique_ptr<Engine> engine =
-        Engine::create(cfg, comm, *device, w.specs, init, options);
-    Trainer trainer(w, *engine, comm.rank(), dtype, kernels::CpuExec{.threads = threads});
+        Engine::create(cfg, gpu_comm ? *gpu_comm : comm, *device, w.specs, init, options);
+    Trainer trainer(w, *engine, *device, comm.rank(), dtype, kernels::CpuExec{.threads = threads});
 
     StepResult r;
     do {
@@ -341,8 +361,13 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
 
   // After the engine is gone, so the limits do not compete with its memory.
   out.memcpy_bytes = out.optimizer_elems * out.optimizer_bytes_per_elem / 2;
-  out.memcpy_s = memcpy_seconds(comm, out.memcpy_bytes, threads);
-  out.probe_s = probe_seconds(comm, shape, state_count, out.optimizer_elems, threads);
+  if (device->host_addressable()) {
+    out.memcpy_s = memcpy_seconds(comm, out.memcpy_bytes, threads);
+    out.probe_s = probe_seconds(comm, shape, state_count, out.optimizer_elems, threads);
+  } else {
+    out.memcpy_s = device_memcpy_seconds(comm, *device, out.memcpy_bytes);
+    out.probe_s = device_probe_seconds(comm, *device, shape, state_count, out.optimizer_elems);
+  }
 }
 
 }  // namespace zero::bench::step_bench

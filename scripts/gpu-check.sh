@@ -85,17 +85,18 @@ optional "zero-bench kernels --device cuda" --device "$bench kernels --help" -- 
   "$bench" kernels --device cuda --json
 optional "zero-bench comm --backend nccl" nccl "$bench comm --help" -- \
   "$bench" comm --backend nccl --json
+optional "zero-bench step --device cuda" --device "$bench step --help" -- \
+  "$bench" step --device cuda --json --world-size "$((gpus > 1 ? 2 : 1))" --params 64M
 train="$build/tools/zero-train"
-if "$train" --help 2>&1 | grep -q -- '--device'; then
-  if "$train" --device cuda --config "$root/examples/configs/zero2_bf16_warmup.json" \
-       --world-size "$((gpus > 0 ? gpus : 1))" --steps 50 >"$log_dir/main-job.log" 2>&1; then
-    record PASS "main job on the GPU" "$log_dir/main-job.log"
+# The main job on the GPU, and again with the optimizer offloaded to the host (ZeRO-Offload).
+for config in zero2_bf16_warmup zero2_offload_cpu; do
+  if "$train" --device cuda --config "$root/examples/configs/$config.json" \
+       --world-size "$((gpus > 0 ? gpus : 1))" --steps 50 >"$log_dir/main-job-$config.log" 2>&1; then
+    record PASS "main job on the GPU ($config)" "$log_dir/main-job-$config.log"
   else
-    record FAIL "main job on the GPU" "see $log_dir/main-job.log"
+    record FAIL "main job on the GPU ($config)" "see $log_dir/main-job-$config.log"
   fi
-else
-  record "NOT BUILT YET" "main job on the GPU" "zero-train has no --device flag in this build"
-fi
+done
 
 echo "== gpu-check summary ($(date -u +%Y-%m-%dT%H:%MZ), $(git -C "$root" rev-parse --short HEAD 2>/dev/null))"
 printf '%s\n' "${summary[@]}"

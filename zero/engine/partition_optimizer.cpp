@@ -190,6 +190,7 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
     if (model_store != nullptr) {
       model_store->abort_batch();
     } else {
+      slices_.model_settled();  // no copy of a stretch in flight while it is restored
       for (const Undo& u : undo) {
         std::memcpy(slices_.model(u.domain, u.unit, u.first), u.bytes.data(), u.bytes.size());
         slices_.model_written(u.domain, u.unit, u.first, u.bytes.size() / msize);

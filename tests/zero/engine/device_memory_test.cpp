@@ -10,28 +10,11 @@
 
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
+#include "tests/zero/engine/gpu_stand_in.h"
 #include "zero/base/error.h"
-#include "zero/device/cpu_device.h"
 
 namespace zero::test {
 namespace {
-
-// A CpuDevice that says it is not the host, and counts the copies made through it.
-class GpuStandIn final : public CpuDevice {
- public:
-  GpuStandIn(int rank, const DeviceOptions& options, std::atomic<std::size_t>& copies)
-      : CpuDevice(rank, options), copies_(copies) {}
-  std::string_view name() const override { return "gpu-stand-in"; }
-
- protected:
-  void copy_impl(void* dst, const void* src, std::size_t bytes) override {
-    ++copies_;
-    CpuDevice::copy_impl(dst, src, bytes);
-  }
-
- private:
-  std::atomic<std::size_t>& copies_;
-};
 
 TrainSpec spec_for(const nlohmann::json& cfg, int world, int steps,
                    std::atomic<std::size_t>* copies) {
@@ -41,7 +24,7 @@ TrainSpec spec_for(const nlohmann::json& cfg, int world, int steps,
   spec.steps = steps;
   if (copies != nullptr) {
     spec.device_factory = [copies](int rank, const DeviceOptions& o) {
-      return std::make_unique<GpuStandIn>(rank, o, *copies);
+      return std::make_unique<GpuStandIn>(rank, o, copies);
     };
   }
   return spec;

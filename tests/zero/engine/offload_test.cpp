@@ -8,6 +8,7 @@
 
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
+#include "tests/zero/engine/gpu_stand_in.h"
 #include "zero/base/error.h"
 #include "zero/engine/engine_impl.h"
 
@@ -103,8 +104,9 @@ TEST_CASE("stage-3 parameters on NVMe (with or without the optimizer state) stay
 }
 
 // One rank training kModel from `config` by hand, so that a test can fail its I/O between calls.
+// With `stand_in`, on a device the engine must treat as a GPU's (gpu_stand_in.h).
 struct OneRank {
-  explicit OneRank(const json& config)
+  explicit OneRank(const json& config, bool stand_in = false)
       : shape(models::MlpShape::parse(kModel)),
         mp(models::mlp_params(shape)),
         cfg(config::load_config_json(config,
@@ -115,7 +117,8 @@ struct OneRank {
                                      }())),
         specs(make_specs()),
         comm(world.comm(0)),
-        device(make_device("cpu", 0, {})),
+        device(stand_in ? std::make_unique<GpuStandIn>(0, DeviceOptions{})
+                        : make_device("cpu", 0, {})),
         engine(Engine::create(
             cfg, *comm, *device, specs,
             [&](std::size_t i, std::span<float> out) { models::init_param(shape, i, 7, 0, out); },
@@ -194,8 +197,8 @@ struct FaultRun {
   int failures = 0;
 };
 FaultRun train_with_io_faults(const json& config, bool fault_params, int faulty_step,
-                              bool disk_gone = false) {
-  OneRank r(config);
+                              bool disk_gone = false, bool stand_in = false) {
+  OneRank r(config, stand_in);
   offload::AsyncIo* io = fault_params ? r.impl().param_io() : r.impl().optimizer_io();
   REQUIRE(io != nullptr);
   FaultRun result;
@@ -322,6 +325,25 @@ TEST_CASE(
     REQUIRE(snapshot() == saved);
     train_step(2);  // and training goes on from there
     CHECK(snapshot() == later);
+  }
+}
+
+// On a device the host cannot address the NVMe partition is stepped on the host and its model
+// copy reaches the device through a mirror: a failed step must leave the device's copy as it was
+// too (the undo is written to the mirror and copied back), and the run continue bitwise.
+TEST_CASE("stepped on the host for a GPU, an NVMe step failing at any call changes nothing",
+          "[offload]") {
+  TempDir nvme("zero_nvme");
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    const json c = with_offload(base_config(stage, "bf16", 1), "nvme", nvme.str());
+    const FaultRun plain = train_with_io_faults(c, false, -1);
+    REQUIRE(plain.failures == 0);
+    for (bool disk_gone : {false, true}) {
+      const FaultRun faulty = train_with_io_faults(c, false, 2, disk_gone, /*stand_in=*/true);
+      CHECK(faulty.failures >= 4);
+      REQUIRE(faulty.params == plain.params);
+    }
   }
 }
 

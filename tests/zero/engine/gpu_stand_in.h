@@ -1,0 +1,32 @@
+// A CpuDevice that says it is not the host: the engine then treats its memory as a GPU's (moves
+// every value between host code and engine memory with Device::copy, steps an offloaded partition
+// on the host through a mirror) while the kernels still run on the CPU, so those paths can be
+// checked bitwise against the CPU engine on a machine without a GPU. Counts the copies made
+// through it when given a counter.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <string_view>
+
+#include "zero/device/cpu_device.h"
+
+namespace zero::test {
+
+class GpuStandIn final : public CpuDevice {
+ public:
+  GpuStandIn(int rank, const DeviceOptions& options, std::atomic<std::size_t>* copies = nullptr)
+      : CpuDevice(rank, options), copies_(copies) {}
+  std::string_view name() const override { return "gpu-stand-in"; }
+
+ protected:
+  void copy_impl(void* dst, const void* src, std::size_t bytes) override {
+    if (copies_ != nullptr) ++*copies_;
+    CpuDevice::copy_impl(dst, src, bytes);
+  }
+
+ private:
+  std::atomic<std::size_t>* copies_;
+};
+
+}  // namespace zero::test

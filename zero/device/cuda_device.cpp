@@ -229,6 +229,10 @@ CudaMemoryInfo CudaDevice::memory_info() const {
   return info;
 }
 
+std::optional<std::size_t> CudaDevice::free_device_bytes() const {
+  return memory_info().free_bytes + device_cache_->stats().cached_bytes;
+}
+
 void CudaDevice::release_cached() {
   device_cache_->release_cached();
   pinned_cache_->release_cached();

@@ -47,6 +47,8 @@ class CudaDevice final : public Device {
   int gpu_ordinal() const override { return ordinal_; }
   // cudaMemGetInfo for this GPU now.
   CudaMemoryInfo memory_info() const;
+  // cudaMemGetInfo's free bytes plus what the caching allocator holds unused.
+  std::optional<std::size_t> free_device_bytes() const override;
   // Idle blocks of every kind back to the driver (e.g. before handing memory to another library).
   void release_cached();
 

@@ -75,6 +75,16 @@ void Device::copy(void* dst, const void* src, std::size_t bytes) {
   copy_impl(dst, src, bytes);
 }
 
+std::optional<std::size_t> Device::device_room() const {
+  std::optional<std::size_t> room = free_device_bytes();
+  if (const std::optional<std::size_t> budget = ledger_.budget(MemoryKind::Device)) {
+    const std::size_t used = ledger_.total(MemoryKind::Device).current_bytes;
+    const std::size_t left = *budget > used ? *budget - used : 0;
+    room = room ? std::min(*room, left) : left;
+  }
+  return room;
+}
+
 void Device::log_live_buffers() const noexcept {
   for (auto kind : {MemoryKind::Device, MemoryKind::PinnedHost, MemoryKind::Host}) {
     const auto live = ledger_.total(kind);

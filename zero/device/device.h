@@ -156,6 +156,10 @@ class Device {
 
   MemoryLedger& ledger() { return ledger_; }
   const MemoryLedger& ledger() const { return ledger_; }
+  // Bytes of MemoryKind::Device that may still be allocated: the smaller of what the budget leaves
+  // and what the hardware has free (a GPU's free memory); nullopt when neither limits it (the
+  // CPU without a budget).
+  std::optional<std::size_t> device_room() const;
 
  protected:
   explicit Device(int rank) : ledger_(rank) {}
@@ -163,6 +167,9 @@ class Device {
   // allocated (their owners outlived the device, which Buffer's REQUIRES forbids).
   void log_live_buffers() const noexcept;
 
+  // The hardware's free device memory, for device_room(); nullopt where the budget is the only
+  // limit (the CPU).
+  virtual std::optional<std::size_t> free_device_bytes() const { return std::nullopt; }
   // May assume: bytes > 0, kind allocatable. Returns nullptr on failure.
   virtual void* allocate_impl(std::size_t bytes, MemoryKind kind) = 0;
   virtual void free_impl(void* data, std::size_t bytes, MemoryKind kind) noexcept = 0;

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "zero/base/format.h"
 #include "zero/base/shape.h"
 #include "zero/base/timer.h"
 #include "zero/engine/engine_impl.h"
@@ -179,6 +180,7 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   check_agreement(control_, "the resolved ds_config", cfg_.to_json().dump());
   check_specs_agree(control_, specs_);
   init_state(init);
+  check_bucket_room();
   if (stage_ == 3) {
     ParamFetcher::SliceSource source;
     if (param_store_) source = [this](int unit, std::byte* out) { copy_own_slice(unit, out); };
@@ -188,6 +190,21 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
                                               static_cast<const std::byte*>(model_part_.data()),
                                               fetch, timings_, std::move(source));
   }
+}
+
+void EngineImpl::check_bucket_room() const {
+  const std::optional<std::size_t> room = device_.device_room();
+  const std::size_t need = reducer_->bucket_bytes();
+  if (!room || need <= *room) return;
+  throw ConfigError(
+      {{"zero_optimization.reduce_bucket_size",
+        fmt::format("{} elements make {} of reduction buckets per rank ({} with "
+                    "overlap_comm {}), but rank {}'s {} device has {} left after the "
+                    "model and optimizer state; lower reduce_bucket_size (or raise "
+                    "the device memory budget)",
+                    cfg_.zero_optimization.reduce_bucket_elems, format_bytes(need),
+                    parts_.reducer.overlap_comm ? "two slots" : "one slot",
+                    parts_.reducer.overlap_comm, rank_, device_.name(), format_bytes(*room))}});
 }
 
 // The config's precision, schedule and scaler, and what it asks of the parts.

@@ -153,6 +153,10 @@ class EngineImpl final : public Engine, private SliceMap {
   void refuse_on_device() const;
   void register_specs(const EngineOptions& options);
   void init_state(const InitFn& init);
+  // Throws ConfigError naming reduce_bucket_size when the device has no room left for the
+  // reduction buckets (checked once the model and optimizer state are allocated, so that a GPU
+  // too small for the configured buckets is an error before training, not in the first backward).
+  void check_bucket_room() const;
   // Stage 3: the model copy's own slices in memory, or in the NVMe param store.
   void make_param_store();
   std::byte* own_slice(int unit, std::size_t slice_offset);  // valid until the next call

@@ -42,6 +42,12 @@ GradientReducer::GradientReducer(Communicator& comm, Device& device,
   }
 }
 
+std::size_t GradientReducer::bucket_bytes() const {
+  const bool recv = options_.stage != 0 && options_.reduce_scatter;  // as flush_bucket()
+  const std::size_t chunks = static_cast<std::size_t>(world_) + (recv ? 1 : 0);
+  return slots_.size() * chunks * chunk_capacity_ * dtype_size(options_.comm_dtype);
+}
+
 GradientReducer::~GradientReducer() {
   // A reduction may still read or write the slot buffers.
   for (Slot& s : slots_) {

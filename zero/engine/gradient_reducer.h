@@ -67,6 +67,9 @@ class GradientReducer {
 
   // Per-rank elements one bucket holds (the pieces a unit's slice is cut into).
   std::size_t bucket_chunk_capacity() const { return chunk_capacity_; }
+  // Device bytes the buckets take once the first ones are reduced: per slot (two with
+  // overlap_comm) W chunks to send and, when reduce-scattering, one to receive.
+  std::size_t bucket_bytes() const;
 
   // This micro-step's gradient buffer of `unit` (layout.unit(unit).padded_elems elements of the
   // gradient dtype), allocated on first use in a micro-step with its alignment gaps and padding

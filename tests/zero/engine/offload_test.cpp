@@ -104,9 +104,17 @@ TEST_CASE("stage-3 parameters on NVMe (with or without the optimizer state) stay
 }
 
 // One rank training kModel from `config` by hand, so that a test can fail its I/O between calls.
-// With `stand_in`, on a device the engine must treat as a GPU's (gpu_stand_in.h).
+DeviceOptions budgeted(std::optional<std::size_t> device_budget) {
+  DeviceOptions o;
+  o.device_budget_bytes = device_budget;
+  return o;
+}
+
+// With `stand_in`, on a device the engine must treat as a GPU's (gpu_stand_in.h); `device_budget`:
+// DeviceOptions::device_budget_bytes.
 struct OneRank {
-  explicit OneRank(const json& config, bool stand_in = false)
+  explicit OneRank(const json& config, bool stand_in = false,
+                   std::optional<std::size_t> device_budget = std::nullopt)
       : shape(models::MlpShape::parse(kModel)),
         mp(models::mlp_params(shape)),
         cfg(config::load_config_json(config,
@@ -117,8 +125,8 @@ struct OneRank {
                                      }())),
         specs(make_specs()),
         comm(world.comm(0)),
-        device(stand_in ? std::make_unique<GpuStandIn>(0, DeviceOptions{})
-                        : make_device("cpu", 0, {})),
+        device(stand_in ? std::make_unique<GpuStandIn>(0, budgeted(device_budget))
+                        : make_device("cpu", 0, budgeted(device_budget))),
         engine(Engine::create(
             cfg, *comm, *device, specs,
             [&](std::size_t i, std::span<float> out) { models::init_param(shape, i, 7, 0, out); },
@@ -344,6 +352,31 @@ TEST_CASE("stepped on the host for a GPU, an NVMe step failing at any call chang
       CHECK(faulty.failures >= 4);
       REQUIRE(faulty.params == plain.params);
     }
+  }
+}
+
+TEST_CASE("a device with room for the model and state but not the buckets: an error at create",
+          "[offload]") {
+  for (bool overlap : {false, true}) {
+    INFO("overlap_comm " << overlap);
+    json c = base_config(2, "fp32", 1);
+    c["zero_optimization"]["overlap_comm"] = overlap;
+    OneRank free_run(c);
+    const std::size_t at_create = free_run.engine->memory().total(MemoryKind::Device).current_bytes;
+    free_run.backward(0);
+    free_run.engine->step();
+    const std::size_t buckets =
+        free_run.engine->memory().at(MemoryKind::Device, MemoryTag::Buckets).current_bytes;
+    REQUIRE(buckets > 0);
+    CHECK_THROWS_WITH(OneRank(c, false, at_create + buckets / 2),
+                      Catch::Contains("zero_optimization.reduce_bucket_size") &&
+                          Catch::Contains("lower reduce_bucket_size") &&
+                          Catch::Contains(overlap ? "two slots" : "one slot"));
+    // With room for the buckets, the same budget trains (the check counts what is allocated).
+    OneRank fits(c, false, at_create + buckets + (std::size_t{1} << 16));
+    fits.backward(0);
+    fits.engine->step();
+    CHECK(fits.snapshot() == free_run.snapshot());
   }
 }
 

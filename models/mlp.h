@@ -1,7 +1,8 @@
 // The model zero-train trains (and zero-bench step and the engine tests): an MLP (IN, H1, ...,
 // OUT) with ReLU between layers, fitted with a mean-squared error to a fixed "teacher" MLP of the
 // same shape. Everything is a function of the seed, so any rank can produce its share of any
-// step's batch without talking to the others. Matrix products run on oneDNN (models/gemm.h).
+// step's batch without talking to the others. Matrix products run on oneDNN (models/gemm.h);
+// models/mlp_cuda.h runs the same model on a GPU.
 #pragma once
 
 #include <cstddef>

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "models/mlp.h"
+#include "models/mlp_cuda.h"
 #include "zero/base/error.h"
 #include "zero/base/timer.h"
 #include "zero/checkpoint/checkpoint.h"
@@ -253,9 +254,15 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
 
   // The model reads the engine's copy of the weights and writes gradients straight into the
   // engine's slots, in the model dtype: no copy of either on the trainer's side. On a GPU the
-  // model still runs on the CPU: weights come to host memory (staged_weights) and gradients go
-  // back to the engine's slots from host memory (staged_grads) as each layer hands them over.
-  const bool staged = !device->host_addressable();
+  // model runs there, on the engine's GPU memory (models::CudaMlp). A device whose memory host
+  // code cannot reach and that is no GPU (the tests' stand-in for one) gets the CPU model with
+  // copies: weights to host memory (staged_weights) before forward, gradients from host memory
+  // (staged_grads) into the engine's slots as each layer hands them over.
+  std::unique_ptr<models::CudaMlp> gpu_model;
+  if (device->gpu_ordinal() >= 0) {
+    gpu_model = std::make_unique<models::CudaMlp>(shape, device->gpu_ordinal());
+  }
+  const bool staged = !device->host_addressable() && !gpu_model;
   std::vector<std::vector<std::byte>> staged_weights(staged ? num_params : 0);
   std::vector<std::vector<std::byte>> staged_grads(staged ? num_params : 0);
   std::vector<models::ParamView> weights(num_params);
@@ -326,17 +333,23 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
       if (share.rows > 0) {
         handover_seconds = 0;
         const Clock::time_point model_start = Clock::now();
+        const auto loss_scale = static_cast<float>(engine->backward_scale() * share.weight);
         loss_sum += share.weight *
-                    models::forward_backward(
-                        shape, weights, batch,
-                        static_cast<float>(engine->backward_scale() * share.weight), sink, threads);
+                    (gpu_model ? gpu_model->forward_backward(weights, batch, loss_scale, sink)
+                               : models::forward_backward(shape, weights, batch, loss_scale, sink,
+                                                          threads));
         model_seconds += seconds_since(model_start) - handover_seconds;
       } else {
         for (int u = units - 1; u >= 0; --u) {
           for (std::size_t i = 2 * static_cast<std::size_t>(u) + 2;
                i-- > 2 * static_cast<std::size_t>(u);) {
             const models::GradView slot = sink.slot(i);
-            std::fill(slot.bytes.begin(), slot.bytes.end(), std::byte{0});  // +0 in every dtype
+            if (gpu_model) {  // a slot in GPU memory
+              const std::vector<std::byte> zeros(slot.bytes.size());
+              device->copy(slot.bytes.data(), zeros.data(), zeros.size());
+            } else {
+              std::fill(slot.bytes.begin(), slot.bytes.end(), std::byte{0});  // +0 in every dtype
+            }
           }
           sink.on_layer_grads(static_cast<std::size_t>(u));
         }

@@ -26,9 +26,10 @@ options:
   --seed S                    seeds the initial weights, the teacher and the data (default 0)
   --model mlp:IN,H1,...,OUT   layer widths (default mlp:32,256,256,10)
   --threads T                 kernel threads per rank (default: cores / ranks on this host)
-  --device cpu|cuda|auto      where each rank's engine runs (default auto: ZERO_DEVICE if set,
-                              else cpu, since the engine does not run on a GPU yet); cuda
-                              without a usable GPU is an error before training starts
+  --device cpu|cuda|auto      where each rank's engine and model run (default auto: ZERO_DEVICE
+                              if set, else cpu, since the GPU path has not run on a GPU yet);
+                              cuda: the engine and the MLP (cuBLAS) on GPU rank % visible,
+                              NCCL between ranks; without a usable GPU an error before training
   --memory-budget BYTES       per-rank cap on device memory (the ledger's "device" kind); an
                               allocation beyond it is an out-of-memory error naming the tag
   --dump-params FILE          after training, write every parameter's fp32 master value to one

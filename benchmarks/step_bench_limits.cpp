@@ -57,6 +57,21 @@ double best_seconds(Communicator& comm, const std::function<void()>& fn) {
   return best;
 }
 
+// `shape`'s dtypes over `numel` elements of the given arrays (param_out only where `shape` has
+// one).
+kernels::OptimizerTensors probe_tensors(const kernels::OptimizerTensors& shape, std::size_t numel,
+                                        void* master, void* grad, void* state0, void* state1,
+                                        void* out) {
+  kernels::OptimizerTensors t = shape;
+  t.master = static_cast<float*>(master);
+  t.grad = grad;
+  t.state0 = state0;
+  t.state1 = state1;
+  t.param_out = shape.param_out != nullptr ? out : nullptr;
+  t.numel = numel;
+  return t;
+}
+
 }  // namespace
 
 // Seconds for every rank to copy `bytes` at once with `threads` OpenMP threads, after a
@@ -90,13 +105,8 @@ double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape,
   const HostArray state0 = host_array(numel * dtype_size(shape.state_dtype), threads);
   const HostArray state1 = host_array(numel * dtype_size(shape.state_dtype), threads);
   const HostArray out = host_array(numel * dtype_size(shape.param_out_dtype), threads);
-  kernels::OptimizerTensors t = shape;
-  t.master = reinterpret_cast<float*>(master.get());
-  t.grad = grad.get();
-  t.state0 = state0.get();
-  t.state1 = state1.get();
-  t.param_out = shape.param_out != nullptr ? out.get() : nullptr;
-  t.numel = numel;
+  const kernels::OptimizerTensors t =
+      probe_tensors(shape, numel, master.get(), grad.get(), state0.get(), state1.get(), out.get());
   const kernels::CpuExec exec{threads, kernels::Isa::Auto};
   auto probe = [&] { kernels::traffic_probe_cpu(t, state_count, exec); };
   probe();
@@ -136,13 +146,8 @@ double device_probe_seconds(Communicator& comm, Device& device,
   const Buffer state0 = array(numel * dtype_size(shape.state_dtype));
   const Buffer state1 = array(numel * dtype_size(shape.state_dtype));
   const Buffer out = array(numel * dtype_size(shape.param_out_dtype));
-  kernels::OptimizerTensors t = shape;
-  t.master = static_cast<float*>(master.data());
-  t.grad = grad.data();
-  t.state0 = state0.data();
-  t.state1 = state1.data();
-  t.param_out = shape.param_out != nullptr ? out.data() : nullptr;
-  t.numel = numel;
+  const kernels::OptimizerTensors t = probe_tensors(shape, numel, master.data(), grad.data(),
+                                                    state0.data(), state1.data(), out.data());
   auto probe = [&] { device.compute().traffic_probe(t, state_count, {}); };
   probe();
   return best_seconds(comm, probe);

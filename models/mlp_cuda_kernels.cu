@@ -3,8 +3,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda_elements.cuh"
 #include "models/mlp_cuda_kernels.h"
-#include "zero/base/half.h"
 
 namespace zero::models::cuda_detail {
 
@@ -26,25 +26,13 @@ __device__ __forceinline__ long long grid_stride() {
   return static_cast<long long>(gridDim.x) * blockDim.x;
 }
 
-// dtype is uniform across a launch, so these branches never diverge within a warp.
-__device__ __forceinline__ float load(const void* base, DType dtype, long long i) {
-  if (dtype == DType::F32) return static_cast<const float*>(base)[i];
-  const std::uint16_t bits = static_cast<const std::uint16_t*>(base)[i];
-  return dtype == DType::BF16 ? half::bf16_to_float(bits) : half::f16_to_float(bits);
-}
-
-__device__ __forceinline__ void store(void* base, DType dtype, long long i, float x) {
-  if (dtype == DType::F32) {
-    static_cast<float*>(base)[i] = x;
-  } else {
-    static_cast<std::uint16_t*>(base)[i] =
-        dtype == DType::BF16 ? half::float_to_bf16(x) : half::float_to_f16(x);
-  }
-}
+// The element loads and stores of the optimizer kernels (the conversions every backend shares).
+using kernels::detail::load_elem;
+using kernels::detail::store_elem;
 
 __global__ void __launch_bounds__(kThreads)
     round_kernel(const float* in, void* out, DType out_dtype, long long n) {
-  for (long long i = first_index(); i < n; i += grid_stride()) store(out, out_dtype, i, in[i]);
+  for (long long i = first_index(); i < n; i += grid_stride()) store_elem(out, out_dtype, i, in[i]);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -52,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
                     bool relu) {
   const long long n = rows * cols;
   for (long long i = first_index(); i < n; i += grid_stride()) {
-    float v = y[i] + load(bias, bias_dtype, i % cols);
+    float v = y[i] + load_elem(bias, bias_dtype, i % cols);
     if (relu) v = v < 0.0f ? 0.0f : v;
     y[i] = v;
   }
@@ -87,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
   for (long long c = first_index(); c < cols; c += grid_stride()) {
     float sum = 0.0f;
     for (long long r = 0; r < rows; ++r) sum += dy[r * cols + c];
-    store(out, out_dtype, c, sum);
+    store_elem(out, out_dtype, c, sum);
   }
 }
 

@@ -30,18 +30,24 @@ TrainSpec spec_for(const nlohmann::json& cfg, int world, int steps,
   return spec;
 }
 
+// Trains `cfg` on 2 ranks on the CPU and on the stand-in, requires the stand-in's run (returned)
+// bitwise equal to the CPU's, after the weights moved and with copies made through the stand-in.
+TrainResult stand_in_equals_cpu(const nlohmann::json& cfg) {
+  const TrainResult cpu = train(spec_for(cfg, 2, 4, nullptr));
+  std::atomic<std::size_t> copies{0};
+  TrainResult staged = train(spec_for(cfg, 2, 4, &copies));
+  REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
+  CHECK(copies > 0);                                      // the staged path was taken
+  require_bitwise_equal(cpu, staged);
+  return staged;
+}
+
 TEST_CASE("staged through device copies, every stage and precision trains bitwise as on the CPU",
           "[engine]") {
   for (const std::string precision : {"fp32", "bf16", "fp16"}) {
     for (int stage = 0; stage <= 3; ++stage) {
       INFO(precision << " stage " << stage);
-      const nlohmann::json cfg = base_config(stage, precision, 2, 2);
-      const TrainResult cpu = train(spec_for(cfg, 2, 4, nullptr));
-      std::atomic<std::size_t> copies{0};
-      const TrainResult staged = train(spec_for(cfg, 2, 4, &copies));
-      REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
-      CHECK(copies > 0);                                      // the staged path was taken
-      require_bitwise_equal(cpu, staged);
+      stand_in_equals_cpu(base_config(stage, precision, 2, 2));
     }
   }
 }
@@ -90,13 +96,8 @@ TEST_CASE("offload_optimizer on a device that is not the host steps on the host,
   for (const std::string precision : {"fp32", "bf16", "fp16"}) {
     for (int stage = 1; stage <= 3; ++stage) {
       INFO(precision << " stage " << stage);
-      const nlohmann::json cfg = with_optimizer_offload(base_config(stage, precision, 2, 2), "cpu");
-      const TrainResult cpu = train(spec_for(cfg, 2, 4, nullptr));
-      std::atomic<std::size_t> copies{0};
-      const TrainResult staged = train(spec_for(cfg, 2, 4, &copies));
-      REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);
-      CHECK(copies > 0);
-      require_bitwise_equal(cpu, staged);
+      const TrainResult staged =
+          stand_in_equals_cpu(with_optimizer_offload(base_config(stage, precision, 2, 2), "cpu"));
       for (const MemorySnapshot& m : staged.memory) {
         // Master weights, states and the reduced gradients are host memory; the model copy is on
         // the device with its mirror in pinned host memory.
@@ -114,21 +115,13 @@ TEST_CASE("offload_optimizer nvme and 16-bit master weights on a device that is 
           "[engine]") {
   TempDir dir;
   SECTION("nvme, stage 2") {
-    const nlohmann::json cfg =
-        with_optimizer_offload(base_config(2, "bf16", 2, 2), "nvme", dir.str());
-    std::atomic<std::size_t> copies{0};
-    const TrainResult cpu = train(spec_for(cfg, 2, 4, nullptr));
-    REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);
-    require_bitwise_equal(cpu, train(spec_for(cfg, 2, 4, &copies)));
+    stand_in_equals_cpu(with_optimizer_offload(base_config(2, "bf16", 2, 2), "nvme", dir.str()));
   }
   SECTION("bf16 master weights and states, offloaded to the host, stage 1") {
     nlohmann::json cfg = with_optimizer_offload(base_config(1, "bf16", 1, 2), "cpu");
     cfg["bf16"]["bf16_master_weights_and_grads"] = true;
     cfg["bf16"]["bf16_optimizer_states"] = true;
-    std::atomic<std::size_t> copies{0};
-    const TrainResult cpu = train(spec_for(cfg, 2, 4, nullptr));
-    REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);
-    require_bitwise_equal(cpu, train(spec_for(cfg, 2, 4, &copies)));
+    stand_in_equals_cpu(cfg);
   }
   SECTION("a checkpoint saved offloaded on the stand-in resumes bitwise on the CPU") {
     const nlohmann::json cfg = with_optimizer_offload(base_config(2, "bf16", 1, 2), "cpu");

@@ -136,9 +136,11 @@ std::vector<std::byte> EngineImpl::to_host(const void* src, std::size_t bytes) {
 }
 
 // On a device whose memory the host cannot address (a GPU), offload_optimizer (cpu or nvme, every
-// sub-group: ratio 1) steps the partition on the host (host_step_); what does not run there yet
-// is refused by name before anything is allocated: a partial offload (ratio < 1), stage 3's
-// parameter offload, and 16-bit master weights kept on the device (stepped through a host tile).
+// sub-group: ratio 1) steps the partition on the host (host_step_), and stage 3's offload_param
+// then keeps the own slices there too (copied to the device for each gather); what does not run
+// there yet is refused by name before anything is allocated: a partial offload (ratio < 1),
+// offload_param without the optimizer offloaded, and 16-bit master weights kept on the device
+// (stepped through a host tile).
 void EngineImpl::refuse_on_device() const {
   if (host_memory_) return;
   const PartitionOptions& p = parts_.partition;
@@ -154,9 +156,10 @@ void EngineImpl::refuse_on_device() const {
                                     "{}, or set the ratio to 1",
                                     p.store.ratio, where)});
   }
-  if (parts_.param_nvme || parts_.param_kind != MemoryKind::Device) {
-    problems.push_back(
-        {"zero_optimization.offload_param", where + ", or set its device to \"none\""});
+  if (params_offloaded_ && !host_step_) {
+    problems.push_back({"zero_optimization.offload_param",
+                        "without offload_optimizer (device \"cpu\" or \"nvme\", ratio 1) is " +
+                            where + ", or offload the optimizer too"});
   }
   if (p.master_dtype != DType::F32 && !host_step_) {
     problems.push_back({"bf16.bf16_master_weights_and_grads",
@@ -183,7 +186,9 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   check_bucket_room();
   if (stage_ == 3) {
     ParamFetcher::SliceSource source;
-    if (param_store_) source = [this](int unit, std::byte* out) { copy_own_slice(unit, out); };
+    // Slices the device's collectives cannot read in place are copied to it for each gather.
+    if (param_store_ || (params_offloaded_ && !host_memory_))
+      source = [this](int unit, std::byte* out) { copy_own_slice(unit, out); };
     FetchOptions fetch = parts_.fetch;
     fetch.control = &control_;
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
@@ -217,6 +222,7 @@ void EngineImpl::read_options(const EngineOptions& options) {
   clip_ = cfg_.gradient_clipping;
   parts_ = part_options(cfg_, rank_, world_, exec_);
   PartitionOptions& p = parts_.partition;
+  params_offloaded_ = stage_ == 3 && (parts_.param_nvme || parts_.param_kind != MemoryKind::Device);
   host_step_ = !host_memory_ && stage_ >= 1 && (p.store.nvme || p.kind != MemoryKind::Device) &&
                p.store.ratio >= 1.0;
   if (host_step_) {
@@ -279,13 +285,13 @@ void EngineImpl::register_specs(const EngineOptions& options) {
 // Rank 0 initialises each unit in full, broadcasts it, and every rank keeps what its stage needs.
 void EngineImpl::init_state(const InitFn& init) {
   SliceMap& slices = *this;
-  if (host_step_) {
+  if (host_step_ && !params_offloaded_) {  // the model copy is the device's: write a mirror
     mirror_ = std::make_unique<HostModelMirror>(
         device_, *layout_, Domains{rank_, world_, stage_ == 0}, model_dtype_, slices);
   }
   optimizer_ = std::make_unique<PartitionOptimizer>(
       device_, host_step_ ? kernels::cpu_compute_kernels() : compute_, *layout_, parts_.partition,
-      host_step_ ? static_cast<SliceMap&>(*mirror_) : slices);
+      mirror_ ? static_cast<SliceMap&>(*mirror_) : slices);
   if (stage_ == 3) make_param_store();
   std::vector<float> flat;
   for (std::size_t u = 0; u < layout_units_; ++u) {
@@ -302,9 +308,12 @@ void EngineImpl::init_state(const InitFn& init) {
     const float* values = readable(flat);
     optimizer_->set_master(static_cast<int>(u), {host_step_ ? flat.data() : values, flat.size()});
     if (stage_ == 3) {
-      if (ul.slice_elems > 0) {
-        combine(own_slice(static_cast<int>(u), 0), model_dtype_,
-                values + static_cast<std::size_t>(rank_) * ul.slice_elems, DType::F32,
+      const std::size_t mine = static_cast<std::size_t>(rank_) * ul.slice_elems;
+      if (ul.slice_elems > 0 && params_offloaded_) {  // host memory, whatever the device
+        host_combine(own_slice(static_cast<int>(u), 0), model_dtype_, flat.data() + mine,
+                     DType::F32, ul.slice_elems);
+      } else if (ul.slice_elems > 0) {
+        combine(own_slice(static_cast<int>(u), 0), model_dtype_, values + mine, DType::F32,
                 ul.slice_elems);
       }
     } else {

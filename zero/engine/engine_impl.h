@@ -204,6 +204,9 @@ class EngineImpl final : public Engine, private SliceMap {
   // is not the host's: offload_optimizer on a GPU (ZeRO-Offload's schedule). Gradients land in
   // host memory (ReducerOptions::host_landing) and the model copy is written through mirror_.
   bool host_step_ = false;
+  // Stage 3's own slices of the model copy are host memory or NVMe records (offload_param): the
+  // host writes them; on a GPU each gather copies the slice to the device first.
+  bool params_offloaded_ = false;
   Device& device_;
   const kernels::ComputeKernels& compute_;
   kernels::CpuExec exec_;
@@ -229,7 +232,8 @@ class EngineImpl final : public Engine, private SliceMap {
   // Stage 3 with offload_param nvme: the own slices in swap files instead, one record per unit.
   std::unique_ptr<offload::SubgroupStore> param_store_;
 
-  std::unique_ptr<HostModelMirror> mirror_;  // host_step_: the optimizer's SliceMap
+  // host_step_ with the model copy in device memory: the optimizer's SliceMap.
+  std::unique_ptr<HostModelMirror> mirror_;
   std::unique_ptr<PartitionOptimizer> optimizer_;
   std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<ParamFetcher> fetcher_;  // stage 3

@@ -117,6 +117,22 @@ TEST_CASE("offload_optimizer nvme and 16-bit master weights on a device that is 
   SECTION("nvme, stage 2") {
     stand_in_equals_cpu(with_optimizer_offload(base_config(2, "bf16", 2, 2), "nvme", dir.str()));
   }
+  SECTION("stage 3 with its parameters offloaded too: host memory, and NVMe") {
+    for (const std::string tier : {"cpu", "nvme"}) {
+      INFO("offload_param and offload_optimizer on " << tier);
+      nlohmann::json cfg = with_optimizer_offload(base_config(3, "bf16", 2, 2), tier, dir.str());
+      cfg["zero_optimization"]["offload_param"] = {{"device", tier}, {"pin_memory", true}};
+      if (tier == "nvme") cfg["zero_optimization"]["offload_param"]["nvme_path"] = dir.str();
+      const TrainResult staged = stand_in_equals_cpu(cfg);
+      for (const MemorySnapshot& m : staged.memory) {
+        // No model copy of the partition on the device: only gathered units are.
+        CHECK(m.at(MemoryKind::Device, MemoryTag::MasterParams).current_bytes == 0);
+        CHECK(m.at(MemoryKind::PinnedHost, MemoryTag::LowPrecisionParams).current_bytes +
+                  m.at(MemoryKind::Nvme, MemoryTag::LowPrecisionParams).current_bytes >
+              0);
+      }
+    }
+  }
   SECTION("bf16 master weights and states, offloaded to the host, stage 1") {
     nlohmann::json cfg = with_optimizer_offload(base_config(1, "bf16", 1, 2), "cpu");
     cfg["bf16"]["bf16_master_weights_and_grads"] = true;
@@ -153,7 +169,8 @@ TEST_CASE("on a device that is not the host, what does not run there yet is refu
   cfg = base_config(3, "bf16", 1, 2);
   cfg["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   CHECK_THROWS_WITH(train(spec_for(cfg, 1, 1, &copies)),
-                    Catch::Contains("zero_optimization.offload_param"));
+                    Catch::Contains("zero_optimization.offload_param") &&
+                        Catch::Contains("offload the optimizer too"));
   cfg = base_config(2, "bf16", 1, 2);
   cfg["bf16"]["bf16_master_weights_and_grads"] = true;
   cfg["bf16"]["bf16_optimizer_states"] = true;

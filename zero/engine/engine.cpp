@@ -138,9 +138,8 @@ std::vector<std::byte> EngineImpl::to_host(const void* src, std::size_t bytes) {
 // On a device whose memory the host cannot address (a GPU), offload_optimizer (cpu or nvme, every
 // sub-group: ratio 1) steps the partition on the host (host_step_), and stage 3's offload_param
 // then keeps the own slices there too (copied to the device for each gather); what does not run
-// there yet is refused by name before anything is allocated: a partial offload (ratio < 1),
-// offload_param without the optimizer offloaded, and 16-bit master weights kept on the device
-// (stepped through a host tile).
+// there yet is refused by name before anything is allocated: a partial offload (ratio < 1) and
+// offload_param without the optimizer offloaded.
 void EngineImpl::refuse_on_device() const {
   if (host_memory_) return;
   const PartitionOptions& p = parts_.partition;
@@ -160,11 +159,6 @@ void EngineImpl::refuse_on_device() const {
     problems.push_back({"zero_optimization.offload_param",
                         "without offload_optimizer (device \"cpu\" or \"nvme\", ratio 1) is " +
                             where + ", or offload the optimizer too"});
-  }
-  if (p.master_dtype != DType::F32 && !host_step_) {
-    problems.push_back({"bf16.bf16_master_weights_and_grads",
-                        "16-bit master weights on the device are " + where +
-                            ", or offload the optimizer (offload_optimizer.device \"cpu\")"});
   }
   if (!problems.empty()) throw ConfigError(std::move(problems));
 }

@@ -233,10 +233,13 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
     if (master_dtype == DType::F32 && !on_copies) {
       t.master = reinterpret_cast<float*>(master);
     } else {
-      master_tile_.resize(m);
-      compute_.combine(master_tile_.data(), DType::F32, master, master_dtype, m, 1.0f, false,
-                       options_.exec);
-      t.master = master_tile_.data();
+      if (master_tile_.empty()) {
+        // Where the kernels compute (a GPU's memory unless the partition is on the host).
+        master_tile_ =
+            device_.allocate(kMasterTileElems * sizeof(float), options_.kind, MemoryTag::Staging);
+      }
+      t.master = static_cast<float*>(master_tile_.data());
+      compute_.combine(t.master, DType::F32, master, master_dtype, m, 1.0f, false, options_.exec);
     }
     t.grad = grad + b * dtype_size(options_.grad_dtype);
     std::byte* state[2] = {nullptr, nullptr};

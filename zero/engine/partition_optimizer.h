@@ -176,8 +176,12 @@ class PartitionOptimizer {
   std::unique_ptr<offload::SubgroupStore> store_;
   Buffer gradients_;  // own_gradients only
   std::vector<Run> runs_;
-  std::vector<float> master_tile_;  // 16-bit master weights are stepped in fp32 tiles
-  std::vector<std::byte> state_tiles_[2];  // PartMode::ModelOnly's copies of the states
+  // 16-bit master weights (and PartMode::ModelOnly's copies) are stepped in fp32 tiles of
+  // kMasterTileElems, in memory of options_.kind, where the kernels compute.
+  Buffer master_tile_;
+  // PartMode::ModelOnly's copies of the states: host memory, as ModelOnly runs only with the
+  // partition on the host (a model copy in a swap store needs host steps on a GPU).
+  std::vector<std::byte> state_tiles_[2];
 };
 
 }  // namespace zero::engine_detail

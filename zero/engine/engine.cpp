@@ -28,7 +28,6 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "zero/base/format.h"
 #include "zero/base/shape.h"
 #include "zero/base/timer.h"
 #include "zero/engine/engine_impl.h"
@@ -113,56 +112,6 @@ EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& 
 
 EngineImpl::~EngineImpl() = default;
 
-void EngineImpl::host_combine(void* dst, DType dst_dtype, const void* src, DType src_dtype,
-                              std::size_t numel) const {
-  kernels::cpu_compute_kernels().combine(dst, dst_dtype, src, src_dtype, numel, 1.0f, false, exec_);
-}
-
-const float* EngineImpl::readable(std::span<const float> host) {
-  if (host_memory_ || host.empty()) return host.data();
-  const std::size_t bytes = host.size_bytes();
-  if (upload_.size_bytes() < bytes) {
-    upload_.reset();
-    upload_ = device_.allocate(bytes, MemoryKind::Device, MemoryTag::Staging);
-  }
-  device_.copy(upload_.data(), host.data(), bytes);
-  return static_cast<const float*>(upload_.data());
-}
-
-std::vector<std::byte> EngineImpl::to_host(const void* src, std::size_t bytes) {
-  std::vector<std::byte> out(bytes);
-  if (bytes > 0) device_.copy(out.data(), src, bytes);
-  return out;
-}
-
-// On a device whose memory the host cannot address (a GPU), offload_optimizer (cpu or nvme, every
-// sub-group: ratio 1) steps the partition on the host (host_step_), and stage 3's offload_param
-// then keeps the own slices there too (copied to the device for each gather); what does not run
-// there yet is refused by name before anything is allocated: a partial offload (ratio < 1) and
-// offload_param without the optimizer offloaded.
-void EngineImpl::refuse_on_device() const {
-  if (host_memory_) return;
-  const PartitionOptions& p = parts_.partition;
-  const std::string where =
-      fmt::format("not supported on a \"{}\" device yet (issue 16); it runs with ZERO_DEVICE=cpu",
-                  device_.name());
-  std::vector<ConfigError::Problem> problems;
-  const bool offloaded = p.store.nvme || p.kind != MemoryKind::Device ||
-                         (p.store.ratio > 0 && p.store.offload_kind != MemoryKind::Device);
-  if (offloaded && p.store.ratio < 1.0) {
-    problems.push_back({"zero_optimization.offload_optimizer.ratio",
-                        fmt::format("{} (part of the optimizer on the device, part on the host) is "
-                                    "{}, or set the ratio to 1",
-                                    p.store.ratio, where)});
-  }
-  if (params_offloaded_ && !host_step_) {
-    problems.push_back({"zero_optimization.offload_param",
-                        "without offload_optimizer (device \"cpu\" or \"nvme\", ratio 1) is " +
-                            where + ", or offload the optimizer too"});
-  }
-  if (!problems.empty()) throw ConfigError(std::move(problems));
-}
-
 void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   rank_ = comm_.rank();
   world_ = comm_.size();
@@ -189,21 +138,6 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
                                               static_cast<const std::byte*>(model_part_.data()),
                                               fetch, timings_, std::move(source));
   }
-}
-
-void EngineImpl::check_bucket_room() const {
-  const std::optional<std::size_t> room = device_.device_room();
-  const std::size_t need = reducer_->bucket_bytes();
-  if (!room || need <= *room) return;
-  throw ConfigError(
-      {{"zero_optimization.reduce_bucket_size",
-        fmt::format("{} elements make {} of reduction buckets per rank ({} with "
-                    "overlap_comm {}), but rank {}'s {} device has {} left after the "
-                    "model and optimizer state; lower reduce_bucket_size (or raise "
-                    "the device memory budget)",
-                    cfg_.zero_optimization.reduce_bucket_elems, format_bytes(need),
-                    parts_.reducer.overlap_comm ? "two slots" : "one slot",
-                    parts_.reducer.overlap_comm, rank_, device_.name(), format_bytes(*room))}});
 }
 
 // The config's precision, schedule and scaler, and what it asks of the parts.

@@ -13,7 +13,8 @@ namespace {
 // __FILE__ is an absolute path in a CMake build; from the first top-level folder of the tree on
 // it is shorter and the same on every machine.
 std::string_view repository_path(std::string_view file) {
-  for (std::string_view folder : {"/zero/", "/kernels/", "/models/", "/tests/", "/tools/", "/benchmarks/"}) {
+  for (std::string_view folder :
+       {"/zero/", "/kernels/", "/models/", "/tests/", "/tools/", "/benchmarks/"}) {
     const auto at = file.rfind(folder);
     if (at != std::string_view::npos) return file.substr(at + 1);
   }

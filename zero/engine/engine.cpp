@@ -237,12 +237,11 @@ void EngineImpl::init_state(const InitFn& init) {
     optimizer_->set_master(static_cast<int>(u), {host_step_ ? flat.data() : values, flat.size()});
     if (stage_ == 3) {
       const std::size_t mine = static_cast<std::size_t>(rank_) * ul.slice_elems;
-      if (ul.slice_elems > 0 && params_offloaded_) {  // host memory, whatever the device
-        host_combine(own_slice(static_cast<int>(u), 0), model_dtype_, flat.data() + mine,
-                     DType::F32, ul.slice_elems);
-      } else if (ul.slice_elems > 0) {
-        combine(own_slice(static_cast<int>(u), 0), model_dtype_, values + mine, DType::F32,
-                ul.slice_elems);
+      std::byte* slice = ul.slice_elems > 0 ? own_slice(static_cast<int>(u), 0) : nullptr;
+      if (slice != nullptr && params_offloaded_) {  // host memory, whatever the device
+        host_combine(slice, model_dtype_, flat.data() + mine, DType::F32, ul.slice_elems);
+      } else if (slice != nullptr) {
+        combine(slice, model_dtype_, values + mine, DType::F32, ul.slice_elems);
       }
     } else {
       units_[u].model = alloc(ul.padded_elems, model_dtype_, MemoryTag::LowPrecisionParams);

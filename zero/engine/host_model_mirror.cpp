@@ -37,12 +37,9 @@ void HostModelMirror::model_written(int domain, int unit, std::size_t slice_offs
                                     std::size_t count) {
   if (count == 0) return;
   ZERO_ASSERT(slice_offset + count <= layout_.unit(unit).slice_elems);
-  const std::size_t bytes = count * dtype_size(model_dtype_);
   device_.copy_async(device_map_.model(domain, unit, slice_offset),
-                     model(domain, unit, slice_offset), bytes, *stream_);
+                     model(domain, unit, slice_offset), count * dtype_size(model_dtype_), *stream_);
   pending_ = true;
-  ++uploads_;
-  uploaded_bytes_ += bytes;
 }
 
 void HostModelMirror::model_settled() {

@@ -40,10 +40,6 @@ class HostModelMirror final : public SliceMap {
   // Rethrows the error of a failed copy (CudaError on a GPU).
   void model_settled() override;
 
-  // Host-to-device copies started since the mirror was made, and their bytes.
-  std::size_t uploads() const { return uploads_; }
-  std::size_t uploaded_bytes() const { return uploaded_bytes_; }
-
  private:
   Device& device_;
   const FlatLayout& layout_;
@@ -53,8 +49,6 @@ class HostModelMirror final : public SliceMap {
   Buffer mirror_;
   std::unique_ptr<Stream> stream_;
   bool pending_ = false;
-  std::size_t uploads_ = 0;
-  std::size_t uploaded_bytes_ = 0;
 };
 
 }  // namespace zero::engine_detail

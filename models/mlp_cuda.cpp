@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/gemm.h"
 #include "models/mlp_checks.h"
 #include "models/mlp_cuda_kernels.h"
 #include "zero/base/cuda_error.h"
@@ -72,19 +73,6 @@ cudaDataType_t cuda_type(DType t) {
     default: return CUDA_R_32F;
   }
 }
-
-// C (m × n, fp32) = op(A) · op(B), row-major and densely packed, as models/gemm.h's Gemm:
-// op(A) is m × k (A is k × m when a_transposed), op(B) is k × n (B is n × k when b_transposed);
-// A and B hold elements of `inputs`.
-struct Product {
-  std::size_t m = 0, n = 0, k = 0;
-  const void* a = nullptr;
-  bool a_transposed = false;
-  const void* b = nullptr;
-  bool b_transposed = false;
-  float* c = nullptr;
-  DType inputs = DType::F32;
-};
 
 }  // namespace
 
@@ -163,7 +151,10 @@ struct CudaMlp::Impl {
                                     cudaMemcpyHostToDevice, stream));
   }
 
-  void product(const Product& p) {
+  // A product as models/gemm.h describes it (row-major, densely packed), with C in fp32 and
+  // beta 0: the only form the MLP needs.
+  void product(const Gemm& p) {
+    ZERO_ASSERT(p.output == DType::F32 && p.beta == 0.0f);
     if (p.m == 0 || p.n == 0) return;
     if (p.k == 0) {  // an empty sum
       ZERO_CUDA_CHECK(cudaMemsetAsync(p.c, 0, p.m * p.n * sizeof(float), stream));

@@ -6,14 +6,16 @@
 //   save   best of R saves (every rank writes its file, fsync, rename; rank 0 the manifest)
 //          vs  W threads each write()+fsync() a file of its rank file's size
 //   load   best of R loads (the ranged reads of each rank's new partition, every file's checksums
-//          verified, the model copy refreshed) vs  W threads each read its file sequentially
+//          verified, the model copy refreshed) vs  W threads each read its file into memory
+//          (first_seconds: the first load, into memory the process never touched before)
 //   zero_to_fp32  the tool (next to zero-bench in the build tree) as a child process, its wall
 //          time and peak RSS (wait4) vs  one thread reading the master bytes and writing the
 //          consolidated file's bytes (read + write + fsync)
 //   deepspeed_to_fp32 (with --deepspeed DIR, a DeepSpeed checkpoint directory) zero_to_fp32 on it
 //          vs  one thread reading its .pt files and writing the consolidated file's bytes
-// The page cache is not dropped (that needs root and disturbs the machine): both sides of every
-// comparison read what was just written, so they meet the same cache.
+// Each operation and its plain equivalent run back to back in every repetition, on the rank
+// threads. The page cache is not dropped (that needs root and disturbs the machine): both sides of
+// every comparison read what was just written, so they meet the same cache.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -169,15 +171,6 @@ double plain_read_into(const std::string& path, std::span<std::byte> dst, bool m
   return seconds_since(start);
 }
 
-// Runs fn(rank) on `threads` threads at once and returns the wall seconds of the whole.
-double concurrently(int threads, const std::function<void(int)>& fn) {
-  const auto start = Clock::now();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(fn, t);
-  for (auto& t : pool) t.join();
-  return seconds_since(start);
-}
-
 std::size_t dir_bytes(const fs::path& dir) {
   std::size_t n = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
@@ -195,6 +188,9 @@ struct Figure {
   std::optional<long> peak_rss_bytes;
   // A second yardstick for the same bytes: reading them through a reused buffer, nothing kept.
   std::optional<double> cache_read_seconds;
+  // The first repetition's seconds, when it differs in kind from the rest (a load's first
+  // replacements are memory the process never touched before).
+  std::optional<double> first_seconds;
 };
 
 void print(const Args& a, const Figure& f) {
@@ -208,6 +204,7 @@ void print(const Args& a, const Figure& f) {
                              {"limit", f.limit},          {"limit_gb_per_s", limit_gbps},
                              {"ratio", gbps / limit_gbps}};
     if (f.peak_rss_bytes) j["peak_rss_bytes"] = *f.peak_rss_bytes;
+    if (f.first_seconds) j["first_seconds"] = *f.first_seconds;
     if (f.cache_read_seconds) {
       const double cache_gbps = static_cast<double>(f.bytes) / *f.cache_read_seconds / 1e9;
       j["cache_read_gb_per_s"] = cache_gbps;
@@ -221,6 +218,7 @@ void print(const Args& a, const Figure& f) {
     if (f.cache_read_seconds)
       std::printf("   (%.2f of a read through a reused buffer)",
                   f.seconds > 0 ? *f.cache_read_seconds / f.seconds : 0.0);
+    if (f.first_seconds) std::printf("   (first %.3f s)", *f.first_seconds);
     if (f.peak_rss_bytes)
       std::printf("   peak RSS %.1f MB", static_cast<double>(*f.peak_rss_bytes) / 1e6);
     std::printf("\n");
@@ -306,8 +304,15 @@ int run_checkpoint(std::span<const std::string> argv) {
         "in %s\n",
         a.params, a.world, a.stage, a.dir.c_str());
   }
-  double best_save = std::numeric_limits<double>::infinity();
-  double best_load = best_save;
+  const fs::path tag_dir = fs::path(ckpt_dir) / "bench";
+  auto rank_file = [&](int r) {
+    return (tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string();
+  };
+  auto plain_file = [&](int r) { return (fs::path(a.dir) / fmt::format("plain_{}", r)).string(); };
+  // The best of each side is compared.
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  double best_save = kNever, best_load = kNever, plain_w = kNever, plain_r = kNever,
+         cache_r = kNever, first_load = kNever;
   run_ranks(a.world, [&](Communicator& comm) {
     auto device = make_device("cpu", comm.rank());
     auto engine = Engine::create(cfg, comm, *device, specs, [](std::size_t i, std::span<float> v) {
@@ -323,55 +328,43 @@ int run_checkpoint(std::span<const std::string> argv) {
       engine->release(static_cast<int>(i));
     }
     engine->step();
+    // Seconds of fn() on every rank at once, from a common start to the last rank's end.
+    auto timed = [&](const std::function<void()>& fn) {
+      comm.barrier().wait();
+      const auto start = Clock::now();
+      fn();
+      comm.barrier().wait();
+      return seconds_since(start);
+    };
+    const int rank = comm.rank();
+    std::vector<std::byte> into;  // the plain read's memory, of the rank file's size, faulted in
     for (int r = 0; r < a.reps; ++r) {
-      comm.barrier().wait();
-      auto start = Clock::now();
-      engine->save_checkpoint(ckpt_dir, "bench");
-      comm.barrier().wait();
-      const double save_s = seconds_since(start);
-      start = Clock::now();
-      engine->load_checkpoint(ckpt_dir);
-      comm.barrier().wait();
-      const double load_s = seconds_since(start);
-      if (comm.rank() == 0) {
+      const double save_s = timed([&] { engine->save_checkpoint(ckpt_dir, "bench"); });
+      const std::size_t file_bytes = fs::file_size(rank_file(rank));
+      const double write_s = timed([&] { plain_write(plain_file(rank), file_bytes); });
+      const double load_s = timed([&] { engine->load_checkpoint(ckpt_dir); });
+      into.resize(file_bytes, std::byte{1});
+      double read_s = kNever;
+      for (const bool mapped : {false, true}) {
+        read_s = std::min(read_s, timed([&] { plain_read_into(plain_file(rank), into, mapped); }));
+      }
+      const double cache_s = timed([&] { plain_read(plain_file(rank)); });
+      if (rank == 0) {
+        if (r == 0) first_load = load_s;
         best_save = std::min(best_save, save_s);
         best_load = std::min(best_load, load_s);
+        plain_w = std::min(plain_w, write_s);
+        plain_r = std::min(plain_r, read_s);
+        cache_r = std::min(cache_r, cache_s);
       }
     }
   });
-  const fs::path tag_dir = fs::path(ckpt_dir) / "bench";
   const std::size_t ckpt_bytes = dir_bytes(tag_dir);
   std::vector<std::string> rank_files;
-  for (int r = 0; r < a.world; ++r)
-    rank_files.push_back(
-        (tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string());
+  for (int r = 0; r < a.world; ++r) rank_files.push_back(rank_file(r));
 
-  // The same bytes, plainly. A load keeps what it reads, so its limit is the faster plain way of
-  // reading each rank's file into memory of the file's size; reading through a reused buffer (the
-  // page cache's copy speed, nothing kept) is reported beside it.
-  std::vector<std::vector<std::byte>> into(static_cast<std::size_t>(a.world));
-  for (int r = 0; r < a.world; ++r) {
-    into[static_cast<std::size_t>(r)].resize(fs::file_size(rank_files[static_cast<std::size_t>(r)]),
-                                             std::byte{1});
-  }
-  double plain_w = std::numeric_limits<double>::infinity(), plain_r = plain_w, cache_r = plain_w;
-  auto plain_file = [&](int r) { return (fs::path(a.dir) / fmt::format("plain_{}", r)).string(); };
-  for (int rep = 0; rep < a.reps; ++rep) {
-    plain_w = std::min(plain_w, concurrently(a.world, [&](int r) {
-                         plain_write(plain_file(r),
-                                     fs::file_size(rank_files[static_cast<std::size_t>(r)]));
-                       }));
-    for (const bool mapped : {false, true}) {
-      plain_r =
-          std::min(plain_r, concurrently(a.world, [&](int r) {
-                     plain_read_into(plain_file(r), into[static_cast<std::size_t>(r)], mapped);
-                   }));
-    }
-    cache_r = std::min(cache_r, concurrently(a.world, [&](int r) { plain_read(plain_file(r)); }));
-  }
-  into.clear();
-  print(a, {"save", ckpt_bytes, best_save, "sequential-write", plain_w, {}, {}});
-  print(a, {"load", ckpt_bytes, best_load, "read-into-memory", plain_r, {}, cache_r});
+  print(a, {"save", ckpt_bytes, best_save, "sequential-write", plain_w, {}, {}, {}});
+  print(a, {"load", ckpt_bytes, best_load, "read-into-memory", plain_r, {}, cache_r, first_load});
 
   // zero_to_fp32 as a child process.
   const std::string tool = zero_to_fp32_path();
@@ -384,7 +377,7 @@ int run_checkpoint(std::span<const std::string> argv) {
              reader.tensors().size(), specs.size());
   const double plain_copy =
       plain_copy_seconds(rank_files, out_bytes, (fs::path(a.dir) / "plain_copy").string(), a.reps);
-  print(a, {"zero_to_fp32", out_bytes, tool_s, "sequential-copy", plain_copy, peak_rss, {}});
+  print(a, {"zero_to_fp32", out_bytes, tool_s, "sequential-copy", plain_copy, peak_rss, {}, {}});
 
   if (!a.deepspeed.empty()) {
     // A DeepSpeed checkpoint: GB/s of its .pt bytes.
@@ -404,7 +397,7 @@ int run_checkpoint(std::span<const std::string> argv) {
                "zero_to_fp32 wrote no tensors from {}", a.deepspeed);
     const double ds_plain = plain_copy_seconds(pt_files, ds_out_bytes,
                                                (fs::path(a.dir) / "plain_copy").string(), a.reps);
-    print(a, {"deepspeed_to_fp32", pt_bytes, ds_s, "sequential-copy", ds_plain, ds_rss, {}});
+    print(a, {"deepspeed_to_fp32", pt_bytes, ds_s, "sequential-copy", ds_plain, ds_rss, {}, {}});
   }
   fs::remove_all(a.dir);
   return 0;

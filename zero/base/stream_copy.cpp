@@ -1,5 +1,6 @@
 #include "zero/base/stream_copy.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -9,35 +10,80 @@
 
 namespace zero {
 
+namespace {
+
+#if defined(__x86_64__)
+// Copies whole 64-byte lines to a 16-byte-aligned dst with non-temporal stores; no fence.
+void stream_lines(std::byte* d, const std::byte* s, std::size_t bytes) {
+  for (std::size_t i = 0; i < bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+}
+#endif
+
+// Below a few pages the fence and the head and tail cost more than the cache lines saved.
+constexpr std::size_t kStreamMinBytes = 16384;
+
+}  // namespace
+
 void copy_streaming(void* dst, const void* src, std::size_t bytes) {
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
 #if defined(__x86_64__)
-  // Below a few pages the fence and the head and tail cost more than the cache lines saved.
-  constexpr std::size_t kMinBytes = 16384;
-  if (bytes >= kMinBytes) {
+  if (bytes >= kStreamMinBytes) {
     const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16;
     std::memcpy(d, s, head);
     d += head;
     s += head;
     bytes -= head;
     const std::size_t body = bytes / 64 * 64;
-    for (std::size_t i = 0; i < body; i += 64) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-    }
+    stream_lines(d, s, body);
     _mm_sfence();
     d += body;
     s += body;
     bytes -= body;
   }
 #endif
+  std::memcpy(d, s, bytes);
+}
+
+void copy_streaming_seen(void* dst, const void* src, std::size_t bytes,
+                         const std::function<void(const std::byte*, std::size_t)>& see) {
+  auto* d = static_cast<std::byte*>(dst);
+  const auto* s = static_cast<const std::byte*>(src);
+#if defined(__x86_64__)
+  if (bytes >= kStreamMinBytes) {
+    // Stretches end where dst is kSeenStretchBytes-aligned, so every stretch but the first starts
+    // on a line of its own and only the first and last need ordinary stores at their edges.
+    const auto addr = reinterpret_cast<std::uintptr_t>(d);
+    const std::size_t head = (16 - addr % 16) % 16;
+    std::size_t done = 0;
+    while (done < bytes) {
+      const std::size_t end = std::min(
+          bytes, (addr + done) / kSeenStretchBytes * kSeenStretchBytes + kSeenStretchBytes - addr);
+      see(s + done, end - done);
+      std::size_t at = done;
+      if (at < head) {
+        std::memcpy(d + at, s + at, head - at);
+        at = head;
+      }
+      const std::size_t lines = (end - at) / 64 * 64;
+      stream_lines(d + at, s + at, lines);
+      std::memcpy(d + at + lines, s + at + lines, end - at - lines);
+      done = end;
+    }
+    _mm_sfence();
+    return;
+  }
+#endif
+  if (bytes > 0) see(s, bytes);
   std::memcpy(d, s, bytes);
 }
 

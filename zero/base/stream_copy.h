@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 namespace zero {
 
@@ -13,6 +14,17 @@ namespace zero {
 // returning: any thread that synchronizes with the caller afterwards sees them.
 // REQUIRES: the ranges do not overlap. Any alignment.
 void copy_streaming(void* dst, const void* src, std::size_t bytes);
+
+// copy_streaming that shows the source to see(stretch, stretch_bytes) first, a stretch of at most
+// kSeenStretchBytes at a time, in order, the stretches covering the range; each stretch is copied
+// right after see() returns. A checksum taken this way costs little beyond the copy: see() reads
+// the stretch into L1, the copy takes it from there, and the memory writes of one stretch overlap
+// the reads of the next (one fence at the end, not one per stretch). Checksumming 512 KiB pieces
+// and then copying each ran at about 0.8 of the plain copy's speed here; 4 KiB stretches at 0.9-1.
+// REQUIRES: the ranges do not overlap; see() does not write either. Any alignment.
+inline constexpr std::size_t kSeenStretchBytes = 4096;
+void copy_streaming_seen(void* dst, const void* src, std::size_t bytes,
+                         const std::function<void(const std::byte*, std::size_t)>& see);
 
 // From this many bytes on, a copy's destination cannot stay in the copying core's cache (several
 // times a core's L2), so copy_large streams it.

@@ -353,10 +353,7 @@ void CheckpointReader::read_tracked(int rank, const std::string& what, std::uint
     reader.read_range(what, s.hashed_bytes, gap.data(), gap.size());
     s.sum.update(gap.data(), gap.size());
   }
-  reader.read_range(what, offset, dst, bytes, [&](const std::byte* piece, std::size_t n) {
-    s.sum.update(piece, n);
-    if (also) also(piece, n);
-  });
+  reader.read_range(what, offset, dst, bytes, s.sum, also);
   s.hashed_bytes = offset + bytes;
   s.out_of_order = false;
   if (s.hashed_bytes < listed->second.bytes) return;

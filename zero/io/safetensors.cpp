@@ -196,35 +196,55 @@ void SafetensorsReader::read_raw(const std::string& name, void* dst, std::size_t
   read_range(name, 0, dst, dst_bytes);
 }
 
-void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
-                                   std::size_t bytes) const {
-  read_range(name, byte_offset, dst, bytes, nullptr);
-}
-
-void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
-                                   std::size_t bytes, const PieceFn& on_piece) const {
+std::uint64_t SafetensorsReader::file_offset(const std::string& name, std::uint64_t byte_offset,
+                                             std::size_t bytes) const {
   const TensorInfo& t = at(name);
   ZERO_CHECK_AS(IoError, byte_offset <= t.size_bytes() && bytes <= t.size_bytes() - byte_offset,
                 "safetensors {}: bytes [{}, {}) are outside tensor {} ({} bytes)", path_,
                 byte_offset, byte_offset + bytes, name, t.size_bytes());
+  return data_offset_ + t.data_begin + byte_offset;
+}
+
+void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
+                                   std::size_t bytes) const {
+  const std::uint64_t at_byte = file_offset(name, byte_offset, bytes);
   if (bytes == 0) return;
-  const std::uint64_t at_byte = data_offset_ + t.data_begin + byte_offset;
-  auto* out = static_cast<std::byte*>(dst);
   if (!memory_.empty()) {
-    copy_pieces(memory_.data() + at_byte, out, bytes, on_piece);
+    std::memcpy(dst, memory_.data() + at_byte, bytes);
     return;
   }
-  if (on_piece && bytes >= kMapMinBytes) {
+  // One large read: the kernel's copy is the whole cost.
+  read_file(name, at_byte, static_cast<std::byte*>(dst), bytes, bytes, nullptr);
+}
+
+void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
+                                   std::size_t bytes, Checksum& sum,
+                                   const PieceFn& on_piece) const {
+  const std::uint64_t at_byte = file_offset(name, byte_offset, bytes);
+  if (bytes == 0) return;
+  auto* out = static_cast<std::byte*>(dst);
+  if (!memory_.empty()) {
+    copy_pieces(memory_.data() + at_byte, out, bytes, sum, on_piece);
+    return;
+  }
+  if (bytes >= kMapMinBytes) {
     if (const std::byte* map = mapping()) {
-      copy_pieces(map + at_byte, out, bytes, on_piece);
+      copy_pieces(map + at_byte, out, bytes, sum, on_piece);
       return;
     }
   }
+  read_file(name, at_byte, out, bytes, kPieceBytes, [&](const std::byte* piece, std::size_t n) {
+    sum.update(piece, n);
+    if (on_piece) on_piece(piece, n);
+  });
+}
+
+void SafetensorsReader::read_file(const std::string& name, std::uint64_t at_byte, std::byte* out,
+                                  std::size_t bytes, std::size_t piece,
+                                  const PieceFn& on_piece) const {
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   ZERO_CHECK_AS(IoError, fd >= 0, "safetensors {}: cannot open: {}", path_, std::strerror(errno));
   try {
-    // Without a piece function one large read: the kernel's copy is the whole cost.
-    const std::size_t piece = on_piece ? kPieceBytes : bytes;
     for (std::size_t done = 0; done < bytes;) {
       const std::size_t n = std::min(piece, bytes - done);
       for (std::size_t got = 0; got < n;) {
@@ -245,17 +265,20 @@ void SafetensorsReader::read_range(const std::string& name, std::uint64_t byte_o
 }
 
 void SafetensorsReader::copy_pieces(const std::byte* src, std::byte* dst, std::size_t bytes,
-                                    const PieceFn& on_piece) {
-  if (!on_piece) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  // The checksum reads each piece first, so the copy reads it from cache; for a large range the
-  // copy's non-temporal stores then write the destination without reading it.
+                                    Checksum& sum, const PieceFn& on_piece) {
+  const bool stream = bytes >= kStreamingMinBytes;
   for (std::size_t done = 0; done < bytes; done += kPieceBytes) {
     const std::size_t n = std::min(kPieceBytes, bytes - done);
-    on_piece(src + done, n);
-    copy_large(dst + done, src + done, n, bytes);
+    if (stream) {
+      // Non-temporal stores write the destination without reading it; the checksum reads each
+      // stretch just before it is copied.
+      copy_streaming_seen(dst + done, src + done, n,
+                          [&](const std::byte* stretch, std::size_t m) { sum.update(stretch, m); });
+    } else {
+      sum.update(src + done, n);
+      std::memcpy(dst + done, src + done, n);
+    }
+    if (on_piece) on_piece(src + done, n);
   }
 }
 

@@ -19,6 +19,8 @@
 
 namespace zero::io {
 
+class Checksum;
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::F32;
@@ -30,8 +32,8 @@ struct TensorInfo {
   std::uint64_t size_bytes() const { return data_end - data_begin; }
 };
 
-// The piece size of streamed reads: small enough to stay in a core's L2 cache between the
-// checksum and the copy, large enough that calls cost nothing next to the bytes.
+// The piece size of streamed reads: small enough to stay in a core's L2 cache between the copy
+// and the piece function, large enough that calls cost nothing next to the bytes.
 inline constexpr std::size_t kPieceBytes = std::size_t{512} << 10;
 // The largest write() of the stream writer. Large writes let the page cache hold the file in
 // large folios, which later reads walk much faster (a load mapping a file written 512 KiB at a
@@ -66,22 +68,31 @@ class SafetensorsReader {
   // tensor can be read in pieces. Throws IoError when the range is outside the tensor.
   void read_range(const std::string& name, std::uint64_t byte_offset, void* dst,
                   std::size_t bytes) const;
-  // The same in pieces of at most kPieceBytes: on_piece(piece, piece_bytes) runs on the bytes of
-  // each piece as they are copied into dst, while they are in cache (a checksum on the way costs
-  // no second trip through memory). Pieces follow each other in order and cover the range.
+  // The same, feeding `sum` every byte on the way and then calling on_piece(piece, piece_bytes),
+  // if given, on each piece of at most kPieceBytes right after it was copied into dst, while it is
+  // in cache (the pieces follow each other in order and cover the range). The checksum is taken
+  // while copying (copy_streaming_seen), so it costs no second trip through memory.
   // A range of kMapMinBytes or more is copied out of the reader's read-only mapping of the whole
-  // file (with non-temporal stores from kStreamingMinBytes on, copy_large), as safetensors' own
-  // loader maps its files: one mapping for every range, its pages faulted in as they are first
-  // read. A file truncated by another process during that copy raises SIGBUS, as it would there.
+  // file (with non-temporal stores from kStreamingMinBytes on), as safetensors' own loader maps
+  // its files: one mapping for every range, its pages faulted in as they are first read. A file
+  // truncated by another process during that copy raises SIGBUS, as it would there.
   using PieceFn = std::function<void(const std::byte* piece, std::size_t bytes)>;
   void read_range(const std::string& name, std::uint64_t byte_offset, void* dst, std::size_t bytes,
-                  const PieceFn& on_piece) const;
+                  Checksum& sum, const PieceFn& on_piece = nullptr) const;
   // The tensor converted to float (exact for F32/F16/BF16; F64 rounded).
   std::vector<float> read_f32(const std::string& name) const;
 
  private:
   void parse(const std::vector<std::byte>& header_json, std::uint64_t data_bytes);
-  static void copy_pieces(const std::byte* src, std::byte* dst, std::size_t bytes,
+  // Where bytes [byte_offset, byte_offset + bytes) of tensor `name` start in the file; throws
+  // IoError when the range is outside the tensor.
+  std::uint64_t file_offset(const std::string& name, std::uint64_t byte_offset,
+                            std::size_t bytes) const;
+  // Reads file bytes [at_byte, at_byte + bytes) of tensor `name` into out with preads of at most
+  // `piece` bytes, calling on_piece (if given) on each piece read.
+  void read_file(const std::string& name, std::uint64_t at_byte, std::byte* out, std::size_t bytes,
+                 std::size_t piece, const PieceFn& on_piece) const;
+  static void copy_pieces(const std::byte* src, std::byte* dst, std::size_t bytes, Checksum& sum,
                           const PieceFn& on_piece);
   // The whole file mapped read-only (made on the first call), or null when it cannot be mapped
   // (the caller reads instead).

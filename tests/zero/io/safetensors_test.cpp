@@ -154,14 +154,16 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a ranged read with a piece function returns the same bytes and hands each byte to it once, "
-    "in order, mapped or read") {
+    "a checksummed ranged read returns the same bytes, feeds each to the checksum once and hands "
+    "each to the piece function once, in order, mapped or read, streamed or not") {
   const zero::test::TempDir dir("zero_st_pieces");
   const std::string path = dir / "big.safetensors";
-  // 3 MiB + a few bytes: ranges above and below kMapMinBytes, pieces that do not divide them.
-  std::vector<float> v((std::size_t{3} << 18) + 5);
+  // 9 MiB + a few bytes: ranges above and below kMapMinBytes and kStreamingMinBytes, pieces and
+  // stretches that do not divide them.
+  std::vector<float> v((std::size_t{9} << 18) + 5);
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.25f - 7.0f;
   const std::size_t bytes = v.size() * sizeof(float);
+  REQUIRE(bytes > zero::kStreamingMinBytes);
   {
     zero::io::SafetensorsStreamWriter w(path,
                                         {{"v", DType::F32, {static_cast<std::int64_t>(v.size())}}});
@@ -180,7 +182,8 @@ TEST_CASE(
     // One byte in: the destination is not aligned either.
     std::vector<std::byte> out(count + 1, std::byte{0x5a});
     std::vector<std::byte> seen;
-    r.read_range("v", offset, out.data() + 1, count, [&](const std::byte* p, std::size_t n) {
+    zero::io::Checksum sum;
+    r.read_range("v", offset, out.data() + 1, count, sum, [&](const std::byte* p, std::size_t n) {
       REQUIRE(n <= zero::io::kPieceBytes);
       seen.insert(seen.end(), p, p + n);
     });
@@ -188,6 +191,32 @@ TEST_CASE(
     CHECK(std::memcmp(out.data() + 1, src + offset, count) == 0);
     REQUIRE(seen.size() == count);
     CHECK(std::memcmp(seen.data(), src + offset, count) == 0);
+    CHECK(sum.digest() == zero::io::checksum(src + offset, count));
+  }
+}
+
+TEST_CASE("copy_streaming_seen copies any length at any alignment and shows every byte once") {
+  std::vector<unsigned char> src(100000), dst(100100);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 31 + 7);
+  for (std::size_t shift : {0, 1, 8, 15, 4090}) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{100}, std::size_t{16384}, std::size_t{16447},
+                          std::size_t{95000}}) {
+      INFO("dst + " << shift << ", " << n << " bytes");
+      std::fill(dst.begin(), dst.end(), 0);
+      std::vector<unsigned char> seen;
+      zero::copy_streaming_seen(dst.data() + shift, src.data() + 1, n,
+                                [&](const std::byte* p, std::size_t m) {
+                                  REQUIRE(m > 0);
+                                  REQUIRE(m <= std::max(n, zero::kSeenStretchBytes));
+                                  const auto* b = reinterpret_cast<const unsigned char*>(p);
+                                  REQUIRE(b == src.data() + 1 + seen.size());
+                                  seen.insert(seen.end(), b, b + m);
+                                });
+      CHECK(std::memcmp(dst.data() + shift, src.data() + 1, n) == 0);
+      CHECK(dst[shift + n] == 0);
+      if (shift > 0) CHECK(dst[shift - 1] == 0);
+      CHECK(seen.size() == n);
+    }
   }
 }
 

@@ -13,9 +13,8 @@
 //          consolidated file's bytes (read + write + fsync)
 //   deepspeed_to_fp32 (with --deepspeed DIR, a DeepSpeed checkpoint directory) zero_to_fp32 on it
 //          vs  one thread reading its .pt files and writing the consolidated file's bytes
-// Each operation and its plain equivalent run back to back in every repetition, on the rank
-// threads. The page cache is not dropped (that needs root and disturbs the machine): both sides of
-// every comparison read what was just written, so they meet the same cache.
+// The page cache is not dropped (that needs root and disturbs the machine): both sides of every
+// comparison read what was just written, so they meet the same cache.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -171,6 +170,15 @@ double plain_read_into(const std::string& path, std::span<std::byte> dst, bool m
   return seconds_since(start);
 }
 
+// Runs fn(rank) on `threads` threads at once and returns the wall seconds of the whole.
+double concurrently(int threads, const std::function<void(int)>& fn) {
+  const auto start = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(fn, t);
+  for (auto& t : pool) t.join();
+  return seconds_since(start);
+}
+
 std::size_t dir_bytes(const fs::path& dir) {
   std::size_t n = 0;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
@@ -304,15 +312,9 @@ int run_checkpoint(std::span<const std::string> argv) {
         "in %s\n",
         a.params, a.world, a.stage, a.dir.c_str());
   }
-  const fs::path tag_dir = fs::path(ckpt_dir) / "bench";
-  auto rank_file = [&](int r) {
-    return (tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string();
-  };
-  auto plain_file = [&](int r) { return (fs::path(a.dir) / fmt::format("plain_{}", r)).string(); };
-  // The best of each side is compared.
-  constexpr double kNever = std::numeric_limits<double>::infinity();
-  double best_save = kNever, best_load = kNever, plain_w = kNever, plain_r = kNever,
-         cache_r = kNever, first_load = kNever;
+  double best_save = std::numeric_limits<double>::infinity();
+  double best_load = best_save;
+  double first_load = best_save;
   run_ranks(a.world, [&](Communicator& comm) {
     auto device = make_device("cpu", comm.rank());
     auto engine = Engine::create(cfg, comm, *device, specs, [](std::size_t i, std::span<float> v) {
@@ -328,41 +330,54 @@ int run_checkpoint(std::span<const std::string> argv) {
       engine->release(static_cast<int>(i));
     }
     engine->step();
-    // Seconds of fn() on every rank at once, from a common start to the last rank's end.
-    auto timed = [&](const std::function<void()>& fn) {
-      comm.barrier().wait();
-      const auto start = Clock::now();
-      fn();
-      comm.barrier().wait();
-      return seconds_since(start);
-    };
-    const int rank = comm.rank();
-    std::vector<std::byte> into;  // the plain read's memory, of the rank file's size, faulted in
     for (int r = 0; r < a.reps; ++r) {
-      const double save_s = timed([&] { engine->save_checkpoint(ckpt_dir, "bench"); });
-      const std::size_t file_bytes = fs::file_size(rank_file(rank));
-      const double write_s = timed([&] { plain_write(plain_file(rank), file_bytes); });
-      const double load_s = timed([&] { engine->load_checkpoint(ckpt_dir); });
-      into.resize(file_bytes, std::byte{1});
-      double read_s = kNever;
-      for (const bool mapped : {false, true}) {
-        read_s = std::min(read_s, timed([&] { plain_read_into(plain_file(rank), into, mapped); }));
-      }
-      const double cache_s = timed([&] { plain_read(plain_file(rank)); });
-      if (rank == 0) {
+      comm.barrier().wait();
+      auto start = Clock::now();
+      engine->save_checkpoint(ckpt_dir, "bench");
+      comm.barrier().wait();
+      const double save_s = seconds_since(start);
+      start = Clock::now();
+      engine->load_checkpoint(ckpt_dir);
+      comm.barrier().wait();
+      const double load_s = seconds_since(start);
+      if (comm.rank() == 0) {
         if (r == 0) first_load = load_s;
         best_save = std::min(best_save, save_s);
         best_load = std::min(best_load, load_s);
-        plain_w = std::min(plain_w, write_s);
-        plain_r = std::min(plain_r, read_s);
-        cache_r = std::min(cache_r, cache_s);
       }
     }
   });
+  const fs::path tag_dir = fs::path(ckpt_dir) / "bench";
   const std::size_t ckpt_bytes = dir_bytes(tag_dir);
   std::vector<std::string> rank_files;
-  for (int r = 0; r < a.world; ++r) rank_files.push_back(rank_file(r));
+  for (int r = 0; r < a.world; ++r)
+    rank_files.push_back(
+        (tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string());
 
+  // The same bytes, plainly. A load keeps what it reads, so its limit is the faster plain way of
+  // reading each rank's file into memory of the file's size; reading through a reused buffer (the
+  // page cache's copy speed, nothing kept) is reported beside it.
+  std::vector<std::vector<std::byte>> into(static_cast<std::size_t>(a.world));
+  for (int r = 0; r < a.world; ++r) {
+    into[static_cast<std::size_t>(r)].resize(fs::file_size(rank_files[static_cast<std::size_t>(r)]),
+                                             std::byte{1});
+  }
+  double plain_w = std::numeric_limits<double>::infinity(), plain_r = plain_w, cache_r = plain_w;
+  auto plain_file = [&](int r) { return (fs::path(a.dir) / fmt::format("plain_{}", r)).string(); };
+  for (int rep = 0; rep < a.reps; ++rep) {
+    plain_w = std::min(plain_w, concurrently(a.world, [&](int r) {
+                         plain_write(plain_file(r),
+                                     fs::file_size(rank_files[static_cast<std::size_t>(r)]));
+                       }));
+    for (const bool mapped : {false, true}) {
+      plain_r =
+          std::min(plain_r, concurrently(a.world, [&](int r) {
+                     plain_read_into(plain_file(r), into[static_cast<std::size_t>(r)], mapped);
+                   }));
+    }
+    cache_r = std::min(cache_r, concurrently(a.world, [&](int r) { plain_read(plain_file(r)); }));
+  }
+  into.clear();
   print(a, {"save", ckpt_bytes, best_save, "sequential-write", plain_w, {}, {}, {}});
   print(a, {"load", ckpt_bytes, best_load, "read-into-memory", plain_r, {}, cache_r, first_load});
 

@@ -15,9 +15,10 @@ namespace zero {
 // REQUIRES: the ranges do not overlap. Any alignment.
 void copy_streaming(void* dst, const void* src, std::size_t bytes);
 
-// copy_streaming that shows the source to see(stretch, stretch_bytes) first, a stretch of at most
-// kSeenStretchBytes at a time, in order, the stretches covering the range; each stretch is copied
-// right after see() returns. A checksum taken this way costs little beyond the copy: see() reads
+// copy_streaming that shows the source to see(stretch, stretch_bytes) first, in order, the
+// stretches covering the range; each stretch is copied right after see() returns. Where the copy
+// streams (x86-64, 16 KiB or more) a stretch is at most kSeenStretchBytes; otherwise the whole
+// range is one stretch. A checksum taken this way costs little beyond the copy: see() reads
 // the stretch into L1, the copy takes it from there, and the memory writes of one stretch overlap
 // the reads of the next (one fence at the end, not one per stretch). Checksumming 512 KiB pieces
 // and then copying each ran at about 0.8 of the plain copy's speed here; 4 KiB stretches at 0.9-1.

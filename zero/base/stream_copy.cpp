@@ -26,6 +26,16 @@ void stream_lines(std::byte* d, const std::byte* s, std::size_t bytes) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
   }
 }
+
+// Copies bytes to dst: ordinary stores up to dst's first 16-byte boundary, non-temporal stores
+// for the whole 64-byte groups after it, ordinary stores for the tail. No fence.
+void stream_unfenced(std::byte* d, const std::byte* s, std::size_t bytes) {
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16);
+  std::memcpy(d, s, head);
+  const std::size_t body = (bytes - head) / 64 * 64;
+  stream_lines(d + head, s + head, body);
+  std::memcpy(d + head + body, s + head + body, bytes - head - body);
+}
 #endif
 
 // Below a few pages the fence and the head and tail cost more than the cache lines saved.
@@ -38,17 +48,9 @@ void copy_streaming(void* dst, const void* src, std::size_t bytes) {
   const auto* s = static_cast<const std::byte*>(src);
 #if defined(__x86_64__)
   if (bytes >= kStreamMinBytes) {
-    const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16;
-    std::memcpy(d, s, head);
-    d += head;
-    s += head;
-    bytes -= head;
-    const std::size_t body = bytes / 64 * 64;
-    stream_lines(d, s, body);
+    stream_unfenced(d, s, bytes);
     _mm_sfence();
-    d += body;
-    s += body;
-    bytes -= body;
+    return;
   }
 #endif
   std::memcpy(d, s, bytes);
@@ -63,20 +65,11 @@ void copy_streaming_seen(void* dst, const void* src, std::size_t bytes,
     // Stretches end where dst is kSeenStretchBytes-aligned, so every stretch but the first starts
     // on a line of its own and only the first and last need ordinary stores at their edges.
     const auto addr = reinterpret_cast<std::uintptr_t>(d);
-    const std::size_t head = (16 - addr % 16) % 16;
-    std::size_t done = 0;
-    while (done < bytes) {
+    for (std::size_t done = 0; done < bytes;) {
       const std::size_t end = std::min(
           bytes, (addr + done) / kSeenStretchBytes * kSeenStretchBytes + kSeenStretchBytes - addr);
       see(s + done, end - done);
-      std::size_t at = done;
-      if (at < head) {
-        std::memcpy(d + at, s + at, head - at);
-        at = head;
-      }
-      const std::size_t lines = (end - at) / 64 * 64;
-      stream_lines(d + at, s + at, lines);
-      std::memcpy(d + at + lines, s + at + lines, end - at - lines);
+      stream_unfenced(d + done, s + done, end - done);
       done = end;
     }
     _mm_sfence();

@@ -235,10 +235,35 @@ TEST_CASE("copy_streaming copies any length at any alignment") {
   }
 }
 
+TEST_CASE("the stream writer's writes end on kWriteBytes boundaries of the file") {
+  const zero::test::TempDir dir("zero_st_blocks");
+  const std::string path = dir / "a.safetensors";
+  constexpr std::size_t K = zero::io::kWriteBytes;
+  // Two blocks' worth of data after a header of h bytes: written as K - h, K and h bytes, so the
+  // page cache sees whole aligned blocks (unaligned writes of K would be two calls, not three).
+  std::vector<float> a(2 * K / sizeof(float));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 4099) - 2000.0f;
+  std::size_t calls = 0;
+  {
+    zero::io::SafetensorsStreamWriter w(
+        path, {{"a", DType::F32, {static_cast<std::int64_t>(a.size())}}}, {}, [&](std::size_t) {
+          ++calls;
+          return 0;
+        });
+    w.append(a.data(), 2 * K);
+    w.finish();
+  }
+  const std::size_t header = std::filesystem::file_size(path) - 2 * K;
+  REQUIRE(header > 0);
+  REQUIRE(header < K);
+  CHECK(calls == 1 + 3);
+  CHECK(SafetensorsReader::open(path).read_f32("a") == a);
+}
+
 TEST_CASE("a stream writer whose write fails with ENOSPC throws naming it and leaves no file") {
   const zero::test::TempDir dir("zero_st_fault");
   const std::string path = dir / "a.safetensors";
-  std::vector<float> a(5 << 20, 1.0f);  // 20 MiB: three writes after the header
+  std::vector<float> a(5 << 20, 1.0f);  // 20 MiB: several writes after the header
   for (std::size_t failing : {0, 1, 3}) {
     INFO("write call " << failing << " fails");
     std::size_t calls = 0;

@@ -481,6 +481,25 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       if (also) also(reinterpret_cast<const std::byte*>(out), 0, n);
     });
   };
+  // At stages 1 and 2 the model copy made on the way is all-gathered unit by unit, each unit as
+  // soon as this rank has read its master weights, while the rest is read. Every rank starts every
+  // unit's gather whether or not its reads failed, so the collectives match; a failure (agreed
+  // on at the end) writes the model copy back from the master weights in place and all-gathers it
+  // again.
+  const bool gather_early = model_on_the_way && gathers_model();
+  ZERO_ASSERT(!gather_early || num_domains() == 1);
+  std::vector<Work> early;
+  std::size_t units_started = 0;
+  // Starts the gathers of the units whose slices lie in the first `written` partition elements.
+  auto gather_through = [&](std::size_t written) {
+    for (; units_started < layout_units_; ++units_started) {
+      const UnitLayout& ul = layout_->unit(static_cast<int>(units_started));
+      if (ul.partition_offset + ul.slice_elems > written) break;
+      if (ul.padded_elems == 0) continue;
+      early.push_back(comm_.all_gather_in_place(units_[units_started].model.data(), ul.slice_elems,
+                                                model_dtype_));
+    }
+  };
   // Tensor k (0: master, then each state) parameter by parameter, so a source that reconstructs a
   // whole parameter at a time does so once per tensor.
   auto read_tensor = [&](std::size_t k) {
@@ -495,6 +514,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       for (const SliceSegment& seg : layout_->partition_segments(domain_rank(d))) {
         ZERO_ASSERT(seg.slice_offset >= written);
         fill(r, d, written, seg.slice_offset - written, init);
+        if (k == 0 && gather_early) gather_through(seg.slice_offset);
         const std::size_t param = from[layout_to_spec_[seg.param]];
         put(r, d, seg.slice_offset, seg.numel,
             [&](float* out, std::size_t first, std::size_t n, const ValuesFn& also) {
@@ -505,11 +525,6 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       fill(r, d, written, P - written, init);
     }
   };
-  // At stages 1 and 2 the model copy made on the way is all-gathered while the states are read
-  // (the ranks agree first that every master weight arrived). A failure after that writes the
-  // model copy back from the master weights in place and all-gathers it again.
-  const bool gather_early = model_on_the_way && gathers_model();
-  std::vector<Work> early;
   auto restore_model = [&] {
     for (Work& w : early) w.wait();
     if (!model_on_the_way) return;
@@ -521,15 +536,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   } catch (const std::exception& e) {
     error = fmt::format("load_checkpoint {}: {}", source->path(), e.what());
   }
-  if (gather_early) {
-    try {
-      agree_on_failure(error);
-    } catch (...) {
-      restore_model();
-      throw;
-    }
-    early = start_all_gather_model(SIZE_MAX);
-  }
+  if (gather_early) gather_through(P);
   try {
     if (!error.empty()) throw IoError(error);
     for (std::size_t k = 1; k <= names.size(); ++k) read_tensor(k);

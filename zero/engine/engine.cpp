@@ -506,6 +506,11 @@ void EngineImpl::all_gather_model() {
   for (Work& w : start_all_gather_model(parts_.allgather_bucket_elems)) w.wait();
 }
 
+Work EngineImpl::start_model_gather(std::size_t unit) {
+  const UnitLayout& ul = layout_->unit(static_cast<int>(unit));
+  return comm_.all_gather_in_place(units_[unit].model.data(), ul.slice_elems, model_dtype_);
+}
+
 std::vector<Work> EngineImpl::start_all_gather_model(std::size_t window_elems) {
   std::deque<std::pair<Work, std::size_t>> inflight;
   std::size_t inflight_elems = 0;
@@ -517,9 +522,7 @@ std::vector<Work> EngineImpl::start_all_gather_model(std::size_t window_elems) {
       inflight_elems -= inflight.front().second;
       inflight.pop_front();
     }
-    inflight.emplace_back(
-        comm_.all_gather_in_place(units_[u].model.data(), ul.slice_elems, model_dtype_),
-        ul.padded_elems);
+    inflight.emplace_back(start_model_gather(u), ul.padded_elems);
     inflight_elems += ul.padded_elems;
   }
   std::vector<Work> works;

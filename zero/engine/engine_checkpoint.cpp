@@ -495,9 +495,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     for (; units_started < layout_units_; ++units_started) {
       const UnitLayout& ul = layout_->unit(static_cast<int>(units_started));
       if (ul.partition_offset + ul.slice_elems > written) break;
-      if (ul.padded_elems == 0) continue;
-      early.push_back(comm_.all_gather_in_place(units_[units_started].model.data(), ul.slice_elems,
-                                                model_dtype_));
+      if (ul.padded_elems > 0) early.push_back(start_model_gather(units_started));
     }
   };
   // Tensor k (0: master, then each state) parameter by parameter, so a source that reconstructs a

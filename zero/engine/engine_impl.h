@@ -179,6 +179,9 @@ class EngineImpl final : public Engine, private SliceMap {
   // `window_elems` elements would be in flight; returns those still in flight (in place: no
   // memory of their own). Nothing when !gathers_model().
   std::vector<Work> start_all_gather_model(std::size_t window_elems);
+  // Starts the in-place all-gather of `unit`'s model copy (every rank's slice to every rank).
+  // REQUIRES: gathers_model(), the unit's padded_elems > 0.
+  Work start_model_gather(std::size_t unit);
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
 

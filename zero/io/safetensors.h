@@ -46,7 +46,7 @@ inline constexpr std::size_t kWriteBytes = std::size_t{2} << 20;
 // The stream writer asks the kernel to start writing each aligned block of this size to disk as
 // soon as it is complete, overlapping the device with the rest of the copy into the page cache.
 inline constexpr std::size_t kWritebackBytes = std::size_t{8} << 20;
-// Ranged reads with a piece function from this size on go through a mapping of the file.
+// Checksummed ranged reads from this size on go through a mapping of the file.
 inline constexpr std::size_t kMapMinBytes = std::size_t{1} << 20;
 
 // Not thread-safe; one reader per thread. Errors throw zero::IoError naming the file.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <vector>
@@ -112,6 +113,19 @@ Work Communicator::start(const CollectiveArgs& args) {
                   "broadcast: root {} out of range for {} ranks", args.root, size());
   }
   return start_impl(args);
+}
+
+std::vector<void*> Communicator::exchange_addresses(std::span<void* const> local) {
+  ZERO_CHECK_AS(CommError, shares_address_space(),
+                "exchange_addresses: the {} backend's ranks do not share an address space",
+                backend_name());
+  // Addresses travel as 64-bit words; an all-gather copies them bit for bit.
+  static_assert(sizeof(void*) == sizeof(double));
+  const std::size_t n = local.size();
+  std::vector<void*> all(n * static_cast<std::size_t>(size()));
+  std::memcpy(all.data() + n * static_cast<std::size_t>(rank()), local.data(), n * sizeof(void*));
+  all_gather_in_place(all.data(), n, DType::F64).wait();
+  return all;
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {

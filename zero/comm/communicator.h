@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "zero/base/dtype.h"
 
@@ -128,6 +129,16 @@ class Communicator {
   // ordered by (key, rank). A negative color joins no group and gets nullptr. The new
   // communicator inherits timeout(). Ordered after the collectives already issued.
   std::unique_ptr<Communicator> split(int color, int key);
+
+  // Whether every rank of the group lives in this process (in-process ranks), so that a rank may
+  // write a peer's memory directly, ordered by the collectives around the writes. A backend that
+  // says so keeps its collectives' synchronizing: a rank that leaves a collective saw every write
+  // its peers made before they entered it. False unless the backend says otherwise.
+  virtual bool shares_address_space() const { return false; }
+  // Collective (one all-gather), only where shares_address_space(): every rank's `local`
+  // addresses, rank-major (rank q's i-th address at [q·local.size() + i]).
+  // REQUIRES: shares_address_space(); the same local.size() on every rank.
+  std::vector<void*> exchange_addresses(std::span<void* const> local);
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Applies to collectives issued after the call.

@@ -148,6 +148,9 @@ class InProcComm final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_->size; }
   std::string backend_name() const override { return "inproc"; }
+  // Every op is a rendezvous under the group's mutex: what a rank wrote before it entered one is
+  // visible to every rank that left it.
+  bool shares_address_space() const override { return true; }
 
  protected:
   Work start_impl(const CollectiveArgs& args) override {

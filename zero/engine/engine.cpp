@@ -29,6 +29,7 @@
 #include <set>
 
 #include "zero/base/shape.h"
+#include "zero/base/stream_copy.h"
 #include "zero/base/timer.h"
 #include "zero/engine/engine_impl.h"
 #include "zero/engine/part_options.h"
@@ -509,6 +510,26 @@ void EngineImpl::all_gather_model() {
 Work EngineImpl::start_model_gather(std::size_t unit) {
   const UnitLayout& ul = layout_->unit(static_cast<int>(unit));
   return comm_.all_gather_in_place(units_[unit].model.data(), ul.slice_elems, model_dtype_);
+}
+
+PartitionOptimizer::ModelEcho EngineImpl::push_model_to_peers() {
+  ZERO_ASSERT(gathers_model() && num_domains() == 1 && comm_.shares_address_space());
+  std::vector<void*> mine(layout_units_);
+  for (std::size_t u = 0; u < layout_units_; ++u) mine[u] = units_[u].model.data();
+  // Rank q's model copy of unit u at [q·units + u].
+  std::vector<void*> all = comm_.exchange_addresses(mine);
+  return [this, all = std::move(all)](int unit, std::size_t slice_offset, const std::byte* values,
+                                      std::size_t count) {
+    const std::size_t msize = dtype_size(model_dtype_);
+    const std::size_t slice = layout_->unit(unit).slice_elems;
+    const std::size_t at = (static_cast<std::size_t>(rank_) * slice + slice_offset) * msize;
+    for (int q = 0; q < world_; ++q) {
+      if (q == rank_) continue;
+      auto* peer = static_cast<std::byte*>(
+          all[static_cast<std::size_t>(q) * layout_units_ + static_cast<std::size_t>(unit)]);
+      copy_large(peer + at, values, count * msize, slice * msize);
+    }
+  };
 }
 
 std::vector<Work> EngineImpl::start_all_gather_model(std::size_t window_elems) {

@@ -433,6 +433,21 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   // failure writes it back from them.
   const bool model_on_the_way =
       host_memory_ && !stash_model && optimizer_->tensor_dtype(0) == DType::F32;
+  // At stages 1 and 2 every rank's model copy also needs the other ranks' slices. Where the ranks
+  // share one address space (in-process ranks) each rank writes its slices into the peers' model
+  // copies as well, while they are in cache (push_model_to_peers()): the all-gather's read of every
+  // peer slice is saved. A peer's slices are complete once it reaches the agreement below, a
+  // collective over the same communicator; nothing else writes them during the load. Elsewhere
+  // each unit's model copy is all-gathered as soon as this rank has read its master weights, while
+  // the rest is read; every rank starts every unit's gather whether or not its reads failed, so
+  // the collectives match. Either way a failure (agreed on at the end) writes the model copy back
+  // from the master weights in place and all-gathers it again.
+  const bool spread_model = model_on_the_way && gathers_model();
+  const bool push_model = spread_model && comm_.shares_address_space() && &control_ == &comm_;
+  const bool gather_early = spread_model && !push_model;
+  ZERO_ASSERT(!spread_model || num_domains() == 1);
+  const PartitionOptimizer::ModelEcho to_peers =
+      push_model ? push_model_to_peers() : PartitionOptimizer::ModelEcho();
   SourceCounters counters;
   // Writes fp32 values that produce(out, first, n, also) makes of elements [offset, offset +
   // count) of domain d, converting in tiles where the tensor is held in another dtype. `also`
@@ -449,7 +464,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
             ValuesFn also;
             if (model_too) {
               also = [&](const std::byte* values, std::size_t i, std::size_t m) {
-                optimizer_->write_model_range(d, offset + first + i, m, values);
+                optimizer_->write_model_range(d, offset + first + i, m, values, to_peers);
               };
             }
             produce(reinterpret_cast<float*>(data), first, n, also);
@@ -481,13 +496,6 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
       if (also) also(reinterpret_cast<const std::byte*>(out), 0, n);
     });
   };
-  // At stages 1 and 2 the model copy made on the way is all-gathered unit by unit, each unit as
-  // soon as this rank has read its master weights, while the rest is read. Every rank starts every
-  // unit's gather whether or not its reads failed, so the collectives match; a failure (agreed
-  // on at the end) writes the model copy back from the master weights in place and all-gathers it
-  // again.
-  const bool gather_early = model_on_the_way && gathers_model();
-  ZERO_ASSERT(!gather_early || num_domains() == 1);
   std::vector<Work> early;
   std::size_t units_started = 0;
   // Starts the gathers of the units whose slices lie in the first `written` partition elements.
@@ -527,7 +535,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
     for (Work& w : early) w.wait();
     if (!model_on_the_way) return;
     optimizer_->write_model();
-    if (!early.empty()) all_gather_model();
+    if (spread_model) all_gather_model();
   };
   try {
     read_tensor(0);
@@ -595,7 +603,7 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   }
   if (gather_early) {
     for (Work& w : early) w.wait();
-  } else {
+  } else if (!push_model) {
     all_gather_model();
   }
   if (fetcher_) fetcher_->refresh_after_step();

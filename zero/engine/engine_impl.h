@@ -182,6 +182,14 @@ class EngineImpl final : public Engine, private SliceMap {
   // Starts the in-place all-gather of `unit`'s model copy (every rank's slice to every rank).
   // REQUIRES: gathers_model(), the unit's padded_elems > 0.
   Work start_model_gather(std::size_t unit);
+  // What the all-gather of the model copy does, done by each rank as it writes its own slices:
+  // a ModelEcho (PartitionOptimizer::write_model_range) that writes each piece of this rank's
+  // slices into every peer's model copy at the same place. Collective over comm_ (exchanges the
+  // model copies' addresses). The caller orders the writes before any peer reads its model copy
+  // (a collective over comm_ after the last write), and keeps the peers from writing their
+  // model copies meanwhile.
+  // REQUIRES: gathers_model(), num_domains() == 1, comm_.shares_address_space().
+  PartitionOptimizer::ModelEcho push_model_to_peers();
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
 

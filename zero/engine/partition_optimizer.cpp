@@ -297,7 +297,7 @@ std::vector<std::byte> PartitionOptimizer::model_from(offload::SubgroupStore::Re
 }
 
 void PartitionOptimizer::write_model_range(int domain, std::size_t offset, std::size_t count,
-                                           const std::byte* master) {
+                                           const std::byte* master, const ModelEcho& echo) {
   ZERO_ASSERT(domain >= 0 && domain < domains() && offset + count <= partition_elems_);
   const DType dt = options_.master_dtype;
   const std::size_t msize = dtype_size(options_.model_dtype);
@@ -310,9 +310,11 @@ void PartitionOptimizer::write_model_range(int domain, std::size_t offset, std::
     if (options_.model_dtype == dt) {
       // The whole model copy is what is being written, a piece at a time: stream it.
       copy_large(dst, src, (last - first) * msize, partition_elems_ * msize);
+      if (echo) echo(run.unit, first, src, last - first);  // the source is the one in cache
     } else {
       compute_.combine(dst, options_.model_dtype, src, dt, last - first, 1.0f, false,
                        options_.exec);
+      if (echo) echo(run.unit, first, dst, last - first);
     }
     slices_.model_written(run.domain, run.unit, first, last - first);
   });

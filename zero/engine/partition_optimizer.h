@@ -118,8 +118,12 @@ class PartitionOptimizer {
   // The model copy at elements [offset, offset + count) of `domain`'s partition ← `master`
   // (count master weights in the master dtype, e.g. a replacement's values while they are still in
   // cache), rounded as write_model() rounds them. The partition's padding has no model copy.
-  void write_model_range(int domain, std::size_t offset, std::size_t count,
-                         const std::byte* master);
+  // `echo`, if given, sees each piece written, while it is in cache: echo(unit, slice_offset,
+  // model, n) for n model-dtype elements of `domain`'s slice of `unit` from slice_offset on.
+  using ModelEcho = std::function<void(int unit, std::size_t slice_offset, const std::byte* model,
+                                       std::size_t count)>;
+  void write_model_range(int domain, std::size_t offset, std::size_t count, const std::byte* master,
+                         const ModelEcho& echo = nullptr);
 
   // Checkpoint access. Tensor 0 is the master weights, tensor k + 1 optimizer state k; each is
   // domains() × partition_elems() elements, domain after domain, in tensor_dtype(t).

@@ -330,6 +330,41 @@ TEST_CASE("agreement check passes when ranks agree and names the ranks that diff
   }
 }
 
+TEST_CASE("in-process ranks share an address space and exchange addresses rank-major") {
+  for (int world : kWorldSizes) {
+    INFO(world << " ranks");
+    // Each rank's two arrays; every rank writes a value into each peer's second array through
+    // the exchanged addresses, and after a barrier finds the peers' values in its own.
+    std::vector<std::vector<int>> first(static_cast<std::size_t>(world), std::vector<int>(1));
+    std::vector<std::vector<int>> second(static_cast<std::size_t>(world),
+                                         std::vector<int>(static_cast<std::size_t>(world), -1));
+    run_ranks(world, [&](Communicator& comm) {
+      const auto me = static_cast<std::size_t>(comm.rank());
+      REQUIRE(comm.shares_address_space());
+      const std::vector<void*> mine = {first[me].data(), second[me].data()};
+      const std::vector<void*> all = comm.exchange_addresses(mine);
+      REQUIRE(all.size() == 2 * static_cast<std::size_t>(world));
+      for (int q = 0; q < world; ++q) {
+        const auto k = static_cast<std::size_t>(q);
+        CHECK(all[2 * k] == first[k].data());
+        CHECK(all[2 * k + 1] == second[k].data());
+        static_cast<int*>(all[2 * k + 1])[me] = 100 + comm.rank();
+      }
+      comm.barrier().wait();
+      for (int q = 0; q < world; ++q) CHECK(second[me][static_cast<std::size_t>(q)] == 100 + q);
+    });
+  }
+  // A backend that does not say so (here a wrapper) refuses, naming itself.
+  zero::InProcWorld world(1);
+  auto inner = world.comm(0);
+  zero::FaultyCommunicator wrapped(*inner, 0);
+  REQUIRE_FALSE(wrapped.shares_address_space());
+  int x = 0;
+  const std::vector<void*> one = {&x};
+  REQUIRE_THROWS_WITH(wrapped.exchange_addresses(one),
+                      Catch::Contains("faulty(inproc)") && Catch::Contains("address space"));
+}
+
 TEST_CASE("FaultyCommunicator fails exactly the N-th call, at the call or at wait") {
   zero::InProcWorld world(1);
   auto inner = world.comm(0);

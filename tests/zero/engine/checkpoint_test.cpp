@@ -1,6 +1,7 @@
 // Checkpoints: exact resume at the same world size and stage, resharding to others, refusal of
 // corrupted or incomplete checkpoints (state left untouched), crash safety under SIGKILL, failed
-// saves that leave nothing behind, and a manifest parser that survives arbitrary edits.
+// saves that leave nothing behind, a load's model copy the same whether written into in-process
+// peers or all-gathered, and a manifest parser that survives arbitrary edits.
 #include "zero/checkpoint/checkpoint.h"
 
 #include <signal.h>
@@ -21,6 +22,7 @@
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/base/error.h"
+#include "zero/comm/testing/faulty_communicator.h"
 #include "zero/engine/engine_impl.h"
 
 namespace zero::test {
@@ -224,10 +226,12 @@ const std::vector<ParamSpec> kSmallSpecs = {{"a.weight", {40, 30}, DType::F32, 0
                                             {"b.weight", {30, 50}, DType::F32, 0, 1, true},
                                             {"b.bias", {50}, DType::F32, 0, 1, true}};
 
-std::unique_ptr<Engine> small_engine(Communicator& comm, Device& device, float value) {
+std::unique_ptr<Engine> small_engine(Communicator& comm, Device& device, float value,
+                                     int stage = 2) {
   config::Supplied s;
   s.world_size = comm.size();
-  const config::DsConfig cfg = config::load_config_json(config_for(2, "fp32", 2), s);
+  const config::DsConfig cfg =
+      config::load_config_json(config_for(stage, "fp32", comm.size(), 6 * comm.size()), s);
   return Engine::create(cfg, comm, device, kSmallSpecs, [&](std::size_t i, std::span<float> v) {
     for (std::size_t j = 0; j < v.size(); ++j)
       v[j] = value + 0.001f * static_cast<float>(i + j % 7);
@@ -321,6 +325,50 @@ TEST_CASE("a load that finds a corrupted tensor after reading others leaves the 
                           Catch::Contains(ckpt::rank_file_name(rank, 2)) &&
                           Catch::Contains("corrupted"));
     CHECK(refused == untouched);
+  }
+}
+
+TEST_CASE("a load writes the same model copy into in-process peers as an all-gather brings",
+          "[engine][checkpoint]") {
+  // In-process ranks share an address space: each rank writes its slices into the peers' model
+  // copies as it reads them. Behind a wrapper that does not say so, the load all-gathers them.
+  for (int stage : {1, 2}) {
+    for (int world : {2, 3}) {
+      INFO("stage " << stage << ", " << world << " ranks");
+      TempDir dir;
+      std::vector<std::vector<float>> saved, initial;
+      run_ranks(world, [&](Communicator& comm) {
+        auto device = make_device("cpu", comm.rank());
+        auto engine = small_engine(comm, *device, 0.25f, stage);
+        small_step(*engine, comm.rank());
+        engine->save_checkpoint(dir.str(), "step1");
+        std::vector<std::vector<float>> model = model_copy(*engine);
+        if (comm.rank() == 0) saved = std::move(model);
+      });
+      auto loaded = [&](bool wrapped) {
+        std::vector<std::vector<std::vector<float>>> per_rank(static_cast<std::size_t>(world));
+        run_ranks(world, [&](Communicator& comm) {
+          FaultyCommunicator gathering(comm, 0);  // never fails; shares no address space
+          Communicator& c = wrapped ? static_cast<Communicator&>(gathering) : comm;
+          REQUIRE(c.shares_address_space() == !wrapped);
+          auto device = make_device("cpu", comm.rank());
+          auto engine = small_engine(c, *device, 0.5f, stage);
+          std::vector<std::vector<float>> before = model_copy(*engine);
+          if (comm.rank() == 0 && !wrapped) initial = std::move(before);
+          engine->load_checkpoint(dir.str());
+          per_rank[static_cast<std::size_t>(comm.rank())] = model_copy(*engine);
+        });
+        return per_rank;
+      };
+      const auto pushed = loaded(false);
+      const auto gathered = loaded(true);
+      REQUIRE(saved != initial);  // the load has something to change
+      for (int r = 0; r < world; ++r) {
+        INFO("rank " << r);
+        CHECK(pushed[static_cast<std::size_t>(r)] == saved);
+        CHECK(gathered[static_cast<std::size_t>(r)] == saved);
+      }
+    }
   }
 }
 

@@ -330,6 +330,9 @@ int run_checkpoint(std::span<const std::string> argv) {
   double first_load = best_save;
   double best_replace = best_save;
   auto tag_of = [](int r) { return fmt::format("bench{}", r); };
+  // As many timed tries as the limits get: R tries of three write sizes, of two read ways.
+  const int saves = 3 * a.reps;
+  const int loads = 2 * a.reps + 1;  // the first, cold one apart
   run_ranks(a.world, [&](Communicator& comm) {
     auto device = make_device("cpu", comm.rank());
     auto engine = Engine::create(cfg, comm, *device, specs, [](std::size_t i, std::span<float> v) {
@@ -356,8 +359,6 @@ int run_checkpoint(std::span<const std::string> argv) {
       comm.barrier().wait();
       return seconds_since(start);
     };
-    const int saves = 3 * a.reps;
-    const int loads = 2 * a.reps + 1;
     for (int r = 0; r < std::max(saves, loads); ++r) {
       if (r < saves) {
         const double save_s = timed([&] { engine->save_checkpoint(ckpt_dir, tag_of(r)); });
@@ -381,7 +382,7 @@ int run_checkpoint(std::span<const std::string> argv) {
       if (comm.rank() == 0) best_replace = std::min(best_replace, s);
     }
   });
-  const fs::path tag_dir = fs::path(ckpt_dir) / tag_of(3 * a.reps - 1);
+  const fs::path tag_dir = fs::path(ckpt_dir) / tag_of(saves - 1);
   const std::size_t ckpt_bytes = dir_bytes(tag_dir);
   std::vector<std::string> rank_files;
   for (int r = 0; r < a.world; ++r)

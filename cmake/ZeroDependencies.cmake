@@ -15,14 +15,6 @@ if(NOT TARGET yaml-cpp)
   message(FATAL_ERROR "yaml-cpp not found: apt-get install libyaml-cpp-dev (scripts/install-deps.sh does)")
 endif()
 
-# oneDNN (Debian libdnnl-dev): the matrix products of the teacher-student MLP (models/gemm.h), fp32
-# and bf16 (AVX-512 BF16 where the CPU has it). Debian builds it on OpenMP; every calling thread
-# (a rank) gets an OpenMP team of its own.
-find_package(dnnl CONFIG QUIET)
-if(NOT TARGET DNNL::dnnl)
-  message(FATAL_ERROR "oneDNN not found: apt-get install libdnnl-dev (scripts/install-deps.sh does)")
-endif()
-
 # libzip reads PyTorch's zip checkpoints (.pt) for zero/dscheckpoint. Exposed as zero_libzip.
 find_package(PkgConfig QUIET)
 if(PKG_CONFIG_FOUND)
@@ -42,10 +34,13 @@ else()
 endif()
 
 set(ZERO_SUMMARY "")
+# One line of the summary: ✓ and what was found, or ✗ and why (the detail, else "not found").
 macro(zero_feature name found detail)
   string(REPLACE ";" "," _zero_detail "${detail}")
   if(${found})
     list(APPEND ZERO_SUMMARY "  ✓ ${name}  ${_zero_detail}")
+  elseif(_zero_detail STREQUAL "")
+    list(APPEND ZERO_SUMMARY "  ✗ ${name}  not found")
   else()
     list(APPEND ZERO_SUMMARY "  ✗ ${name}  ${_zero_detail}")
   endif()
@@ -104,7 +99,11 @@ if(NOT ZERO_WITH_MPI STREQUAL "OFF")
   endif()
 endif()
 zero_resolve_option(ZERO_WITH_MPI ZERO_HAVE_MPI)
-zero_feature("MPI" ZERO_HAVE_MPI "${MPI_C_LIBRARIES}")
+if(ZERO_WITH_MPI STREQUAL "OFF")
+  zero_feature("MPI" OFF "ZERO_WITH_MPI=OFF")
+else()
+  zero_feature("MPI" ZERO_HAVE_MPI "${MPI_C_LIBRARIES}")
+endif()
 
 # --- liburing (NVMe I/O) --------------------------------------------------------------------------
 set(ZERO_HAVE_URING OFF)
@@ -116,9 +115,34 @@ if(NOT ZERO_WITH_URING STREQUAL "OFF")
   endif()
 endif()
 zero_resolve_option(ZERO_WITH_URING ZERO_HAVE_URING)
-zero_feature("liburing" ZERO_HAVE_URING "${ZERO_URING_LIBRARY}")
+if(ZERO_WITH_URING STREQUAL "OFF")
+  zero_feature("liburing" OFF "ZERO_WITH_URING=OFF")
+else()
+  zero_feature("liburing" ZERO_HAVE_URING "${ZERO_URING_LIBRARY}")
+endif()
 
-zero_feature("OpenBLAS" ON "${ZERO_OPENBLAS_LIBRARY}")
+# --- oneDNN (the MLP's matrix products) -----------------------------------------------------------
+# Debian's libdnnl-dev: models/gemm.h's products on oneDNN's matmul, fp32 and bf16 (AVX-512 BF16
+# where the CPU has it), built on OpenMP so every calling thread (a rank) gets a team of its own.
+# Without it models/gemm_portable.cpp computes the same products in plain C++, slower.
+set(ZERO_HAVE_ONEDNN OFF)
+if(NOT ZERO_WITH_ONEDNN STREQUAL "OFF")
+  find_package(dnnl CONFIG QUIET)
+  if(TARGET DNNL::dnnl)
+    set(ZERO_HAVE_ONEDNN ON)
+  endif()
+endif()
+zero_resolve_option(ZERO_WITH_ONEDNN ZERO_HAVE_ONEDNN)
+if(ZERO_HAVE_ONEDNN)
+  zero_feature("oneDNN" ZERO_HAVE_ONEDNN "${dnnl_VERSION} (${dnnl_DIR})")
+else()
+  set(_zero_why "not found")
+  if(ZERO_WITH_ONEDNN STREQUAL "OFF")
+    set(_zero_why "ZERO_WITH_ONEDNN=OFF")
+  endif()
+  zero_feature("oneDNN" ZERO_HAVE_ONEDNN
+               "${_zero_why}: the MLP's matrix products run on portable C++ (models/gemm_portable.cpp)")
+endif()
 
 # --- Catch2 2.x (tests) -----------------------------------------------------------------------------
 find_package(Catch2 2.13 REQUIRED)

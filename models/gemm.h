@@ -1,5 +1,7 @@
 // Row-major matrix products for the MLP (models/mlp.h), on oneDNN's matmul primitive (Debian's
-// libdnnl, its OpenMP build).
+// libdnnl, its OpenMP build; gemm_onednn.cpp) where the build finds oneDNN, and in plain C++
+// otherwise (gemm_portable.cpp: the same contract and fp32 sums, 5–15× slower than oneDNN for
+// the MLP's shapes on this project's machines).
 //
 // Precisions: fp32 × fp32, and bf16 × bf16 with fp32 accumulation (AVX-512 BF16 instructions where
 // the CPU has them, oneDNN's emulation elsewhere); the result C in fp32 or bf16 (rounded once, from
@@ -48,7 +50,7 @@ struct Gemm {
 void gemm(const Gemm& g, int threads = 1);
 
 // The library and the kernels it picked for an fp32 and a bf16 product, e.g.
-// "oneDNN 2.6.3 (fp32: brg:avx512_core, bf16: brg:avx512_core_bf16)".
+// "oneDNN 2.6.3 (fp32: brg:avx512_core, bf16: brg:avx512_core_bf16)", or "portable C++ (...)".
 std::string gemm_description();
 
 }  // namespace zero::models

@@ -109,10 +109,10 @@ double device_probe_seconds(Communicator& comm, Device& device,
 // which a GPU run has none of, and its gradient writes; 0 for --model, whose matrix products are
 // not bound by memory).
 struct PhaseBytes {
-  double model = 0, accumulate = 0, pack = 0, reduce = 0, unpack = 0, norm = 0, optimizer = 0,
+  double model = 0, pack = 0, reduce = 0, unpack = 0, norm = 0, optimizer = 0,
          all_gather = 0, gather = 0;
   double total() const {
-    return model + accumulate + pack + reduce + unpack + norm + optimizer + all_gather + gather;
+    return model + pack + reduce + unpack + norm + optimizer + all_gather + gather;
   }
 };
 PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,

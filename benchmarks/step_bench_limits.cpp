@@ -176,11 +176,7 @@ PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
   // The synthetic trainer reads every parameter (kForwardPasses times, but a unit's later passes
   // may hit the cache, so only the first counts) and copies every gradient into its slot.
   if (synthetic) b.model = N * ((forward_reads ? m : 0) + 2 * g);
-  // At stage 0/1 the micro-step's gradients become the window's accumulation buffer: taken as
-  // they are when the dtypes agree (no bytes), converted into it when they differ.
-  const DType accum_dtype = cfg.data_types.grad_accum_dtype.value_or(cfg.model_dtype);
-  if (stage <= 1 && accum_dtype != cfg.model_dtype) b.accumulate = N * (g + a);
-  b.pack = N * ((stage <= 1 ? a : g) + c);     // every rank's chunks, in the communication dtype
+  b.pack = N * (g + c);  // every rank's chunks, in the communication dtype
   b.reduce = N * c + S * c + (stage == 0 ? 2 * (N - S) * c : 0);
   b.unpack = domains * S * (c + a);
   b.norm = domains * S * a * (check_overflow ? 2 : 1);

@@ -45,7 +45,6 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
   p.pack_s = t.pack_s / n;
   p.reduce_wait_s = t.reduce_wait_s / n;
   p.unpack_s = t.unpack_s / n;
-  p.accumulate_s = t.accumulate_s / n;
   p.norm_s = t.norm_s / n;
   p.optimizer_s = t.optimizer_s / n;
   p.all_gather_s = t.all_gather_s / n;
@@ -55,7 +54,7 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
   p.gathers = t.gathers;
   p.prefetches = t.prefetches;
   f.model_s = r0.model_s / n;
-  f.other_s = f.step_mean_s - f.model_s - (p.pack_s + p.reduce_wait_s + p.unpack_s + p.accumulate_s + p.norm_s +
+  f.other_s = f.step_mean_s - f.model_s - (p.pack_s + p.reduce_wait_s + p.unpack_s + p.norm_s +
                                p.optimizer_s + p.all_gather_s + p.gather_s);
   f.optimizer_elems = r0.optimizer_elems;
   f.optimizer_bytes_per_elem = r0.optimizer_bytes_per_elem;
@@ -103,8 +102,8 @@ void print_header(const StepArgs& args, const Workload& w, int threads) {
       "at once\n",
       w.label.c_str(), w.params, args.world_size, threads, args.device.c_str(),
       args.precision.c_str(), static_cast<long long>(args.bucket_elems), args.steps - 1);
-  std::printf("%5s %8s %7s %7s %8s %7s %7s %7s %7s %7s %7s %7s %7s %8s %8s %6s %8s %6s %8s %6s %9s\n",
-              "stage", "step", "model", "pack", "red.wait", "unpack", "accum", "norm", "optim", "allgath",
+  std::printf("%5s %8s %7s %7s %8s %7s %7s %7s %7s %7s %7s %7s %8s %8s %6s %8s %6s %8s %6s %9s\n",
+              "stage", "step", "model", "pack", "red.wait", "unpack", "norm", "optim", "allgath",
               "gather", "g.wait", "other", "opt GB/s", "cpy GB/s", "ratio", "prb GB/s", "ratio",
               "limit", "l.ratio", "peak MiB");
 }
@@ -132,7 +131,6 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
                         {"pack", sig4(p.pack_s)},
                         {"reduce_wait", sig4(p.reduce_wait_s)},
                         {"unpack", sig4(p.unpack_s)},
-                        {"accumulate", sig4(p.accumulate_s)},
                         {"norm", sig4(p.norm_s)},
                         {"optimizer", sig4(p.optimizer_s)},
                         {"all_gather", sig4(p.all_gather_s)},
@@ -144,7 +142,6 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     const double limit_gbps = f.memcpy_gbps * 1e9;
     nlohmann::ordered_json limits_s;
     for (const auto& [name, bytes] : {std::pair{"model", lb.model},
-                                      {"accumulate", lb.accumulate},
                                       {"pack", lb.pack},
                                       {"reduce", lb.reduce},
                                       {"unpack", lb.unpack},
@@ -184,10 +181,10 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf(
-        "%5d %8.2f %7.2f %7.2f %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %8.2f %8.2f "
+        "%5d %8.2f %7.2f %7.2f %8.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %8.2f %8.2f "
         "%6.3f %8.2f %6.3f %8.2f %6.3f %9.1f\n",
         f.stage, f.step_s * 1e3, f.model_s * 1e3, p.pack_s * 1e3, p.reduce_wait_s * 1e3, p.unpack_s * 1e3,
-        p.accumulate_s * 1e3, p.norm_s * 1e3, p.optimizer_s * 1e3, p.all_gather_s * 1e3,
+        p.norm_s * 1e3, p.optimizer_s * 1e3, p.all_gather_s * 1e3,
         p.gather_s * 1e3, p.gather_wait_s * 1e3, f.other_s * 1e3, f.optimizer_gbps, f.memcpy_gbps,
         ratio, f.probe_gbps, f.optimizer_gbps / f.probe_gbps, f.step_limit_s * 1e3,
         f.step_limit_ratio, static_cast<double>(f.peak_bytes) / (1 << 20));
@@ -202,8 +199,8 @@ void print_footer(const StepArgs& args, const std::vector<Figure>& figures) {
       "the engine's slots). other = mean step minus model and the engine's phases but g.wait "
       "(untimed engine work). g.wait = waiting for stage-3 all-gathers, in gather() or not (after step(), "
       "persistent units are re-gathered outside gather()). limit = the bytes each phase must "
-      "move (model (--params), pack, reduce, unpack, norm, optimizer, all-gather or gathers; accumulate at stages "
-      "0/1) at the memcpy speed, summed; l.ratio = limit / step (JSON: phase_limits_s, "
+      "move (model (--params), pack, reduce, unpack, norm, optimizer, all-gather or gathers) at the "
+      "memcpy speed, summed; l.ratio = limit / step (JSON: phase_limits_s, "
       "step_limit_s, step_limit_ratio).\n",
       args.model ? "the MLP's forward and backward" : "the forward stand-in's reads");
   for (const Figure& f : figures) {

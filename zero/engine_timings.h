@@ -13,7 +13,6 @@ struct EngineTimings {
   double pack_s = 0;            // gradients into buckets (cast to the communication dtype)
   double reduce_wait_s = 0;     // waiting for bucket reductions
   double unpack_s = 0;          // reduced buckets into the partition gradients
-  double accumulate_s = 0;      // stages 0/1: micro-step gradients into the accumulation buffer
   double norm_s = 0;            // overflow check, squared norm and their all-reduces
   double optimizer_s = 0;       // the optimizer kernels (with the low-precision write)
   double all_gather_s = 0;      // stages 1/2: the updated model copy to every rank

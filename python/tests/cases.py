@@ -187,3 +187,65 @@ def reference(model_name, steps=STEPS, replace=None):
         opt.step()
         losses.append(loss.item())
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+# --- gradient accumulation (issue 30) ---------------------------------------------------------
+
+R_VOCAB, R_SEQ, R_EMBED, R_HIDDEN = 64, 10, 16, 24
+
+
+class RecurrentLM(torch.nn.Module):
+    """Embedding -> GRU -> LayerNorm -> Conv1d -> Linear, with the shapes a summation order
+    shows in: `gate` is used twice in one forward (autograd sums its two gradients), and `aux`
+    runs only when forward is told to (no gradient in the other micro-batches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(R_VOCAB, R_EMBED)
+        self.gru = torch.nn.GRU(R_EMBED, R_HIDDEN, batch_first=True)
+        self.ln = torch.nn.LayerNorm(R_HIDDEN)
+        self.conv = torch.nn.Conv1d(R_HIDDEN, R_HIDDEN, kernel_size=3, padding=1)
+        self.gate = torch.nn.Parameter(torch.linspace(0.5, 1.5, R_HIDDEN))
+        self.aux = torch.nn.Linear(R_HIDDEN, R_HIDDEN)
+        self.head = torch.nn.Linear(R_HIDDEN, R_VOCAB)
+
+    def forward(self, tokens, use_aux=True):
+        h, _ = self.gru(self.embed(tokens))
+        h = self.ln(h) * self.gate
+        h = self.conv(h.transpose(1, 2)).transpose(1, 2)
+        h = torch.tanh(h * self.gate)
+        if use_aux:
+            h = h + self.aux(h)
+        return self.head(h)
+
+
+ACCUM_MICRO = 2  # rows per rank per micro-batch
+ACCUM_STEPS = 4  # optimizer steps
+ACCUM_SEED = 11
+
+
+def accum_batch(step, micro, rank, world):
+    """Rank `rank`'s rows of micro-batch `micro` of optimizer step `step`: (tokens, next tokens)."""
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    seq = torch.randint(0, R_VOCAB, (ACCUM_MICRO * world, R_SEQ + 1), generator=g)
+    rows = seq[rank * ACCUM_MICRO:(rank + 1) * ACCUM_MICRO]
+    return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+
+def accum_config(stage, dtype, gas):
+    """The configuration of issue 30's report: AdamW, WarmupLR, clipping 0.5, small buckets."""
+    cfg = {
+        "train_micro_batch_size_per_gpu": ACCUM_MICRO,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": 0.5,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                  "weight_decay": 0.01}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-3, "warmup_max_lr": 1e-2,
+                                                     "warmup_num_steps": 2}},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000,
+                              "allgather_bucket_size": 3000,
+                              "stage3_param_persistence_threshold": 100},
+    }
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    return cfg

@@ -350,7 +350,6 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
     const nlohmann::json j = {{"pack_s", t.pack_s},
                               {"reduce_wait_s", t.reduce_wait_s},
                               {"unpack_s", t.unpack_s},
-                              {"accumulate_s", t.accumulate_s},
                               {"norm_s", t.norm_s},
                               {"optimizer_s", t.optimizer_s},
                               {"all_gather_s", t.all_gather_s},

@@ -340,7 +340,7 @@ void EngineImpl::grad_ready(std::size_t param) {
 }
 
 // Closes the micro-step's gradients: missing ones count as zero (or are an error), then the
-// reducer ends the micro-step (stage 2/3: what is left in the buckets is reduced).
+// reducer ends the micro-step (what is left in the buckets is reduced).
 void EngineImpl::finish_micro_step() {
   std::vector<std::string> missing;
   for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -447,7 +447,6 @@ StepResult EngineImpl::step() {
     return result;
   }
   result.boundary = true;
-  if (stage_ <= 1) reducer_->reduce_window();
   const StepPlan plan = plan_step();
 
   // A new window starts whatever happens below: a failed step discards its gradients.

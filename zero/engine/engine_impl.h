@@ -104,9 +104,9 @@ class EngineImpl final : public Engine, private SliceMap {
     Buffer model;                        // stages 0–2: the full model copy, unit-flat
   };
 
-  // SliceMap: stage 0 reduces in place in the reducer's accumulation buffers (domain d at d·S);
-  // stages 1–3 into the optimizer's partition. The model copy is the unit's full buffer at
-  // stages 0–2 and this rank's slice of it at stage 3.
+  // SliceMap: stage 0 lands in the reducer's buffers of every rank's reduced gradients (domain d
+  // at d·S), stages 1–3 in the optimizer's partition. The model copy is the unit's full buffer
+  // at stages 0–2 and this rank's slice of it at stage 3.
   std::byte* gradient(int domain, int unit, std::size_t slice_offset) override;
   std::byte* model(int domain, int unit, std::size_t slice_offset) override;
 

@@ -33,7 +33,7 @@ GradientReducer::GradientReducer(Communicator& comm, Device& device,
   const std::size_t bucket = std::max<std::size_t>(options.bucket_elems, 1);
   chunk_capacity_ =
       std::max<std::size_t>(1, std::min(bucket, total) / static_cast<std::size_t>(world_));
-  if (options_.stage <= 1) {
+  if (options_.stage == 0) {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const std::size_t n = layout.unit(static_cast<int>(u)).padded_elems;
       units_[u].accum = alloc(n, options_.accum_dtype);
@@ -96,36 +96,14 @@ std::byte* GradientReducer::accumulated(int rank, int unit, std::size_t slice_of
 void GradientReducer::unit_complete(int unit) {
   if (static_cast<std::size_t>(unit) >= units_.size()) return;
   UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
-  const std::size_t n = layout_.unit(unit).padded_elems;
-  if (n == 0) return;
-  if (options_.stage <= 1) {
-    ScopedTimer timer(timings_.accumulate_s);
-    if (window_first_micro_ && options_.accum_dtype == options_.grad_dtype) {
-      // The window's sum so far is this micro-step's gradient: take the buffer, not a copy.
-      std::swap(ub.accum, ub.staging);
-      ub.staging.reset();
-      return;
-    }
-    compute_.combine(ub.accum.data(), options_.accum_dtype, ub.staging.data(), options_.grad_dtype,
-                     n, 1.0f, !window_first_micro_, options_.exec);
-    ub.staging.reset();
-    return;
-  }
+  if (layout_.unit(unit).padded_elems == 0) return;
   // Into the buckets; the staging buffer is freed once every piece is packed.
   submit_unit(unit, ub.staging.data(), options_.grad_dtype);
 }
 
 void GradientReducer::end_micro_step() {
-  if (options_.stage >= 2) drain();
-  window_first_micro_ = false;
-}
-
-void GradientReducer::reduce_window() {
-  ZERO_ASSERT(options_.stage <= 1);
-  for (std::size_t u = units_.size(); u-- > 0;) {
-    submit_unit(static_cast<int>(u), units_[u].accum.data(), options_.accum_dtype);
-  }
   drain();
+  window_first_micro_ = false;
 }
 
 void GradientReducer::start_window() {
@@ -182,10 +160,10 @@ void GradientReducer::flush_bucket() {
   for (const Source& s : open_) {
     slot.pieces.push_back(s.piece);
     UnitBuffers& ub = units_[static_cast<std::size_t>(s.piece.unit)];
-    if (--ub.unpacked == 0 && options_.stage >= 2) ub.staging.reset();
+    if (--ub.unpacked == 0) ub.staging.reset();
   }
   slot.chunk_elems = chunk;
-  slot.accumulate = options_.stage >= 2 && !window_first_micro_;
+  slot.accumulate = !window_first_micro_;
   pack_timer.reset();
   if (W == 1) {
     slot.work = Work();  // the sum over one rank is the bucket itself

@@ -2,23 +2,24 @@
 // partition gradients (DESIGN.md §3, SPEC_DEEPSPEED.md §3.2–3.3).
 //
 // Per micro-step, each unit's gradients are written into a unit-flat staging buffer (model dtype,
-// all ranks' slices). When a unit is complete:
-//   stage 0/1  the staging buffer is added into the unit's accumulation buffer (accumulation
-//              dtype); at the accumulation boundary reduce_window() reduces every unit, in
-//              backward (descending) order.
-//   stage 2/3  the unit's slices are cut into pieces of at most one bucket's per-rank capacity and
-//              packed into the open bucket; a full bucket is packed as W rank chunks (chunk q =
-//              every piece's slice of rank q) in the communication dtype and reduce-scattered
-//              (all-reduced at stage 0 or with reduce_scatter off) while the trainer goes on.
+// all ranks' slices). When a unit is complete, its slices are cut into pieces of at most one
+// bucket's per-rank capacity and packed into the open bucket; a full bucket is packed as W rank
+// chunks (chunk q = every piece's slice of rank q) in the communication dtype and reduce-scattered
+// (all-reduced at stage 0 or with reduce_scatter off) while the trainer goes on.
 // With overlap_comm two bucket slots alternate, so one bucket is reduced while the next fills.
 // A finished reduction lands in the SliceMap the engine passes in: domain d's reduced chunk is
 // written to gradients(d, unit, offset), added to what is there for all but the first micro-step
-// of a window at stages 2/3. Packing scales by pack_scale before the sum, landing by
-// consume_scale after it (prescale_gradients, gradient_predivide_factor).
+// of a window. Packing scales by pack_scale before the sum, landing by consume_scale after it
+// (prescale_gradients, gradient_predivide_factor).
 //
-// Collectives: unit_complete() (stage 2/3: a full bucket), end_micro_step() and reduce_window()
-// issue reductions; every rank must complete the same units in the same order (the engine's
-// micro-step contract). Thread safety: the rank's thread only. Buffers handed to a reduction
+// Every stage reduces every micro-step and accumulates the reduced values, so a window's gradient
+// is formed in one order at every stage — sum over micro-steps of (sum over ranks) — and stages
+// 0-3 stay bitwise equal with gradient accumulation. (DeepSpeed accumulates locally and reduces
+// once per window at stages 0/1, which rounds differently from its stages 2/3.) The price is one
+// reduction per micro-step at stages 0/1 instead of one per window; it overlaps with backward.
+//
+// Collectives: unit_complete() (a full bucket) and end_micro_step() issue reductions; every rank
+// must complete the same units in the same order (the engine's micro-step contract). Thread safety: the rank's thread only. Buffers handed to a reduction
 // stay alive until it completes, also when the reducer is destroyed with one in flight.
 #pragma once
 
@@ -78,27 +79,19 @@ class GradientReducer {
   // REQUIRES: unit < layout.num_units(); the unit is not complete in this micro-step.
   std::byte* staging(int unit);
 
-  // Every gradient of `unit` is in staging(unit) for this micro-step. Stage 0/1: accumulated (the
-  // staging buffer is freed; in a window's first micro-step, when the dtypes agree, it becomes the
-  // accumulation buffer instead of being copied into it). Stage 2/3: submitted to the buckets (a full bucket starts a
-  // reduction). A unit without elements, or beyond the layout, is a no-op.
+  // Every gradient of `unit` is in staging(unit) for this micro-step: submitted to the buckets (a
+  // full bucket starts a reduction). A unit without elements, or beyond the layout, is a no-op.
   void unit_complete(int unit);
 
-  // The end of a micro-step's backward (every unit complete). Stage 2/3: reduces the open bucket
-  // and waits for every reduction; the partition gradients then hold this window's sum so far.
-  // Collective.
+  // The end of a micro-step's backward (every unit complete): reduces the open bucket and waits
+  // for every reduction; the target's gradients then hold this window's sum so far. Collective.
   void end_micro_step();
-
-  // Stage 0/1, at the accumulation boundary: reduces every unit's accumulated gradients and
-  // waits. Collective.
-  void reduce_window();
 
   // The next micro-step opens a new accumulation window: its results overwrite instead of add.
   void start_window();
 
-  // Stage 0/1: rank `rank`'s slice of unit `unit`'s accumulation buffer (accumulation dtype),
-  // from element `slice_offset` on. At stage 0 reduce_window() all-reduces the buffer in place,
-  // so this is also where the target's domain `rank` lives.
+  // Stage 0: rank `rank`'s slice of unit `unit`'s reduced gradients (every rank's slices,
+  // accumulation dtype), from element `slice_offset` on: the stage-0 target's gradients live here.
   std::byte* accumulated(int rank, int unit, std::size_t slice_offset) const;
 
  private:
@@ -124,8 +117,8 @@ class GradientReducer {
   };
   struct UnitBuffers {
     Buffer staging;
-    Buffer accum;              // stage 0/1
-    std::size_t unpacked = 0;  // stage 2/3: pieces submitted but not yet packed
+    Buffer accum;              // stage 0: the reduced gradients (the target's)
+    std::size_t unpacked = 0;  // pieces submitted but not yet packed
   };
 
   bool scatters() const { return world_ > 1 && options_.stage != 0 && options_.reduce_scatter; }

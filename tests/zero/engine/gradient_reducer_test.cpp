@@ -104,7 +104,6 @@ std::size_t run_case(const Case& c, std::size_t& compared, std::int64_t& buckets
       }
       reducer.end_micro_step();
     }
-    if (c.stage <= 1) reducer.reduce_window();
 
     std::size_t bad = 0, seen = 0;
     const int domains = c.stage == 0 ? c.world : 1;

@@ -45,7 +45,7 @@ extern "C" {
 
 /* Bumped on every incompatible change of this header. zero_abi_version() returns the value the
  * library was built with; a binding compares it against the value it was written for. */
-#define ZERO_ABI_VERSION 2
+#define ZERO_ABI_VERSION 3
 
 /* Status codes. */
 enum {
@@ -170,6 +170,14 @@ typedef struct zero_engine_options {
   size_t n_groups;
   int kernel_threads;     /* CPU kernel threads of this rank; 0 = every core it may use */
   const char* kernel_isa; /* null, "auto", "scalar", "avx2", "avx512" */
+  /* Where the engine keeps and computes its model states: null or "cpu"; "cuda" (GPU rank %
+   * visible GPUs) or "cuda:N" (GPU N). On a GPU, zero_engine_param and zero_engine_grad return
+   * device pointers, the engine's kernels run on the legacy default stream (a caller computing on
+   * another stream makes it wait for the gradient writes before zero_engine_grad_ready), every
+   * call returns with the engine's device work complete, and the collectives go through NCCL
+   * over `comm` (which keeps the small host-side ones); values through host pointers
+   * (init, gather_master, set_param, checkpoints) stay host memory. */
+  const char* device;
 } zero_engine_options;
 
 /* Fills out[0..numel) with the initial fp32 value of parameter `index`. Called on rank 0 only

@@ -16,7 +16,7 @@ from pathlib import Path
 # symbol: ncclCommResume"); loaded after, libzero.so binds to torch's newer, compatible copies.
 import torch  # noqa: F401
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 F32, F16, BF16, F64 = 0, 1, 2, 3
 STATUS_NAMES = {1: "invalid argument", 2: "config", 3: "I/O", 4: "communication",
@@ -48,7 +48,8 @@ class GroupOptions(ctypes.Structure):
 
 class EngineOptions(ctypes.Structure):
     _fields_ = [("groups", ctypes.POINTER(GroupOptions)), ("n_groups", ctypes.c_size_t),
-                ("kernel_threads", ctypes.c_int), ("kernel_isa", ctypes.c_char_p)]
+                ("kernel_threads", ctypes.c_int), ("kernel_isa", ctypes.c_char_p),
+                ("device", ctypes.c_char_p)]
 
 
 class StepResult(ctypes.Structure):

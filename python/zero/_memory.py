@@ -1,14 +1,36 @@
 """Tensors over memory the engine owns (no copy): the model copy at stages 0-2, gathered units at
-stage 3, gradient slots."""
+stage 3, gradient slots. On the host through a ctypes buffer; on a GPU through the CUDA array
+interface, which torch.as_tensor takes without a copy."""
 import ctypes
 
 import torch
 
+# The CUDA array interface has no bfloat16: 16-bit tensors are made as int16 and viewed.
+_CAI_TYPES = {torch.float32: ("<f4", torch.float32), torch.float16: ("<f2", torch.float16),
+              torch.bfloat16: ("<i2", torch.int16)}
 
-def tensor_at(ptr, nbytes, dtype, shape):
-    """A tensor of `dtype` and `shape` over nbytes at address ptr. The caller keeps the memory
-    alive for the tensor's life."""
+
+class _DeviceMemory:
+    """Device memory at `ptr` described by __cuda_array_interface__ (version 3)."""
+
+    def __init__(self, ptr, shape, typestr):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr,
+                                         "data": (ptr, False), "version": 3, "strides": None,
+                                         # The memory is ready: every engine call returns with its
+                                         # device work complete.
+                                         "stream": None}
+
+
+def tensor_at(ptr, nbytes, dtype, shape, device=None):
+    """A tensor of `dtype` and `shape` over nbytes at address ptr: host memory, or memory of the
+    CUDA `device` (a torch.device). The caller keeps the memory alive for the tensor's life."""
+    on_gpu = device is not None and device.type == "cuda"
     if nbytes == 0:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype, device=device)
+    if on_gpu:
+        typestr, made_as = _CAI_TYPES[dtype]
+        numel = nbytes // torch.empty((), dtype=dtype).element_size()
+        flat = torch.as_tensor(_DeviceMemory(ptr, (numel,), typestr), device=device)
+        return flat.view(dtype).view(shape) if made_as != dtype else flat.view(shape)
     buf = (ctypes.c_char * nbytes).from_address(ptr)
     return torch.frombuffer(buf, dtype=dtype).view(shape)

@@ -21,9 +21,10 @@ from ._memory import tensor_at
 
 
 class UnitFetcher:
-    def __init__(self, handle, registered, torch_dtype):
+    def __init__(self, handle, registered, torch_dtype, device):
         self.handle = handle
         self.dtype = torch_dtype
+        self.device = device
         self.params_of = {}  # unit -> [Registered]
         for r in registered:
             self.params_of.setdefault(r.unit, []).append(r)
@@ -41,8 +42,9 @@ class UnitFetcher:
     def placeholder(self, r):
         """What a released parameter holds: its shape over one element (stride 0), so that
         autograd can accumulate its gradient without gathering it. Its values are meaningless."""
-        return torch.zeros(1, dtype=self.dtype).expand(r.shape) if r.shape else torch.zeros(
-            (), dtype=self.dtype)
+        if not r.shape:
+            return torch.zeros((), dtype=self.dtype, device=self.device)
+        return torch.zeros(1, dtype=self.dtype, device=self.device).expand(r.shape)
 
     # --- units ---
     def ensure_gathered(self, unit):
@@ -53,7 +55,7 @@ class UnitFetcher:
         for r in self.params_of.get(unit, []):
             ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
             call("zero_engine_param", self.handle, r.index, ctypes.byref(ptr), ctypes.byref(nbytes))
-            r.param.data = tensor_at(ptr.value, nbytes.value, self.dtype, r.shape)
+            r.param.data = tensor_at(ptr.value, nbytes.value, self.dtype, r.shape, self.device)
             if nbytes.value:
                 self.by_storage[r.param.data.untyped_storage().data_ptr()] = r
         self.pending[unit] = {r.index for r in self.params_of.get(unit, []) if r.trainable}
@@ -132,7 +134,7 @@ class UnitFetcher:
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t):
-        if t.layout != torch.strided or t.device.type != "cpu":
+        if t.layout != torch.strided or t.device != self.device:
             return t
         r = self.by_storage.get(t.untyped_storage().data_ptr())
         if r is None:

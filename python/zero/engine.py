@@ -4,7 +4,12 @@ The model's parameters live in the engine: at stages 0-2 each parameter's .data 
 engine's model copy (refreshed in place by every optimizer step); at stage 3 they are
 placeholders filled per module (see _stage3). Gradients go to the engine as autograd produces
 them (a post-accumulate-grad hook per parameter), so the engine reduces buckets while backward
-goes on."""
+goes on.
+
+A model on a GPU gets an engine on that GPU: the model copy, gathered units, gradient slots,
+master weights and optimizer states are device memory (or where the config offloads them), and
+the parameters are views of it. A gradient is copied into its slot on torch's current stream,
+and the engine's kernels (on the default stream) wait for that copy without the host waiting."""
 import ctypes
 import json
 import math
@@ -54,6 +59,21 @@ class _Comm:
             self.handle = None
 
 
+def _model_device(model):
+    """The one device every parameter of `model` is on: the CPU or a CUDA GPU."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1:
+        names = ", ".join(sorted(map(str, devices)))
+        raise ZeroError(f"the model's parameters are on several devices ({names}): move the whole "
+                        "model to one device (model.to(...)) before zero.initialize")
+    device = next(iter(devices)) if devices else torch.device("cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ZeroError(f"the model is on {device}; zero trains models on the CPU or on a CUDA GPU")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _load_config(config):
     """(JSON text, dict) of `config`: a path to a ds_config file or a dict."""
     if isinstance(config, (str, os.PathLike)):
@@ -85,6 +105,7 @@ class ZeroEngine(torch.nn.Module):
         self.config = document  # the ds_config as a dict
         self._dtype = training_dtype(document)
         self._torch_dtype = TORCH_DTYPES[self._dtype]
+        self.device = _model_device(model)
         self.module = model
         registered, overrides, units = register(model, model_parameters, self._dtype)
         if overrides_from_optimizer is not None:
@@ -108,7 +129,7 @@ class ZeroEngine(torch.nn.Module):
         self._grad_hooks = []
         self._fetcher = None
         if info.stage == 3:
-            self._fetcher = UnitFetcher(self._handle, registered, self._torch_dtype)
+            self._fetcher = UnitFetcher(self._handle, registered, self._torch_dtype, self.device)
             self._fetcher.install(model, {id(r.param): r.unit for r in registered})
         else:
             self._alias_model_copy()
@@ -135,13 +156,15 @@ class ZeroEngine(torch.nn.Module):
             *[_lib.GroupOptions(lr, wd) for lr, wd in overrides])
         # As many kernel threads as torch computes with: torchrun and mpirun set OMP_NUM_THREADS
         # (1 per process by default), so ranks sharing a host do not oversubscribe its cores.
-        options = _lib.EngineOptions(groups, len(overrides), max(torch.get_num_threads(), 1), None)
+        device = self.device.type if self.device.index is None else str(self.device)
+        options = _lib.EngineOptions(groups, len(overrides), max(torch.get_num_threads(), 1), None,
+                                     device.encode())
 
         errors = []
 
         def init(_user, index, out, numel):
             try:
-                values = registered[index].param.detach().reshape(-1).float()
+                values = registered[index].param.detach().reshape(-1).float().cpu()
                 ctypes.memmove(out, values.data_ptr(), numel * 4)
                 return 0
             except Exception as e:  # reported through the status, never across the C boundary
@@ -171,10 +194,13 @@ class ZeroEngine(torch.nn.Module):
             ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
             call("zero_engine_param", self._handle, r.index, ctypes.byref(ptr),
                  ctypes.byref(nbytes))
-            r.param.data = tensor_at(ptr.value, nbytes.value, self._torch_dtype, r.shape)
+            r.param.data = tensor_at(ptr.value, nbytes.value, self._torch_dtype, r.shape,
+                                     self.device)
             self._views[r.index] = r.param.data_ptr() if nbytes.value else None
 
     def _grad_hook(self, r):
+        on_gpu = self.device.type == "cuda"
+
         def hook(param):
             grad = param.grad
             if grad is None:
@@ -183,8 +209,15 @@ class ZeroEngine(torch.nn.Module):
             call("zero_engine_grad", self._handle, r.index, ctypes.byref(ptr),
                  ctypes.byref(nbytes))
             if nbytes.value:
-                slot = tensor_at(ptr.value, nbytes.value, self._torch_dtype, r.shape)
+                slot = tensor_at(ptr.value, nbytes.value, self._torch_dtype, r.shape, self.device)
                 slot.copy_(grad)
+                if on_gpu:
+                    # The engine reads the slot on the default stream: it waits for the copy
+                    # (a no-op when torch computes on the default stream too).
+                    current = torch.cuda.current_stream(self.device)
+                    default = torch.cuda.default_stream(self.device)
+                    if current != default:
+                        default.wait_stream(current)
             call("zero_engine_grad_ready", self._handle, r.index)
             param.grad = None
             if self._fetcher is not None:
@@ -321,7 +354,7 @@ class ZeroEngine(torch.nn.Module):
         master weights and model copy (collective; GatheredParameters' modifier_rank)."""
         self._check_alive()
         if self.global_rank == root:
-            values = values.detach().reshape(-1).to(torch.float32).contiguous()
+            values = values.detach().reshape(-1).to(torch.float32).cpu().contiguous()
             call("zero_engine_set_param", self._handle, index, ctypes.c_void_p(values.data_ptr()),
                  values.numel(), root)
         else:

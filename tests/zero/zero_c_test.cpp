@@ -183,10 +183,18 @@ TEST_CASE("C ABI failures come back as statuses with a message naming the proble
     CHECK_THAT(zero_last_error(), Catch::Contains("zero_optimization.stage"));
   }
   SECTION("arguments the caller got wrong") {
-    zero_engine_options options{nullptr, 0, -1, nullptr};
+    zero_engine_options options{nullptr, 0, -1, nullptr, nullptr};
     CHECK(zero_engine_create(config.path().c_str(), nullptr, specs.data(), 2, &options,
                              init_weights, &calls, &e) == ZERO_ERR_INVALID_ARGUMENT);
     CHECK_THAT(zero_last_error(), Catch::Contains("kernel_threads is -1"));
+    for (const char* device : {"gpu", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "cud"}) {
+      INFO(device);
+      const zero_engine_options placed{nullptr, 0, 1, nullptr, device};
+      CHECK(zero_engine_create(config.path().c_str(), nullptr, specs.data(), 2, &placed,
+                               init_weights, &calls, &e) == ZERO_ERR_INVALID_ARGUMENT);
+      CHECK_THAT(zero_last_error(), Catch::Contains(std::string("options->device is '") + device) &&
+                                        Catch::Contains("\"cuda:N\""));
+    }
     CHECK(zero_engine_create(config.path().c_str(), nullptr, specs.data(), 2, nullptr, init_weights,
                              &calls, nullptr) == ZERO_ERR_INVALID_ARGUMENT);
     CHECK_THAT(zero_last_error(), Catch::Contains("out is null"));
@@ -250,7 +258,7 @@ TEST_CASE("the C ABI reports versions, info, memory and timings, and saves and r
   const std::string text = config_text(2, "fp32");
   const std::vector<zero_param_spec> specs = specs_of(ZERO_DTYPE_F32);
   const zero_group_options groups[] = {{0.02, NAN}};
-  const zero_engine_options options{groups, 1, 1, "scalar"};
+  const zero_engine_options options{groups, 1, 1, "scalar", "cpu"};
   int calls = 0;
   zero_engine* e = nullptr;
   REQUIRE(zero_engine_create(text.c_str(), nullptr, specs.data(), specs.size(), &options,

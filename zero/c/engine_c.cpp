@@ -1,4 +1,5 @@
 // zero_engine_*: one rank's engine behind the C ABI (zero/zero_c.h).
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -81,6 +82,33 @@ zero::EngineOptions options_of(const zero_engine_options* o) {
   return options;
 }
 
+struct DeviceRequest {
+  std::string kind = "cpu";  // make_device's kind
+  int ordinal = -1;          // DeviceOptions::cuda_ordinal
+};
+
+// options->device: null, "cpu", "cuda" or "cuda:N".
+DeviceRequest device_of(const zero_engine_options* o) {
+  DeviceRequest r;
+  if (o == nullptr || o->device == nullptr) return r;
+  const std::string_view d = o->device;
+  if (d == "cpu" || d == "cuda") {
+    r.kind = d;
+    return r;
+  }
+  int ordinal = -1;
+  bool ok = d.starts_with("cuda:") && d.size() > 5;
+  if (ok) {
+    const auto [end, ec] = std::from_chars(d.data() + 5, d.data() + d.size(), ordinal);
+    ok = ec == std::errc() && end == d.data() + d.size() && ordinal >= 0;
+  }
+  ZERO_C_REQUIRE(ok, "options->device is '{}'; expected \"cpu\", \"cuda\" or \"cuda:N\" (N a GPU ordinal)",
+                 d);
+  r.kind = "cuda";
+  r.ordinal = ordinal;
+  return r;
+}
+
 // `config` is JSON text when its first non-blank character is '{', else a path.
 zero::config::DsConfig load_config(const char* config, int world_size) {
   const zero::config::Supplied supplied{.world_size = world_size, .values = {}};
@@ -137,7 +165,17 @@ int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spe
       c = handle->own_comm.get();
     }
     handle->config = std::make_unique<zero::config::DsConfig>(load_config(config, c->size()));
-    handle->device = zero::make_device("cpu", c->rank());
+    const DeviceRequest where = device_of(options);
+    zero::DeviceOptions device_options;
+    device_options.cuda_ordinal = where.ordinal;
+    handle->device = zero::make_device(where.kind, c->rank(), device_options);
+    zero::EngineOptions placed_options = engine_options;
+    zero::Communicator* engine_comm = c;
+    if (handle->device->gpu_ordinal() >= 0) {
+      handle->device_comm = zero::make_gpu_communicator(*c, handle->device->gpu_ordinal());
+      placed_options.control_comm = c;
+      engine_comm = handle->device_comm.get();
+    }
     const zero::InitFn init_fn = [&](std::size_t index, std::span<float> values) {
       const int rc = init(user, index, values.data(), values.size());
       if (rc != 0) {
@@ -146,7 +184,8 @@ int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spe
       }
     };
     handle->engine =
-        zero::Engine::create(*handle->config, *c, *handle->device, params, init_fn, engine_options);
+        zero::Engine::create(*handle->config, *engine_comm, *handle->device, params, init_fn,
+                             placed_options);
     handle->num_groups = std::max<std::size_t>(engine_options.groups.size(), 1);
     for (const zero::ParamSpec& p : params)
       handle->num_groups = std::max(handle->num_groups, static_cast<std::size_t>(p.group) + 1);

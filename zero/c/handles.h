@@ -17,8 +17,10 @@ struct zero_comm {
 struct zero_engine {
   // Declaration order is destruction order reversed: the engine goes first, then what it uses.
   // `own_comm` is set when the caller passed no communicator (one rank in this process).
+  // `device_comm` carries the engine's collectives on a GPU (NCCL over the host communicator).
   std::unique_ptr<zero::Communicator> own_comm;
   std::unique_ptr<zero::Device> device;
+  std::unique_ptr<zero::Communicator> device_comm;
   std::unique_ptr<zero::config::DsConfig> config;
   std::unique_ptr<zero::Engine> engine;
   std::size_t num_groups = 1;

@@ -1,0 +1,114 @@
+"""zero.initialize with a model on a CUDA GPU (issue 31 item 5), in one process: stages 0-3 in
+fp32 and bf16 against torch.optim.AdamW on the same GPU and against each other, parameters as
+views of the engine's device memory, stage 3 gathering into device memory, gradients taken on a
+side stream, and a checkpoint saved on the GPU resumed there and on the CPU. Skipped without a
+GPU; scripts/gpu-check.sh runs it on one and counts a skip as a failure. With GPU_CHECK_OUT set
+the figures (losses, peak memory next to plain PyTorch's) go to GPU_CHECK_OUT/python-cuda.json."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import cases
+import harness
+from harness import assert_bitwise, assert_trained
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+HERE = Path(__file__).resolve().parent
+STAGES = (0, 1, 2, 3)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cuda")
+    env = harness.child_env({"OMP_NUM_THREADS": "4"})
+    proc = subprocess.run([sys.executable, str(HERE / "worker_cuda.py"), str(out)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"worker_cuda.py failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}",
+                    pytrace=False)
+    summary = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+    # Peak GPU memory per run: the engine's ledger (its own cudaMalloc'd model states, buckets
+    # and gathers) beside torch's allocator (activations and gradients), and plain PyTorch's.
+    summary["peak_memory_bytes"] = {
+        name: {"engine_device_peak": run.get("engine_memory", {}).get("kinds", {})
+               .get("device", {}).get("peak"),
+               "torch_max_memory_allocated": run.get("torch_peak_bytes")}
+        for name, run in summary.items()}
+    target = os.environ.get("GPU_CHECK_OUT")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        (Path(target) / "python-cuda.json").write_text(json.dumps(summary, indent=1))
+    return out
+
+
+def master(out, name):
+    return harness.load_st(out / f"{name}.safetensors")
+
+
+def info(out, name):
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def assert_within_scale(actual, expected, what, rel=1e-5):
+    """Every element within rel x the largest magnitude of its tensor in `expected`."""
+    bad = []
+    for k in sorted(expected):
+        a, e = actual[k].float(), expected[k].float()
+        scale = max(e.abs().max().item(), 1e-12)
+        diff = (a - e).abs().max().item()
+        if diff > rel * scale:
+            bad.append(f"{k}: max |diff| {diff:.3g} > {rel} x {scale:.3g}")
+    assert not bad, f"{what}:\n  " + "\n  ".join(bad[:8])
+
+
+def test_fp32_every_stage_matches_adamw_on_the_gpu(out):
+    ref = master(out, "reference")
+    assert_trained(ref, harness.initial_weights("transformer"), "AdamW on the GPU")
+    for stage in STAGES:
+        m = master(out, f"{stage}-fp32")
+        assert_trained(m, harness.initial_weights("transformer"), f"stage {stage} fp32")
+        assert_within_scale(m, ref, f"stage {stage} fp32 vs torch.optim.AdamW")
+
+
+@pytest.mark.parametrize("dtype", ("fp32", "bf16"))
+def test_stages_are_bitwise_equal_on_the_gpu(out, dtype):
+    m0 = master(out, f"0-{dtype}")
+    assert_trained(m0, harness.initial_weights("transformer"), f"stage 0 {dtype}")
+    for stage in (1, 2, 3):
+        assert_bitwise(master(out, f"{stage}-{dtype}"), m0, f"{dtype}: stage {stage} vs 0")
+        assert info(out, f"{stage}-{dtype}")["losses"] == info(out, f"0-{dtype}")["losses"]
+
+
+def test_parameters_are_views_of_device_memory_and_stage3_gathers_there(out):
+    for dtype in ("fp32", "bf16"):
+        for stage in (0, 1, 2):
+            i = info(out, f"{stage}-{dtype}")
+            assert i["device"].startswith("cuda"), i["device"]
+            assert i["not_views"] == [], f"stage {stage} {dtype}: not views: {i['not_views']}"
+            assert i["module_is_master"], f"stage {stage} {dtype}: module differs from master"
+        gathered = info(out, f"3-{dtype}")["gathered"]
+        assert gathered and all(g[0].startswith("cuda") and g[2] for g in gathered), gathered
+        assert [tuple(g[1]) for g in gathered] == [(4 * cases.D_MODEL, cases.D_MODEL)]
+        device_peak = info(out, f"3-{dtype}")["engine_memory"]
+        assert device_peak, "the engine reported no memory"
+
+
+def test_gradients_from_a_side_stream_are_taken_in_order(out):
+    assert_bitwise(master(out, "stream-2-fp32"), master(out, "2-fp32"),
+                   "stage 2 fp32 on a side stream vs the default stream")
+
+
+def test_a_checkpoint_saved_on_the_gpu_resumes_there_and_on_the_cpu(out):
+    straight = master(out, "1-fp32")
+    assert_bitwise(master(out, "resume-gpu-1-fp32"), straight, "resumed on the GPU")
+    assert info(out, "resume-gpu-1-fp32")["losses"] == info(out, "1-fp32")["losses"][5:]
+    resumed_cpu = master(out, "resume-cpu-1-fp32")
+    assert info(out, "resume-cpu-1-fp32")["device"] == "cpu"
+    assert_within_scale(resumed_cpu, straight, "resumed on the CPU vs the GPU run", rel=1e-5)

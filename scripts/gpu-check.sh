@@ -6,10 +6,10 @@
 #   2. configure with CUDA required (-DZERO_WITH_CUDA=ON -DZERO_WITH_MPI=OFF, Release, Ninja,
 #      CUDA_ARCHS or 90) and build only what runs below (the target gpu-check-targets);
 #   3. every test labelled gpu, one at a time — a skip (exit 77) is a FAILURE here;
-#   4. zero-bench kernels --device cuda, zero-bench step --device cuda --params 64M;
-#   5. zero-train --device cuda with examples/configs/zero2_bf16_warmup.json and
-#      zero2_offload_cpu.json;
-#   6. python/tests/gpu with pytest against the built libzero.so, where that folder exists.
+#   4. python/tests/gpu with pytest against the built libzero.so, where that folder exists;
+#   5. zero-bench kernels --device cuda, zero-bench step --device cuda --params 64M;
+#   6. zero-train --device cuda with examples/configs/zero2_bf16_warmup.json and
+#      zero2_offload_cpu.json.
 # Every part runs and is reported even when an earlier one failed (only a failed configure stops
 # the rest); each has a time limit, and none starts after the overall budget is spent. A part is
 # PASS only when it ran and passed; what could not run (a flag a command does not have yet, a
@@ -210,9 +210,9 @@ summarise() {
   exit $status
 }
 
-planned_parts=("build (gpu-check-targets)" "gpu tests (ctest -L gpu)" "zero-bench kernels --device cuda"
-               "zero-bench step --device cuda" "zero-train --device cuda (zero2_bf16_warmup)"
-               "zero-train --device cuda (zero2_offload_cpu)" "python tests (python/tests/gpu)")
+planned_parts=("build (gpu-check-targets)" "gpu tests (ctest -L gpu)" "python tests (python/tests/gpu)"
+               "zero-bench kernels --device cuda" "zero-bench step --device cuda"
+               "zero-train --device cuda (zero2_bf16_warmup)" "zero-train --device cuda (zero2_offload_cpu)")
 
 # --- configure -----------------------------------------------------------------------------------
 cmake_args=(-S "$root" -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release
@@ -295,7 +295,7 @@ for t in "${gpu_tests[@]}"; do
 done
 rm -f "$out/ctest-one.log"
 
-# --- benchmarks and training on the GPU -----------------------------------------------------------
+# tool_part: how a benchmark or training run on the GPU is run and judged ------------------------
 # tool_part NAME FILE-BASE TARGET EXECUTABLE ARGS...: stdout in BASE.json, stderr in BASE.err.
 tool_part() {
   local name=$1 base=$2 target=$3
@@ -320,18 +320,6 @@ tool_part() {
     record "$name" FAIL "$seconds" "$(failure_detail $rc "$limit" "$out/$base.err")" "$base.json" "$base.err"
   fi
 }
-bench=$build/benchmarks/zero-bench
-train=$build/tools/zero-train
-tool_part "zero-bench kernels --device cuda" bench-kernels zero-bench \
-  "$bench" kernels --device cuda --json
-tool_part "zero-bench step --device cuda" bench-step zero-bench \
-  "$bench" step --device cuda --json --world-size 1 --params 64M
-for config in zero2_bf16_warmup zero2_offload_cpu; do
-  tool_part "zero-train --device cuda ($config)" "train-$config" zero-train \
-    "$train" --device cuda --config "$root/examples/configs/$config.json" \
-    --world-size "$((gpus > 0 ? gpus : 1))" --steps 50 --json
-done
-
 # --- Python checks ---------------------------------------------------------------------------------
 python_tests=${GPU_CHECK_PYTHON_TESTS:-$root/python/tests/gpu}
 name="python tests (python/tests/gpu)"
@@ -374,4 +362,18 @@ EOF
     record "$name" FAIL "$seconds" "exit $rc: $said" "${files[@]}"
   fi
 fi
+
+# --- benchmarks and training (after the Python checks: those find more per second) -----------
+bench=$build/benchmarks/zero-bench
+train=$build/tools/zero-train
+tool_part "zero-bench kernels --device cuda" bench-kernels zero-bench \
+  "$bench" kernels --device cuda --json
+tool_part "zero-bench step --device cuda" bench-step zero-bench \
+  "$bench" step --device cuda --json --world-size 1 --params 64M
+for config in zero2_bf16_warmup zero2_offload_cpu; do
+  tool_part "zero-train --device cuda ($config)" "train-$config" zero-train \
+    "$train" --device cuda --config "$root/examples/configs/$config.json" \
+    --world-size "$((gpus > 0 ? gpus : 1))" --steps 50 --json
+done
+
 summarise

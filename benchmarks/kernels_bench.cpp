@@ -147,7 +147,8 @@ void fill_arrays(const Arrays& a, std::size_t n, int threads) {
                                      // Adam's second moment negative.
                                      g32[i] = hashed(i, 2, 1e-3f, 1e-2f);
                                      g16[i] = half::float_to_bf16(g32[i]);
-                                     m32[i] = hashed(i, 3, -1e-3f, 1e-3f);
+                                     // Positive too: Adagrad's state0 is a sum of squares.
+                                     m32[i] = hashed(i, 3, 1e-5f, 1e-3f);
                                      v32[i] = hashed(i, 4, 1e-6f, 1e-4f);
                                      m16[i] = half::float_to_bf16(m32[i]);
                                      v16[i] = half::float_to_bf16(v32[i]);

@@ -70,12 +70,20 @@ __global__ void __launch_bounds__(kCudaThreadsPerBlock)
   }
 }
 
+// cudaGetLastError after a launch also returns the error of any earlier runtime call on this
+// thread that nobody read (its caller had it as a return value): cleared first, so that a launch
+// reports only its own. A sticky error (a kernel's fault) survives this and is reported.
+void clear_stale_error() {
+  (void)cudaGetLastError();
+}
+
 }  // namespace
 
 CudaLaunchStatus launch_multi_tensor_step(const CudaLaunchArgs& args, int blocks, int state_count,
                                           void* stream_handle) {
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const char* name = "multi_tensor_step_kernel<?>";
+  clear_stale_error();
   switch (args.coeffs.kind) {
     case OptimizerKind::Adam:
     case OptimizerKind::AdamW:
@@ -112,6 +120,7 @@ CudaLaunchStatus launch_multi_tensor_probe(const CudaLaunchArgs& args, int block
                                            void* stream_handle) {
   const auto stream = static_cast<cudaStream_t>(stream_handle);
   const char* name = "multi_tensor_step_kernel<probe>";
+  clear_stale_error();
   switch (state_count) {
     case 0:
       multi_tensor_step_kernel<Probe, 0><<<blocks, kCudaThreadsPerBlock, 0, stream>>>(args);

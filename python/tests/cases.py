@@ -59,7 +59,7 @@ class Block(torch.nn.Module):
         q, k, v = (z.view(b, t, HEADS, hd).transpose(1, 2) for z in (q, k, v))
         # Written out rather than scaled_dot_product_attention: the same kernels on every dtype.
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         att = att.masked_fill(mask, float("-inf")).softmax(dim=-1)
         x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
         return x + self.out(F.gelu(self.fc(self.ln2(x))))

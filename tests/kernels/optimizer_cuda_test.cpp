@@ -27,7 +27,15 @@ struct DeviceArray {
     REQUIRE(cudaMalloc(&ptr, n * sizeof(T)) == cudaSuccess);
     REQUIRE(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
   }
-  ~DeviceArray() { cudaFree(ptr); }
+  // Move-only: a vector of them reallocates, and a copy's destructor would free the original's
+  // memory (as the first run on a GPU found: the kernels then wrote freed memory).
+  DeviceArray(DeviceArray&& other) noexcept : ptr(other.ptr), n(other.n) { other.ptr = nullptr; }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray& operator=(DeviceArray&&) = delete;
+  ~DeviceArray() {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
   std::vector<T> download() const {
     std::vector<T> host(n);
     REQUIRE(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);

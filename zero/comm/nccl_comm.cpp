@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "kernels/companions_cuda.h"
 #include "zero/base/cuda_error.h"
@@ -337,12 +340,22 @@ std::unique_ptr<Communicator> NcclComm::split_impl(int color, int key) {
   const ncclResult_t rc =
       ncclCommSplit(s.comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &state->comm, &config);
   const std::string what = fmt::format("ncclCommSplit (color {}, key {})", color, key);
-  if (rc == ncclInProgress && state->comm != nullptr) {
-    // The new communicator is what is still being built.
-    poll_until_complete([&state] { return comm_state(state->comm); }, {s.who(), what, timeout()},
-                        [&state] { state->abort(); });
-  } else {
-    complete_call(rc, s, what, timeout());
+  // A non-blocking split completes like a collective of the parent: NCCL fills in the new handle
+  // when the parent's state leaves ncclInProgress (not necessarily before ncclCommSplit returns:
+  // the first run on a GPU got a null handle by reading it at once), and the new communicator may
+  // still be connecting after that.
+  complete_call(rc, s, what, timeout());
+  if (rc == ncclInProgress) {
+    std::atomic_ref<ncclComm_t> handle(state->comm);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (handle.load() == nullptr && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    ZERO_CHECK_AS(CommError, color < 0 || handle.load() != nullptr,
+                  "{}: {} completed without a communicator", s.who(), what);
+    if (state->comm != nullptr) {
+      poll_until_complete([&state] { return comm_state(state->comm); },
+                          {s.who(), what, timeout()}, [&state] { state->abort(); });
+    }
   }
   if (state->comm == nullptr) return nullptr;
   ZERO_CHECK_AS(CommError,

@@ -30,17 +30,19 @@ def out(tmp_path_factory):
     proc = subprocess.run([sys.executable, str(HERE / "worker_cuda.py"), str(out)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=600)
-    if proc.returncode != 0:
+    if proc.returncode != 0 and not list(out.glob("*.error.txt")):
         pytest.fail(f"worker_cuda.py failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}",
                     pytrace=False)
     summary = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+    summary["errors"] = {p.name.split(".")[0]: p.read_text()[-2000:]
+                         for p in sorted(out.glob("*.error.txt"))}
     # Peak GPU memory per run: the engine's ledger (its own cudaMalloc'd model states, buckets
     # and gathers) beside torch's allocator (activations and gradients), and plain PyTorch's.
     summary["peak_memory_bytes"] = {
         name: {"engine_device_peak": run.get("engine_memory", {}).get("kinds", {})
                .get("device", {}).get("peak"),
                "torch_max_memory_allocated": run.get("torch_peak_bytes")}
-        for name, run in summary.items()}
+        for name, run in summary.items() if name != "errors"}
     target = os.environ.get("GPU_CHECK_OUT")
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)
@@ -48,11 +50,21 @@ def out(tmp_path_factory):
     return out
 
 
+def require_run(out, name):
+    """Fails the calling test with the run's own traceback when the worker's run failed."""
+    error = out / f"{name}.error.txt"
+    if error.exists():
+        pytest.fail(f"run {name} failed in worker_cuda.py:\n{error.read_text()[-4000:]}",
+                    pytrace=False)
+
+
 def master(out, name):
+    require_run(out, name)
     return harness.load_st(out / f"{name}.safetensors")
 
 
 def info(out, name):
+    require_run(out, name)
     return json.loads((out / f"{name}.json").read_text())
 
 

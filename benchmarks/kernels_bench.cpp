@@ -1,27 +1,32 @@
 // zero-bench kernels: every optimizer × gradient dtype × state dtype × fused bf16 param write,
 // each next to its roofline measured in the same run: kernels::traffic_probe_cpu moves the same
 // bytes in the same pattern (same arrays, tiles, threads) with no optimizer arithmetic.
-// The result is validated against the scalar path before timing.
+// The result is validated against the scalar path before timing. With --tensors K the --params
+// elements are K tensors of mixed sizes (tensor_sizes below), stepped as one list.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "benchmarks/bench_flags.h"
 #include "benchmarks/commands.h"
+#include "benchmarks/kernels_bench_cuda.h"
 #include "cli/flags.h"
-#include "kernels/compute.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/isa.h"
@@ -49,11 +54,16 @@ struct KernelsArgs {
   int repetitions = 9;
   std::string only_optimizer;  // empty = all
   std::string device = "cpu";  // "cuda": the CUDA kernels on GPU 0, against its traffic probe
+  int tensors = 1;             // the params split into this many tensors (tensor_sizes)
+  std::uint64_t sizes_seed = 1;
+  std::optional<DType> only_grad;   // nullopt = fp32 and bf16
+  std::optional<DType> only_state;  // nullopt = fp32 and bf16
 };
 
 constexpr std::string_view kUsage =
-    "usage: zero-bench kernels [--json] [--params N] [--threads T] [--isa I] [--reps R] "
-    "[--optimizer O] [--device cpu|cuda]";
+    "usage: zero-bench kernels [--json] [--params N|64M|1G] [--tensors K] [--sizes-seed S] "
+    "[--threads T] [--isa I] [--reps R] [--optimizer O] [--grad-dtype fp32|bf16] "
+    "[--state-dtype fp32|bf16] [--device cpu|cuda]";
 
 KernelsArgs parse_args(std::span<const std::string> args) {
   KernelsArgs r;
@@ -73,8 +83,19 @@ KernelsArgs parse_args(std::span<const std::string> args) {
       arg.no_value();
       r.json = true;
     } else if (a == "--params") {
-      r.params = static_cast<std::size_t>(number(arg));
-      ZERO_CHECK(r.params >= 1, "--params must be >= 1");
+      r.params = parse_count(flag_value(arg, kUsage), a, kUsage);
+    } else if (a == "--tensors") {
+      const long long k = number(arg);
+      ZERO_CHECK(k >= 1 && k <= 1'000'000, "--tensors {}: expected 1 to 1000000", k);
+      r.tensors = static_cast<int>(k);
+    } else if (a == "--sizes-seed") {
+      r.sizes_seed = static_cast<std::uint64_t>(number(arg));
+    } else if ((a == "--grad-dtype" || a == "--state-dtype") && arg.has_value()) {
+      const std::string text = arg.value("a dtype");
+      const std::optional<DType> dtype = parse_dtype(text);
+      ZERO_CHECK(dtype == DType::F32 || dtype == DType::BF16, "{} {}: expected fp32 or bf16", a,
+                 text);
+      (a == "--grad-dtype" ? r.only_grad : r.only_state) = *dtype;
     } else if (a == "--threads") {
       r.threads = static_cast<int>(number(arg));
     } else if (a == "--reps") {
@@ -96,6 +117,9 @@ KernelsArgs parse_args(std::span<const std::string> args) {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
     }
   }
+  ZERO_CHECK(static_cast<std::size_t>(r.tensors) <= r.params,
+             "--tensors {} with --params {}: every tensor needs at least one element", r.tensors,
+             r.params);
   return r;
 }
 
@@ -121,6 +145,54 @@ float hashed(std::uint64_t i, std::uint64_t seed, float lo, float hi) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   return lo + (hi - lo) * static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+// The --tensors split of `params` elements, which benchmarks/peers/cuda_optimizer_peers.py reads
+// back from the JSON records ("sizes") to build the same tensors in torch. Tensor i weighs
+// w_i = ⌊1024·2^(10·u_i)⌋ with u_i = hashed(i, seed, 0, 1), so the sizes spread log-uniformly over
+// a factor of 1024 (64M params in 100 tensors, seed 1: 4279 to 4313016 elements); it gets
+// 1 + ⌊(params − K)·w_i / Σw⌋ elements, and the first params − Σ of them one more, so the sizes sum
+// to `params` exactly. K = 1 is one tensor of `params`.
+std::vector<std::size_t> tensor_sizes(std::size_t params, int tensors, std::uint64_t seed) {
+  const auto k = static_cast<std::size_t>(tensors);
+  ZERO_CHECK(k >= 1 && k <= params, "kernels bench: {} tensors of {} params", k, params);
+  ZERO_CHECK(params <= (std::size_t{1} << 43), "kernels bench: --params {} is over 2^43", params);
+  std::vector<std::uint64_t> weights(k);
+  std::uint64_t total_weight = 0;
+  for (std::size_t i = 0; i < k; ++i) {
+    weights[i] = static_cast<std::uint64_t>(1024.0 * std::exp2(10.0 * hashed(i, seed, 0.0f, 1.0f)));
+    total_weight += weights[i];
+  }
+  std::vector<std::size_t> sizes(k);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < k; ++i) {
+    sizes[i] = 1 + (params - k) * weights[i] / total_weight;  // < 2^63: weights[i] < 2^20
+    total += sizes[i];
+  }
+  for (std::size_t i = 0; total < params; ++i, ++total) ++sizes[i];
+  return sizes;
+}
+
+// Where each tensor lives in the arrays: every array of tensor i starts `offsets[i]` elements
+// in, each offset a multiple of kTensorAlignElems (16 bytes of a bf16 array) so each tensor's
+// arrays are 16-byte aligned, as tensors allocated one by one would be. The gaps between tensors
+// are filled like the rest and touched by no kernel.
+constexpr std::size_t kTensorAlignElems = 8;
+struct Layout {
+  std::vector<std::size_t> sizes;
+  std::vector<std::size_t> offsets;
+  std::size_t extent = 0;  // elements each array holds
+};
+
+Layout make_layout(const KernelsArgs& args) {
+  Layout l;
+  l.sizes = tensor_sizes(args.params, args.tensors, args.sizes_seed);
+  for (std::size_t size : l.sizes) {
+    l.extent = (l.extent + kTensorAlignElems - 1) / kTensorAlignElems * kTensorAlignElems;
+    l.offsets.push_back(l.extent);
+    l.extent += size;
+  }
+  return l;
 }
 
 struct Arrays {
@@ -181,20 +253,34 @@ ArrayPtrs ptrs(const Arrays& a) {
           a.state1_f32.get(), a.state0_bf16.get(), a.state1_bf16.get(), a.out_bf16.get()};
 }
 
-OptimizerTensors tensors_for(const Case& c, const ArrayPtrs& a, std::size_t n) {
-  OptimizerTensors t;
-  t.master = static_cast<float*>(a[0]);
+// Every tensor of `layout` in the arrays `a`, as case `c` uses them.
+std::vector<OptimizerTensors> tensors_for(const Case& c, const ArrayPtrs& a, const Layout& layout) {
   const bool bf16_grad = c.grad_dtype == DType::BF16;
-  t.grad = bf16_grad ? a[2] : a[1];
-  t.grad_dtype = c.grad_dtype;
   const bool bf16_state = c.state_dtype == DType::BF16;
-  t.state0 = bf16_state ? a[5] : a[3];
-  t.state1 = bf16_state ? a[6] : a[4];
-  t.state_dtype = c.state_dtype;
-  t.param_out = c.param_out ? a[7] : nullptr;
-  t.param_out_dtype = DType::BF16;
-  t.numel = n;
-  return t;
+  auto at = [](void* base, std::size_t elem_bytes, std::size_t offset) {
+    return static_cast<std::byte*>(base) + offset * elem_bytes;
+  };
+  std::vector<OptimizerTensors> out;
+  for (std::size_t i = 0; i < layout.sizes.size(); ++i) {
+    const std::size_t off = layout.offsets[i];
+    OptimizerTensors t;
+    t.master = reinterpret_cast<float*>(at(a[0], 4, off));
+    t.grad = bf16_grad ? at(a[2], 2, off) : at(a[1], 4, off);
+    t.grad_dtype = c.grad_dtype;
+    t.state0 = bf16_state ? at(a[5], 2, off) : at(a[3], 4, off);
+    t.state1 = bf16_state ? at(a[6], 2, off) : at(a[4], 4, off);
+    t.state_dtype = c.state_dtype;
+    t.param_out = c.param_out ? at(a[7], 2, off) : nullptr;
+    t.param_out_dtype = DType::BF16;
+    t.numel = layout.sizes[i];
+    out.push_back(t);
+  }
+  return out;
+}
+
+// " in tensor 3 of 100" when there are several, else "".
+std::string tensor_label(std::size_t index, std::size_t count) {
+  return count > 1 ? fmt::format(" in tensor {} of {}", index, count) : std::string();
 }
 
 // Copies `count` elements from `first` of every array the case uses into a private
@@ -233,6 +319,7 @@ std::string first_difference(const char* name, const void* expected, const void*
                              std::size_t elems, std::size_t elem_bytes, std::size_t first) {
   const auto* e = static_cast<const std::byte*>(expected);
   const auto* a = static_cast<const std::byte*>(actual);
+  if (std::memcmp(e, a, elems * elem_bytes) == 0) return "";
   for (std::size_t i = 0; i < elems; ++i) {
     if (std::memcmp(e + i * elem_bytes, a + i * elem_bytes, elem_bytes) == 0) continue;
     std::uint32_t ve = 0, va = 0;
@@ -245,9 +332,10 @@ std::string first_difference(const char* name, const void* expected, const void*
 }
 
 // One step on the full arrays with the benchmarked ISA and threads must equal, bit for bit, the
-// scalar single-thread path run on copies of three windows (start, middle, end).
+// scalar single-thread path run on copies of three windows (start, middle, end). `where` names
+// the tensor in the error.
 void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& exec,
-              std::int64_t step) {
+              std::int64_t step, const std::string& where) {
   const std::size_t window = std::min<std::size_t>(t.numel, 4099);
   const std::size_t starts[] = {0, (t.numel - window) / 2, t.numel - window};
   std::vector<Sample> samples;
@@ -275,18 +363,21 @@ void validate(const Case& c, const OptimizerTensors& t, const kernels::CpuExec& 
                               static_cast<std::byte*>(t.param_out) + first * 2, window, 2, first);
     }
     ZERO_CHECK(diff.empty(),
-               "kernels bench: {} (grad {}, state {}{}) differs from the scalar path: {}",
+               "kernels bench: {} (grad {}, state {}{}) differs from the scalar path{}: {}",
                kernels::optimizer_name(c.hyper.kind), dtype_name(c.grad_dtype),
-               dtype_name(c.state_dtype), c.param_out ? ", bf16 param out" : "", diff);
+               dtype_name(c.state_dtype), c.param_out ? ", bf16 param out" : "", where, diff);
   }
 }
 
-// Every case of `optimizers` in the benchmark's order: gradient dtype, state dtype, param write.
-std::vector<Case> cases_of(const std::vector<OptimizerHyper>& optimizers) {
+// Every case of `optimizers` in the benchmark's order: gradient dtype, state dtype, param write;
+// only the dtypes --grad-dtype and --state-dtype name, when given.
+std::vector<Case> cases_of(const KernelsArgs& args, const std::vector<OptimizerHyper>& optimizers) {
   std::vector<Case> out;
   for (const auto& hyper : optimizers) {
     for (DType grad : {DType::F32, DType::BF16}) {
+      if (args.only_grad && grad != *args.only_grad) continue;
       for (DType state : {DType::F32, DType::BF16}) {
+        if (args.only_state && state != *args.only_state) continue;
         for (bool param_out : {false, true}) out.push_back({hyper, grad, state, param_out});
       }
     }
@@ -297,8 +388,14 @@ std::vector<Case> cases_of(const std::vector<OptimizerHyper>& optimizers) {
 // The table's heading, after a first line saying where the kernels run.
 void print_heading(const KernelsArgs& args, const std::string& where) {
   if (args.json) return;
-  std::printf("zero-bench kernels: %zu params, %s, best of %d\n", args.params, where.c_str(),
-              args.repetitions);
+  if (args.tensors > 1) {
+    std::printf("zero-bench kernels: %zu params in %d tensors (sizes seed %llu), %s, best of %d\n",
+                args.params, args.tensors, static_cast<unsigned long long>(args.sizes_seed),
+                where.c_str(), args.repetitions);
+  } else {
+    std::printf("zero-bench kernels: %zu params, %s, best of %d\n", args.params, where.c_str(),
+                args.repetitions);
+  }
   std::printf("%-8s %-5s %-5s %-5s %6s %12s %9s %12s %6s\n", "optim", "grad", "state", "out",
               "B/par", "Mparams/s", "GB/s", "probe GB/s", "ratio");
 }
@@ -314,7 +411,14 @@ struct Row {
   double probe_s = 0;
 };
 
-void print_row(const KernelsArgs& args, const Row& r) {
+// "[4523,81920,...]": the tensor sizes, for the JSON records.
+std::string json_sizes(const Layout& layout) {
+  return fmt::format("[{}]", fmt::join(layout.sizes, ","));
+}
+
+// The JSON record also carries the split ("tensors", "sizes_seed", "sizes") and the best times
+// ("step_s", "probe_s"), so a peer can be timed on the same tensors.
+void print_row(const KernelsArgs& args, const Layout& layout, const Row& r) {
   const double params_per_s = static_cast<double>(r.n) / r.kernel_s;
   const double gb_per_s = params_per_s * static_cast<double>(r.bytes) / 1e9;
   const double limit_gb_per_s =
@@ -328,9 +432,12 @@ void print_row(const KernelsArgs& args, const Row& r) {
         "{\"bench\":\"kernels\",\"device\":\"%s\",\"optimizer\":\"%s\",\"grad_dtype\":\"%s\","
         "\"state_dtype\":\"%s\",\"param_out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
         "\"params\":%zu,\"params_per_s\":%.6g,\"bytes_per_param\":%zu,\"gb_per_s\":%.4g,"
-        "\"limit\":\"traffic-probe\",\"limit_gb_per_s\":%.4g,\"ratio\":%.3f}\n",
+        "\"limit\":\"traffic-probe\",\"limit_gb_per_s\":%.4g,\"ratio\":%.3f,\"tensors\":%zu,"
+        "\"sizes_seed\":%llu,\"step_s\":%.6g,\"probe_s\":%.6g,\"sizes\":%s}\n",
         args.device.c_str(), name.c_str(), grad_name.c_str(), state_name.c_str(), out_name,
-        r.where.c_str(), r.threads, r.n, params_per_s, r.bytes, gb_per_s, limit_gb_per_s, ratio);
+        r.where.c_str(), r.threads, r.n, params_per_s, r.bytes, gb_per_s, limit_gb_per_s, ratio,
+        layout.sizes.size(), static_cast<unsigned long long>(args.sizes_seed), r.kernel_s,
+        r.probe_s, json_sizes(layout).c_str());
   } else {
     std::printf("%-8s %-5s %-5s %-5s %6zu %12.0f %9.1f %12.1f %6.3f\n", name.c_str(),
                 grad_name.c_str(), state_name.c_str(), out_name, r.bytes, params_per_s / 1e6,
@@ -339,17 +446,19 @@ void print_row(const KernelsArgs& args, const Row& r) {
   std::fflush(stdout);
 }
 
-// Every case on GPU 0 through its compute table (CudaDevice::compute(): the CUDA kernels, which
-// synchronize before returning), next to the table's traffic probe. One step on the full arrays
-// must equal the CPU kernels' bit for bit (the same element math; nvcc builds with --fmad=false).
+// Every case on GPU 0: all tensors stepped by one optimizer_step_cuda call and timed with CUDA
+// events (kernels_bench_cuda.h), next to traffic_probe_cuda over the same list. One step must
+// equal the CPU kernels' on every tensor bit for bit (the same element math; nvcc builds with
+// --fmad=false).
 int run_kernels_on_device(const KernelsArgs& args, const std::vector<OptimizerHyper>& optimizers) {
   const std::unique_ptr<Device> device = make_device(args.device, 0);
-  const kernels::ComputeKernels& table = device->compute();
-  const std::size_t n = args.params;
+  const Layout layout = make_layout(args);
+  const std::size_t extent = layout.extent;
+  const std::size_t count = layout.sizes.size();
   const int threads = kernels::resolve_threads(args.threads);
   const kernels::CpuExec cpu_exec{threads, kernels::Isa::Auto};
-  const Arrays host = make_arrays(n, threads);
-  const std::array<std::size_t, 8> bytes = array_bytes(n);
+  const Arrays host = make_arrays(extent, threads);
+  const std::array<std::size_t, 8> bytes = array_bytes(extent);
   std::array<zero::Buffer, 8> on_device;
   ArrayPtrs dev{};
   for (std::size_t k = 0; k < bytes.size(); ++k) {
@@ -363,48 +472,50 @@ int run_kernels_on_device(const KernelsArgs& args, const std::vector<OptimizerHy
   print_heading(args, args.device + " (GPU 0)");
   std::int64_t step = 1;
   std::vector<std::byte> back;
-  for (const Case& c : cases_of(optimizers)) {
+  for (const Case& c : cases_of(args, optimizers)) {
     const OptimizerHyper& hyper = c.hyper;
     const DType grad = c.grad_dtype, state = c.state_dtype;
     const bool param_out = c.param_out;
-    fill_arrays(host, n, threads);
+    fill_arrays(host, extent, threads);
     upload();
-    const OptimizerTensors th = tensors_for(c, ptrs(host), n);
-    const OptimizerTensors td = tensors_for(c, dev, n);
+    const std::vector<OptimizerTensors> th = tensors_for(c, ptrs(host), layout);
+    const std::vector<OptimizerTensors> td = tensors_for(c, dev, layout);
     const int state_count = kernels::optimizer_state_count(hyper);
     const kernels::StepScalars scalars{1e-3, step++, 0.5};
-    table.optimizer_step(hyper, scalars, td, {});
-    kernels::optimizer_step_cpu(hyper, scalars, th, cpu_exec);
+    time_optimizer_step_cuda(hyper, scalars, td);
+    for (const OptimizerTensors& t : th) kernels::optimizer_step_cpu(hyper, scalars, t, cpu_exec);
     const std::pair<const void*, const void*> outputs[] = {
-        {th.master, td.master},
-        {state_count > 0 ? th.state0 : nullptr, td.state0},
-        {state_count > 1 ? th.state1 : nullptr, td.state1},
-        {th.param_out, td.param_out}};
+        {th[0].master, td[0].master},
+        {state_count > 0 ? th[0].state0 : nullptr, td[0].state0},
+        {state_count > 1 ? th[0].state1 : nullptr, td[0].state1},
+        {th[0].param_out, td[0].param_out}};
     const char* names[] = {"master", "state0", "state1", "param_out"};
     const std::size_t sizes[] = {4, dtype_size(state), dtype_size(state), 2};
     for (std::size_t k = 0; k < 4; ++k) {
       if (outputs[k].first == nullptr) continue;
-      back.resize(n * sizes[k]);
+      // Tensor 0 starts at offset 0: its arrays are the whole arrays' starts.
+      back.resize(extent * sizes[k]);
       device->copy(back.data(), outputs[k].second, back.size());
-      const std::string diff =
-          first_difference(names[k], outputs[k].first, back.data(), n, sizes[k], 0);
-      ZERO_CHECK(diff.empty(),
-                 "kernels bench: {} (grad {}, state {}{}) on {} differs from the CPU "
-                 "kernels: {}",
-                 kernels::optimizer_name(hyper.kind), dtype_name(grad), dtype_name(state),
-                 param_out ? ", bf16 param out" : "", args.device, diff);
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::size_t at = layout.offsets[i] * sizes[k];
+        const std::string diff =
+            first_difference(names[k], static_cast<const std::byte*>(outputs[k].first) + at,
+                             back.data() + at, layout.sizes[i], sizes[k], 0);
+        ZERO_CHECK(diff.empty(),
+                   "kernels bench: {} (grad {}, state {}{}) on {} differs from the CPU "
+                   "kernels{}: {}",
+                   kernels::optimizer_name(hyper.kind), dtype_name(grad), dtype_name(state),
+                   param_out ? ", bf16 param out" : "", args.device, tensor_label(i, count), diff);
+      }
     }
     double best_kernel = 1e30, best_probe = 1e30;
     for (int r = 0; r < args.repetitions; ++r) {
-      auto t0 = std::chrono::steady_clock::now();
-      table.optimizer_step(hyper, {1e-3, step++, 1.0}, td, {});
-      best_kernel = std::min(best_kernel, seconds_since(t0));
-      t0 = std::chrono::steady_clock::now();
-      table.traffic_probe(td, state_count, {});
-      best_probe = std::min(best_probe, seconds_since(t0));
+      best_kernel = std::min(best_kernel, time_optimizer_step_cuda(hyper, {1e-3, step++, 1.0}, td));
+      best_probe = std::min(best_probe, time_traffic_probe_cuda(td, state_count));
     }
-    print_row(args, {c, kernels::optimizer_bytes_per_elem(th, state_count), n, args.device, 0,
-                     best_kernel, best_probe});
+    print_row(args, layout,
+              {c, kernels::optimizer_bytes_per_elem(th[0], state_count), args.params, args.device,
+               0, best_kernel, best_probe});
   }
   return 0;
 }
@@ -430,26 +541,36 @@ int run_kernels(std::span<const std::string> argv) {
     optimizers.push_back(h);
   }
   if (args.device != "cpu") return run_kernels_on_device(args, optimizers);
+  // Several tensors on the CPU: one optimizer_step_cpu (traffic_probe_cpu) call per tensor, as
+  // the engine steps its partitions; each tensor is validated alone.
   print_heading(args, fmt::format("{} threads, isa {}", threads, kernels::isa_name(isa)));
-  const Arrays arrays = make_arrays(n, threads);
+  const Layout layout = make_layout(args);
+  const Arrays arrays = make_arrays(layout.extent, threads);
   std::int64_t step = 1;
-  for (const Case& c : cases_of(optimizers)) {
+  for (const Case& c : cases_of(args, optimizers)) {
     const OptimizerHyper& hyper = c.hyper;
-    fill_arrays(arrays, n, threads);
-    const OptimizerTensors t = tensors_for(c, ptrs(arrays), n);
+    fill_arrays(arrays, layout.extent, threads);
+    const std::vector<OptimizerTensors> tensors = tensors_for(c, ptrs(arrays), layout);
     const int state_count = kernels::optimizer_state_count(hyper);
-    validate(c, t, exec, step++);
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      validate(c, tensors[i], exec, step, tensor_label(i, tensors.size()));
+    }
+    ++step;
     double best_kernel = 1e30, best_probe = 1e30;
     for (int r = 0; r < args.repetitions; ++r) {
+      const kernels::StepScalars scalars{1e-3, step++, 1.0};
       auto t0 = std::chrono::steady_clock::now();
-      kernels::optimizer_step_cpu(hyper, {1e-3, step++, 1.0}, t, exec);
+      for (const OptimizerTensors& t : tensors) {
+        kernels::optimizer_step_cpu(hyper, scalars, t, exec);
+      }
       best_kernel = std::min(best_kernel, seconds_since(t0));
       t0 = std::chrono::steady_clock::now();
-      kernels::traffic_probe_cpu(t, state_count, exec);
+      for (const OptimizerTensors& t : tensors) kernels::traffic_probe_cpu(t, state_count, exec);
       best_probe = std::min(best_probe, seconds_since(t0));
     }
-    print_row(args, {c, kernels::optimizer_bytes_per_elem(t, state_count), n,
-                     std::string(kernels::isa_name(isa)), threads, best_kernel, best_probe});
+    print_row(args, layout,
+              {c, kernels::optimizer_bytes_per_elem(tensors[0], state_count), n,
+               std::string(kernels::isa_name(isa)), threads, best_kernel, best_probe});
     std::fflush(stdout);
   }
   return 0;

@@ -22,8 +22,9 @@ constexpr Subcommand kSubcommands[] = {
      "inproc|shm|mpi|all] [--reps R]",
      zero::bench::run_comm},
     {"kernels",
-     "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--threads T] "
-     "[--isa I] [--reps R] [--optimizer O]",
+     "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--tensors K] "
+     "[--threads T] [--isa I] [--reps R] [--optimizer O] [--grad-dtype D] [--state-dtype D] "
+     "[--device cpu|cuda]",
      zero::bench::run_kernels},
     {"checkpoint",
      "save, load and zero_to_fp32 vs plain sequential I/O  [--json] [--params N] [--world-size W] "

@@ -26,5 +26,9 @@ void optimizer_step_cuda(const OptimizerHyper& hyper, const StepScalars& scalars
 // meaningless. Enqueued on exec.stream like the step. `state_count` as optimizer_state_count().
 void traffic_probe_cuda(const OptimizerTensors& tensors, int state_count,
                         const CudaExec& exec = {});
+// The same over a list of tensors, planned into launches as optimizer_step_cuda plans that list
+// (the roofline of one multi-tensor step). The tensors share dtypes as optimizer_step_cuda's do.
+void traffic_probe_cuda(std::span<const OptimizerTensors> tensors, int state_count,
+                        const CudaExec& exec = {});
 
 }  // namespace zero::kernels

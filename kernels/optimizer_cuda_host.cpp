@@ -85,14 +85,28 @@ void optimizer_step_cuda(const OptimizerHyper& hyper, const StepScalars& scalars
 }
 
 void traffic_probe_cuda(const OptimizerTensors& tensors, int state_count, const CudaExec& exec) {
+  traffic_probe_cuda(std::span(&tensors, 1), state_count, exec);
+}
+
+void traffic_probe_cuda(std::span<const OptimizerTensors> tensors, int state_count,
+                        const CudaExec& exec) {
   ZERO_CHECK(state_count >= 0 && state_count <= 2, "traffic probe on cuda: {} states (0 to 2)",
              state_count);
-  ZERO_CHECK(tensors.master != nullptr && tensors.grad != nullptr &&
-                 (state_count < 1 || tensors.state0 != nullptr) &&
-                 (state_count < 2 || tensors.state1 != nullptr),
-             "traffic probe on cuda: an array the {} states need is null", state_count);
-  if (tensors.numel == 0) return;
-  launch_all(math::StepCoeffs{}, std::span(&tensors, 1), state_count, true, "traffic probe", exec);
+  if (tensors.empty()) return;
+  const OptimizerTensors& first = tensors.front();
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const OptimizerTensors& t = tensors[i];
+    ZERO_CHECK(
+        t.master != nullptr && t.grad != nullptr && (state_count < 1 || t.state0 != nullptr) &&
+            (state_count < 2 || t.state1 != nullptr),
+        "traffic probe on cuda: tensor {}: an array the {} states need is null", i, state_count);
+    ZERO_CHECK(t.grad_dtype == first.grad_dtype && t.state_dtype == first.state_dtype &&
+                   (t.param_out == nullptr) == (first.param_out == nullptr) &&
+                   (t.param_out == nullptr || t.param_out_dtype == first.param_out_dtype),
+               "traffic probe on cuda: tensor {} differs from tensor 0 in its dtypes or param_out",
+               i);
+  }
+  launch_all(math::StepCoeffs{}, tensors, state_count, true, "traffic probe", exec);
 }
 
 }  // namespace zero::kernels

@@ -9,7 +9,10 @@
 #   4. python/tests/gpu with pytest against the built libzero.so, where that folder exists;
 #   5. zero-bench kernels --device cuda, zero-bench step --device cuda --params 64M;
 #   6. zero-train --device cuda with examples/configs/zero2_bf16_warmup.json and
-#      zero2_offload_cpu.json.
+#      zero2_offload_cpu.json;
+#   7. benchmarks/peers/cuda_optimizer_peers.py: zero's AdamW (64M and 1G parameters in 100
+#      tensors) against its traffic probe and torch.optim.AdamW(fused=True) on this GPU; PASS only
+#      when it exits 0 (every target met), NOT RUN where python3 has no torch.
 # Every part runs and is reported even when an earlier one failed (only a failed configure stops
 # the rest); each has a time limit, and none starts after the overall budget is spent. A part is
 # PASS only when it ran and passed; what could not run (a flag a command does not have yet, a
@@ -27,6 +30,7 @@
 #   GPU_CHECK_PART_TIMEOUT=120        seconds per test, benchmark or training run
 #   GPU_CHECK_BUILD_TIMEOUT=300       seconds for the build
 #   GPU_CHECK_PYTEST_TIMEOUT=240      seconds for the Python checks
+#   GPU_CHECK_PEERS_TIMEOUT=150       seconds for the torch comparison (part 7)
 #   ZERO_COMMIT=SHA                   the commit, where the copy is no git checkout (else the
 #                                     first line of a COMMIT file at its root)
 #   GPU_CHECK_PYTHON_TESTS=python/tests/gpu   the pytest folder
@@ -39,6 +43,7 @@ archs=${CUDA_ARCHS:-90}
 part_timeout=${GPU_CHECK_PART_TIMEOUT:-120}
 build_timeout=${GPU_CHECK_BUILD_TIMEOUT:-300}
 pytest_timeout=${GPU_CHECK_PYTEST_TIMEOUT:-240}
+peers_timeout=${GPU_CHECK_PEERS_TIMEOUT:-150}
 started=$(date +%s)
 deadline=$((started + ${GPU_CHECK_BUDGET:-420}))
 
@@ -210,9 +215,11 @@ summarise() {
   exit $status
 }
 
+peers_part="AdamW against torch fused (peers/cuda_optimizer_peers.py)"
 planned_parts=("build (gpu-check-targets)" "gpu tests (ctest -L gpu)" "python tests (python/tests/gpu)"
                "zero-bench kernels --device cuda" "zero-bench step --device cuda"
-               "zero-train --device cuda (zero2_bf16_warmup)" "zero-train --device cuda (zero2_offload_cpu)")
+               "zero-train --device cuda (zero2_bf16_warmup)" "zero-train --device cuda (zero2_offload_cpu)"
+               "$peers_part")
 
 # --- configure -----------------------------------------------------------------------------------
 cmake_args=(-S "$root" -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release
@@ -375,5 +382,32 @@ for config in zero2_bf16_warmup zero2_offload_cpu; do
     "$train" --device cuda --config "$root/examples/configs/$config.json" \
     --world-size "$((gpus > 0 ? gpus : 1))" --steps 50 --json
 done
+
+# --- zero's AdamW against torch's fused AdamW on the same GPU (issue 31 item 4) ---------------
+# Last: it needs zero-bench and torch, and a run cut short by the budget has no figures.
+name=$peers_part
+if ! built zero-bench; then
+  record "$name" FAIL 0 "zero-bench not built (see build.log)"
+elif ! python3 -c 'import torch' 2>/dev/null; then
+  record "$name" "NOT RUN" 0 "python3 has no torch (nor has $offline/root/python)"
+elif [ "$(limit_for "$peers_timeout")" -eq 0 ]; then
+  record "$name" "NOT RUN" 0 "no time left in the budget"
+else
+  limit=$(limit_for "$peers_timeout")
+  run_timed "$limit" "$out/peers-cuda-optimizer.log" - python3 \
+    "$root/benchmarks/peers/cuda_optimizer_peers.py" --zero-bench "$bench" \
+    --json "$out/peers-cuda-optimizer.json"
+  files=(peers-cuda-optimizer.log)
+  [ -f "$out/peers-cuda-optimizer.json" ] && files+=(peers-cuda-optimizer.json)
+  said=$(grep -E '^targets: ' "$out/peers-cuda-optimizer.log" | tail -n 1)
+  if [ $rc -eq 0 ]; then
+    record "$name" PASS "$seconds" "$said" "${files[@]}"
+  elif [ $rc -eq 1 ] && [ -n "$said" ]; then
+    record "$name" FAIL "$seconds" "$said" "${files[@]}"
+  else
+    record "$name" FAIL "$seconds" \
+      "$(failure_detail $rc "$limit" "$out/peers-cuda-optimizer.log")" "${files[@]}"
+  fi
+fi
 
 summarise

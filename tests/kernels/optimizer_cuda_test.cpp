@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "kernels/cuda_device_count.h"
@@ -117,6 +118,41 @@ TEST_CASE("the CUDA traffic probe touches what the CPU probe touches, with the s
     REQUIRE(d_master.download() == master);
     if (states > 0) REQUIRE(d_s0.download() == s0);
     if (states > 1) REQUIRE(d_s1.download() == s1);
+  }
+}
+
+TEST_CASE("the CUDA traffic probe over a list of tensors touches each as the CPU probe does") {
+  // The list form zero-bench kernels --tensors times: launches planned across tensors.
+  const std::vector<std::size_t> sizes = {65536 * 2 + 7, 17, 100000};
+  std::vector<std::vector<float>> master, grad, s0, s1, before;
+  std::vector<DeviceArray<float>> d_master, d_grad, d_s0, d_s1;
+  std::vector<zk::OptimizerTensors> d_tensors;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    master.push_back(zk::test::random_floats(sizes[t], 1 + t, -1.0f, 1.0f));
+    grad.push_back(zk::test::random_floats(sizes[t], 10 + t, -1.0f, 1.0f));
+    s0.push_back(zk::test::random_floats(sizes[t], 20 + t, 0.0f, 0.1f));
+    s1.push_back(zk::test::random_floats(sizes[t], 30 + t, 0.0f, 0.1f));
+    d_master.emplace_back(master[t]);
+    d_grad.emplace_back(grad[t]);
+    d_s0.emplace_back(s0[t]);
+    d_s1.emplace_back(s1[t]);
+  }
+  before = master;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    d_tensors.push_back({d_master[t].ptr, d_grad[t].ptr, DType::F32, d_s0[t].ptr, d_s1[t].ptr,
+                         DType::F32, nullptr, DType::BF16, sizes[t]});
+    zk::traffic_probe_cpu({master[t].data(), grad[t].data(), DType::F32, s0[t].data(), s1[t].data(),
+                           DType::F32, nullptr, DType::BF16, sizes[t]},
+                          2);
+  }
+  zk::traffic_probe_cuda(std::span<const zk::OptimizerTensors>(d_tensors), 2);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    INFO("tensor " << t);
+    REQUIRE(master[t] != before[t]);  // not vacuous: the probe wrote
+    REQUIRE(d_master[t].download() == master[t]);
+    REQUIRE(d_s0[t].download() == s0[t]);
+    REQUIRE(d_s1[t].download() == s1[t]);
   }
 }
 

@@ -1,6 +1,7 @@
 // The companion kernels on the GPU, asynchronous: unscale with the overflow check, the squared
-// norm's block sums, combine (scale, cast, accumulate) and fill. Each has the contract of its CPU
-// twin (unscale.h, norm.h, combine.h) and gives the same bits: the same element conversions
+// norm's block sums, combine (scale, cast, accumulate), fill and the communicators' reduction.
+// Each has the contract of its CPU twin (unscale.h, norm.h, combine.h, reduce.h) and gives the
+// same bits: the same element conversions
 // (zero/base/half.h), one multiply and one add never fused (--fmad=false), and the norm's fixed
 // blocks and lanes summed in the CPU's order.
 //
@@ -13,6 +14,7 @@
 
 #include <cstddef>
 
+#include "kernels/reduce.h"
 #include "zero/base/dtype.h"
 
 namespace zero::kernels {
@@ -32,6 +34,16 @@ std::size_t squared_norm_cuda_block_count(std::size_t numel);
 // combine_cpu on the GPU: dst ← src·scale (+ dst), rounded once to dst's dtype.
 void combine_cuda_async(void* dst, DType dst_dtype, const void* src, DType src_dtype,
                         std::size_t numel, float scale, bool accumulate, void* stream);
+
+// The most sources reduce_cuda_async takes: they travel by value in the kernel's arguments.
+inline constexpr int kCudaReduceMaxSources = 32;
+
+// reduce_cpu on the GPU: dst[i] ← srcs[0][i] ⊕ … ⊕ srcs[nsrc-1][i] left to right in fp32,
+// divided by `divisor` unless it is 0 (IEEE division, as the CPU's), rounded once. `srcs` is a
+// host array, read before the call returns; dst may alias a source exactly.
+// REQUIRES (checked): 1 <= nsrc <= kCudaReduceMaxSources.
+void reduce_cuda_async(void* dst, const void* const* srcs, int nsrc, std::size_t numel, DType dtype,
+                       ReduceKind kind, float divisor, void* stream);
 
 // dst ← +0.0 for numel elements.
 void fill_zero_cuda_async(void* dst, DType dtype, std::size_t numel, void* stream);

@@ -83,6 +83,25 @@ void combine_cuda_async(void* dst, DType dst_dtype, const void* src, DType src_d
   check_launch(detail::launch_combine(args, stream), numel, dst_dtype);
 }
 
+void reduce_cuda_async(void* dst, const void* const* srcs, int nsrc, std::size_t numel, DType dtype,
+                       ReduceKind kind, float divisor, void* stream) {
+  ZERO_CHECK(nsrc >= 1 && nsrc <= kCudaReduceMaxSources,
+             "reduce (cuda): takes 1 to {} sources, got {}", kCudaReduceMaxSources, nsrc);
+  detail::check_float_array("reduce (cuda)", "dst", dst, dtype, numel);
+  for (int k = 0; k < nsrc; ++k)
+    detail::check_float_array("reduce (cuda)", "a source", srcs[k], dtype, numel);
+  if (numel == 0) return;
+  detail::CudaReduceArgs args{};
+  args.dst = dst;
+  for (int k = 0; k < nsrc; ++k) args.srcs[k] = srcs[k];
+  args.nsrc = nsrc;
+  args.numel = static_cast<long long>(numel);
+  args.dtype = dtype;
+  args.max = kind == ReduceKind::Max;
+  args.divisor = divisor;
+  check_launch(detail::launch_reduce(args, stream), numel, dtype);
+}
+
 void fill_zero_cuda_async(void* dst, DType dtype, std::size_t numel, void* stream) {
   if (numel == 0) return;
   ZERO_CHECK(dst != nullptr, "fill_zero (cuda): dst is null");

@@ -63,6 +63,25 @@ __global__ void __launch_bounds__(kCudaElementwiseThreads)
   }
 }
 
+// reduce_at's scalar path (cpu_impl.h): every source read before dst is written, so dst may
+// alias a source exactly; Max takes x when x > acc or x is NaN (ScalarOps::max_nan).
+__global__ void __launch_bounds__(kCudaElementwiseThreads)
+    reduce_kernel(const CudaReduceArgs args) {
+  for (long long i = first_index(); i < args.numel; i += grid_stride()) {
+    float acc = load_elem(args.srcs[0], args.dtype, i);
+    for (int k = 1; k < args.nsrc; ++k) {
+      const float x = load_elem(args.srcs[k], args.dtype, i);
+      if (args.max) {
+        acc = (x > acc || x != x) ? x : acc;
+      } else {
+        acc = acc + x;
+      }
+    }
+    if (args.divisor != 0.0f) acc = acc / args.divisor;
+    store_elem(args.dst, args.dtype, i, acc);
+  }
+}
+
 CudaLaunchStatus status_of(const char* kernel) {
   const cudaError_t status = cudaGetLastError();
   return {kernel, status == cudaSuccess ? nullptr : cudaGetErrorString(status)};
@@ -92,6 +111,13 @@ CudaLaunchStatus launch_combine(const CudaCombineArgs& args, void* stream) {
       static_cast<unsigned>(elementwise_blocks(static_cast<std::size_t>(args.numel)));
   combine_kernel<<<blocks, kCudaElementwiseThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
   return status_of("combine_kernel");
+}
+
+CudaLaunchStatus launch_reduce(const CudaReduceArgs& args, void* stream) {
+  const auto blocks =
+      static_cast<unsigned>(elementwise_blocks(static_cast<std::size_t>(args.numel)));
+  reduce_kernel<<<blocks, kCudaElementwiseThreads, 0, static_cast<cudaStream_t>(stream)>>>(args);
+  return status_of("reduce_kernel");
 }
 
 }  // namespace zero::kernels::detail

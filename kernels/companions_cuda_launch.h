@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "kernels/companions_cuda.h"
 #include "kernels/optimizer_cuda_launch.h"
 #include "zero/base/dtype.h"
 
@@ -20,10 +21,22 @@ struct CudaCombineArgs {
   bool plain_cast;  // dst ← src converted, no multiply (combine_cpu's cast_cpu path)
 };
 
+// reduce_cuda_async's arguments, passed to the kernel by value.
+struct CudaReduceArgs {
+  void* dst;
+  const void* srcs[kCudaReduceMaxSources];
+  int nsrc;
+  long long numel;
+  DType dtype;
+  bool max;       // ReduceKind::Max, else Sum
+  float divisor;  // 0: none
+};
+
 CudaLaunchStatus launch_unscale(void* data, DType dtype, long long numel, float scale, int* flag,
                                 void* stream);
 CudaLaunchStatus launch_squared_norm_blocks(const void* data, DType dtype, long long numel,
                                             double* block_sums, void* stream);
 CudaLaunchStatus launch_combine(const CudaCombineArgs& args, void* stream);
+CudaLaunchStatus launch_reduce(const CudaReduceArgs& args, void* stream);
 
 }  // namespace zero::kernels::detail

@@ -1,13 +1,13 @@
-// The compute seam: every kernel the engine calls, as one small table a backend provides
-// (STYLE.md: a backend is a table of operations). The engine takes the table once from its
-// Device (Device::compute()) and never names a backend's kernels itself, so a CUDA table can
-// stand in for the CPU one without a branch in the engine.
+// The compute seam: every kernel the engine (and a communicator of device memory) calls, as one
+// small table a backend provides (STYLE.md: a backend is a table of operations). The engine takes
+// the table once from its Device (Device::compute()) and never names a backend's kernels itself, so
+// a CUDA table can stand in for the CPU one without a branch in the engine.
 //
 // Every entry has the contract of the CPU function it points to (kernels/optimizer.h,
-// unscale.h, norm.h, combine.h); all backends give bitwise the same results. Memory passed in
-// must be addressable by the backend (host memory for the CPU table, device memory for the CUDA
-// table). `exec` says how the calling rank runs CPU kernels (threads, ISA); the CUDA table takes
-// its stream from exec.cuda_stream and, like the CPU table, returns once the results are in
+// unscale.h, norm.h, combine.h, reduce.h); all backends give bitwise the same results. Memory
+// passed in must be addressable by the backend (host memory for the CPU table, device memory for
+// the CUDA table). `exec` says how the calling rank runs CPU kernels (threads, ISA); the CUDA table
+// takes its stream from exec.cuda_stream and, like the CPU table, returns once the results are in
 // memory (it synchronizes that stream).
 #pragma once
 
@@ -16,6 +16,7 @@
 
 #include "kernels/isa.h"
 #include "kernels/optimizer.h"
+#include "kernels/reduce.h"
 #include "zero/base/dtype.h"
 
 namespace zero::kernels {
@@ -33,6 +34,13 @@ struct ComputeKernels {
   void (*combine)(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t numel,
                   float scale, bool accumulate, const CpuExec& exec);
   void (*fill_zero)(void* dst, DType dtype, std::size_t numel, const CpuExec& exec);
+  // The communicators' reduction (reduce.h): dst[i] ← srcs[0][i] ⊕ … ⊕ srcs[nsrc-1][i] left to
+  // right in fp32, divided by `divisor` unless it is 0, rounded once to `dtype`. `srcs` is a host
+  // array of `nsrc` pointers into the backend's memory; dst may alias one of them exactly. What
+  // DeviceInProcComm reduces device buffers with. The CUDA table takes at most
+  // kCudaReduceMaxSources sources (companions_cuda.h).
+  void (*reduce)(void* dst, const void* const* srcs, int nsrc, std::size_t numel, DType dtype,
+                 ReduceKind kind, float divisor, const CpuExec& exec);
   // The optimizer step's memory roofline (traffic_probe.h): its loads and stores, no arithmetic.
   void (*traffic_probe)(const OptimizerTensors& tensors, int state_count, const CpuExec& exec);
 };

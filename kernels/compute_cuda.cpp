@@ -86,6 +86,12 @@ void fill_zero(void* dst, DType dtype, std::size_t numel, const CpuExec& exec) {
   synchronize(exec);
 }
 
+void reduce(void* dst, const void* const* srcs, int nsrc, std::size_t numel, DType dtype,
+            ReduceKind kind, float divisor, const CpuExec& exec) {
+  reduce_cuda_async(dst, srcs, nsrc, numel, dtype, kind, divisor, exec.cuda_stream);
+  synchronize(exec);
+}
+
 void traffic_probe(const OptimizerTensors& tensors, int state_count, const CpuExec& exec) {
   traffic_probe_cuda(tensors, state_count, CudaExec{exec.cuda_stream});
   synchronize(exec);
@@ -101,6 +107,7 @@ const ComputeKernels& cuda_compute_kernels() {
       .squared_l2_norm = &squared_l2_norm,
       .combine = &combine,
       .fill_zero = &fill_zero,
+      .reduce = &reduce,
       .traffic_probe = &traffic_probe,
   };
   return table;

@@ -1,7 +1,10 @@
 // The CUDA compute table against the CPU table (the oracle), bitwise: unscale with the overflow
-// check, the squared norm, combine in every dtype pair, fill, and the optimizer step through the
-// table. Exits 77, reported as skipped, on a machine without a CUDA device.
+// check, the squared norm, combine in every dtype pair, the communicators' reduce, fill, and the
+// optimizer step through the table. Exits 77, reported as skipped, on a machine without a CUDA
+// device.
 #define CATCH_CONFIG_RUNNER
+#include "kernels/companions_cuda.h"
+
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -9,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "kernels/compute.h"
@@ -113,6 +117,45 @@ TEST_CASE("combine on the GPU equals the CPU's for every dtype pair, scale and a
       }
     }
   }
+}
+
+TEST_CASE("reduce on the GPU equals the CPU's: sums, averages by 3, NaN-propagating max") {
+  const std::size_t n = 256 * 4096 + 4099;
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (int nsrc : {1, 2, 3, 4}) {
+      for (const auto kind : {zk::ReduceKind::Sum, zk::ReduceKind::Max}) {
+        for (const float divisor : {0.0f, 3.0f}) {
+          if (kind == zk::ReduceKind::Max && divisor != 0.0f) continue;
+          INFO(zero::dtype_name(dtype) << " nsrc " << nsrc << " max "
+                                       << (kind == zk::ReduceKind::Max) << " divisor " << divisor);
+          std::vector<std::vector<std::byte>> host;
+          for (int k = 0; k < nsrc; ++k)
+            host.push_back(random_array(n, dtype, 20 + static_cast<std::uint32_t>(k), -3.0f, 3.0f));
+          if (kind == zk::ReduceKind::Max) {
+            // Max passes a NaN through unchanged; a sum's NaN bits are the hardware's own.
+            const float nan = std::numeric_limits<float>::quiet_NaN();
+            cpu().combine(host.back().data() + 5 * zero::dtype_size(dtype), dtype, &nan, DType::F32,
+                          1, 1.0f, false, {});
+          }
+          std::vector<std::unique_ptr<DeviceBytes>> device;
+          for (const auto& h : host) device.push_back(std::make_unique<DeviceBytes>(h));
+          std::vector<const void*> cpu_srcs, gpu_srcs;
+          for (int k = 0; k < nsrc; ++k) {
+            cpu_srcs.push_back(host[static_cast<std::size_t>(k)].data());
+            gpu_srcs.push_back(device[static_cast<std::size_t>(k)]->ptr);
+          }
+          // dst is the first source itself, as an in-place all-reduce has it.
+          gpu().reduce(device[0]->ptr, gpu_srcs.data(), nsrc, n, dtype, kind, divisor, {});
+          cpu().reduce(host[0].data(), cpu_srcs.data(), nsrc, n, dtype, kind, divisor, {});
+          REQUIRE(device[0]->download() == host[0]);
+        }
+      }
+    }
+  }
+  std::vector<const void*> too_many(zk::kCudaReduceMaxSources + 1, nullptr);
+  REQUIRE_THROWS_WITH(gpu().reduce(nullptr, too_many.data(), static_cast<int>(too_many.size()), 0,
+                                   DType::F32, zk::ReduceKind::Sum, 0.0f, {}),
+                      Catch::Contains("takes 1 to 32 sources"));
 }
 
 TEST_CASE("fill_zero and the optimizer step through the table match the CPU") {

@@ -29,7 +29,9 @@ options:
   --device cpu|cuda|auto      where each rank's engine and model run (default auto: ZERO_DEVICE
                               if set, else cpu, since the GPU path has not run on a GPU yet);
                               cuda: the engine and the MLP (cuBLAS) on GPU rank % visible,
-                              NCCL between ranks; without a usable GPU an error before training
+                              NCCL between ranks (in-process ranks that share one GPU: the
+                              device's own kernels); without a usable GPU an error before
+                              training
   --memory-budget BYTES       per-rank cap on device memory (the ledger's "device" kind); an
                               allocation beyond it is an out-of-memory error naming the tag
   --dump-params FILE          after training, write every parameter's fp32 master value to one

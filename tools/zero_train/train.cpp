@@ -136,10 +136,11 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   const std::unique_ptr<Device> device = make_device(kind, comm.rank(), device_options);
   EngineOptions engine_options;
   engine_options.kernel_threads = threads;
-  // On a GPU the engine's collectives go through NCCL; `comm` carries the host-side ones.
+  // On a GPU the engine's collectives go through NCCL, or, for in-process ranks that share one
+  // GPU (which NCCL refuses), DeviceInProcComm; `comm` carries the host-side ones.
   std::unique_ptr<Communicator> gpu_comm;
   if (device->gpu_ordinal() >= 0) {
-    gpu_comm = make_gpu_communicator(comm, device->gpu_ordinal());
+    gpu_comm = make_gpu_communicator(comm, *device);
     engine_options.control_comm = &comm;
   }
   Communicator& engine_comm = gpu_comm ? *gpu_comm : comm;

@@ -33,6 +33,8 @@
 
 namespace zero {
 
+class Device;  // zero/device/device.h
+
 enum class ReduceOp { Sum, Avg, Max };
 std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 
@@ -177,6 +179,16 @@ bool communicator_available(std::string_view backend);
 // device is that GPU; `host` stays the engine's control communicator (EngineOptions::
 // control_comm). Collective over `host`. Throws zero::Error when this build has no NCCL.
 std::unique_ptr<Communicator> make_gpu_communicator(Communicator& host, int cuda_ordinal,
+                                                    const CommOptions& options = {});
+// The communicator of device memory for an engine on `device`, over the ranks of `host`, which
+// stays the engine's control communicator. Collective over `host`. In-process ranks
+// (host.shares_address_space()) get a DeviceInProcComm (zero/comm/device_inproc_comm.h) when
+// there are several and all compute on the same GPU (NCCL refuses two ranks on one GPU), or when
+// the device is not a GPU (gpu_ordinal() -1: a CPU stand-in); otherwise NCCL on
+// device.gpu_ordinal(), as above (a single rank too, and in a build without NCCL a single
+// in-process rank gets a DeviceInProcComm). Throws zero::Error when NCCL is needed and not built,
+// and when in-process ranks share a GPU but are not all on one (neither backend serves that).
+std::unique_ptr<Communicator> make_gpu_communicator(Communicator& host, Device& device,
                                                     const CommOptions& options = {});
 
 }  // namespace zero

@@ -288,6 +288,10 @@ void CudaDevice::launch_host_impl(Stream& stream, std::function<void()> fn) {
   call.release();  // HostCall::run owns it now
 }
 
+void CudaDevice::bind_thread() const {
+  make_current(ordinal_);
+}
+
 const kernels::ComputeKernels& CudaDevice::compute() const {
   return kernels::cuda_compute_kernels();
 }

@@ -42,6 +42,7 @@ class CudaDevice final : public Device {
 
   std::string_view name() const override { return "cuda"; }
   const kernels::ComputeKernels& compute() const override;
+  void bind_thread() const override;
 
   int ordinal() const { return ordinal_; }
   int gpu_ordinal() const override { return ordinal_; }

@@ -133,6 +133,10 @@ class Device {
   // The kernels that compute on this device's memory (kernels/compute.h): the engine's one way to
   // run an optimizer step, a norm, an unscale or a cast. Valid for the device's lifetime.
   virtual const kernels::ComputeKernels& compute() const = 0;
+  // Makes this device the one compute() runs on for the calling thread, for a thread the device's
+  // own methods have not run on (a communicator's thread): CUDA's current device. Nothing on the
+  // host.
+  virtual void bind_thread() const {}
   int rank() const { return ledger_.rank(); }
 
   // Allocates `bytes` of `kind` memory for `tag`. Contents are uninitialised. Throws OutOfMemory

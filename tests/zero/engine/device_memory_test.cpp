@@ -2,11 +2,13 @@
 // a CpuDevice stand-in with another name makes the engine move every value that crosses between
 // host code and engine memory with Device::copy (initial values, gathered and set parameters,
 // checkpoint tiles, the store's initial states), as it must on a GPU, while the kernels still
-// run on the CPU. The results must be bitwise the CPU engine's. The CUDA device itself is
+// run on the CPU. The results must be bitwise the CPU engine's, with the engine's collectives on
+// the host's InProcComm or on the device's memory (DeviceInProcComm). The CUDA device itself is
 // engine_gpu_test's.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
+#include <optional>
 
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
@@ -161,6 +163,41 @@ TEST_CASE("offload_optimizer nvme and 16-bit master weights on a device that is 
     TrainSpec on_cpu = spec_for(cfg, 2, 6, nullptr);
     on_cpu.load_dir = dir.str();
     require_bitwise_equal(uninterrupted, train(on_cpu));
+  }
+}
+
+// Ranks that share one device, the engine's collectives on its memory through DeviceInProcComm
+// (what in-process ranks on one GPU get from make_gpu_communicator), the reductions and copies
+// made by the device's compute table: every stage bitwise the CPU engine over InProcComm, so
+// every stage bitwise every other (the CPU engine's stages agree bitwise, engine_test).
+TEST_CASE("ranks sharing a device through DeviceInProcComm train every stage bitwise as the CPU",
+          "[engine]") {
+  run_ranks(2, [](Communicator& host) {
+    GpuStandIn device(host.rank(), {});
+    if (make_gpu_communicator(host, device)->backend_name() != "device-inproc")
+      throw Error("make_gpu_communicator: not the in-process device communicator");
+  });
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (int world : {2, 3}) {
+      std::optional<TrainResult> first;
+      for (int stage = 0; stage <= 3; ++stage) {
+        INFO(precision << ", " << world << " ranks, stage " << stage);
+        const nlohmann::json cfg = base_config(stage, precision, 2, 2);
+        const TrainResult cpu = train(spec_for(cfg, world, 4, nullptr));
+        std::atomic<std::size_t> copies{0};
+        TrainSpec shared = spec_for(cfg, world, 4, &copies);
+        shared.device_comm = true;
+        const TrainResult on_device = train(shared);
+        REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
+        CHECK(copies > 0);
+        require_bitwise_equal(cpu, on_device);
+        if (first) {
+          require_bitwise_equal(*first, on_device);
+        } else {
+          first = on_device;
+        }
+      }
+    }
   }
 }
 

@@ -48,11 +48,16 @@ struct TrainSpec {
   // Per-rank budget of MemoryKind::Device bytes (DeviceOptions::device_budget_bytes).
   std::optional<std::size_t> device_budget;
   // make_device's kind. On a GPU ("cuda") rank r uses GPU r mod the visible count, the engine's
-  // collectives go through NCCL (the in-process communicator is its control communicator), and
-  // weights and gradients cross to and from host memory around the CPU model.
+  // collectives go through make_gpu_communicator (NCCL, or DeviceInProcComm where the ranks share
+  // one GPU; the in-process communicator is its control communicator), and weights and gradients
+  // cross to and from host memory around the CPU model.
   std::string device = "cpu";
   // Makes each rank's device instead of make_device(device, ...), when given.
   std::function<std::unique_ptr<Device>(int rank, const DeviceOptions&)> device_factory;
+  // The engine's collectives through make_gpu_communicator(comm, device) even on a device that
+  // is no GPU (a stand-in: DeviceInProcComm), the in-process communicator its control
+  // communicator. Always so on a GPU.
+  bool device_comm = false;
 };
 
 struct TrainResult {
@@ -130,8 +135,8 @@ inline TrainResult train(const TrainSpec& spec) {
     options.groups = spec.groups;
     options.kernel_threads = 1;
     std::unique_ptr<Communicator> gpu_comm;
-    if (device->gpu_ordinal() >= 0) {
-      gpu_comm = make_gpu_communicator(comm, device->gpu_ordinal());
+    if (device->gpu_ordinal() >= 0 || spec.device_comm) {
+      gpu_comm = make_gpu_communicator(comm, *device);
       options.control_comm = &comm;
     }
     // Engine memory as host bytes (a copy on a GPU).

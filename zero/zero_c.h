@@ -175,7 +175,8 @@ typedef struct zero_engine_options {
    * device pointers, the engine's kernels run on the legacy default stream (a caller computing on
    * another stream makes it wait for the gradient writes before zero_engine_grad_ready), every
    * call returns with the engine's device work complete, and the collectives go through NCCL
-   * over `comm` (which keeps the small host-side ones); values through host pointers
+   * over `comm` (in-process ranks sharing one GPU: through its memory), `comm` keeping the
+   * small host-side ones; values through host pointers
    * (init, gather_master, set_param, checkpoints) stay host memory. */
   const char* device;
 } zero_engine_options;

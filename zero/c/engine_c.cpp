@@ -172,7 +172,7 @@ int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spe
     zero::EngineOptions placed_options = engine_options;
     zero::Communicator* engine_comm = c;
     if (handle->device->gpu_ordinal() >= 0) {
-      handle->device_comm = zero::make_gpu_communicator(*c, handle->device->gpu_ordinal());
+      handle->device_comm = zero::make_gpu_communicator(*c, *handle->device);
       placed_options.control_comm = c;
       engine_comm = handle->device_comm.get();
     }

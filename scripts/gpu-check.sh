@@ -219,6 +219,7 @@ peers_part="AdamW against torch fused (peers/cuda_optimizer_peers.py)"
 planned_parts=("build (gpu-check-targets)" "gpu tests (ctest -L gpu)" "python tests (python/tests/gpu)"
                "zero-bench kernels --device cuda" "zero-bench step --device cuda"
                "zero-train --device cuda (zero2_bf16_warmup)" "zero-train --device cuda (zero2_offload_cpu)"
+               "zero-train --device cuda --world-size 2 on GPU 0 (zero2_bf16_warmup)"
                "$peers_part")
 
 # --- configure -----------------------------------------------------------------------------------
@@ -382,6 +383,10 @@ for config in zero2_bf16_warmup zero2_offload_cpu; do
     "$train" --device cuda --config "$root/examples/configs/$config.json" \
     --world-size "$((gpus > 0 ? gpus : 1))" --steps 50 --json
 done
+# Two in-process ranks sharing GPU 0 (DeviceInProcComm: NCCL refuses two ranks on one GPU).
+tool_part "zero-train --device cuda --world-size 2 on GPU 0 (zero2_bf16_warmup)" train-two-ranks \
+  zero-train "$train" --device cuda --config "$root/examples/configs/zero2_bf16_warmup.json" \
+  --world-size 2 --steps 50 --json
 
 # --- zero's AdamW against torch's fused AdamW on the same GPU (issue 31 item 4) ---------------
 # Last: it needs zero-bench and torch, and a run cut short by the budget has no figures.

@@ -344,18 +344,18 @@ std::unique_ptr<Communicator> NcclComm::split_impl(int color, int key) {
   // when the parent's state leaves ncclInProgress (not necessarily before ncclCommSplit returns:
   // the first run on a GPU got a null handle by reading it at once), and the new communicator may
   // still be connecting after that.
+  // (The second H100 run saw ncclSuccess returned with the handle still null, so it is awaited
+  // whatever the call returned.)
   complete_call(rc, s, what, timeout());
-  if (rc == ncclInProgress) {
-    std::atomic_ref<ncclComm_t> handle(state->comm);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (handle.load() == nullptr && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    ZERO_CHECK_AS(CommError, color < 0 || handle.load() != nullptr,
-                  "{}: {} completed without a communicator", s.who(), what);
-    if (state->comm != nullptr) {
-      poll_until_complete([&state] { return comm_state(state->comm); },
-                          {s.who(), what, timeout()}, [&state] { state->abort(); });
-    }
+  std::atomic_ref<ncclComm_t> handle(state->comm);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (color >= 0 && handle.load() == nullptr && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  ZERO_CHECK_AS(CommError, color < 0 || handle.load() != nullptr,
+                "{}: {} returned {} without a communicator", s.who(), what, static_cast<int>(rc));
+  if (state->comm != nullptr) {
+    poll_until_complete([&state] { return comm_state(state->comm); }, {s.who(), what, timeout()},
+                        [&state] { state->abort(); });
   }
   if (state->comm == nullptr) return nullptr;
   ZERO_CHECK_AS(CommError,

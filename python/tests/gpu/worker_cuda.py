@@ -31,7 +31,7 @@ DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def write(out, name, master, info):
-    save_file({k: v.detach().float().cpu().contiguous() for k, v in master.items()},
+    save_file({k: v.detach().float().cpu().clone().contiguous() for k, v in master.items()},
               str(out / f"{name}.safetensors"))
     (out / f"{name}.json").write_text(json.dumps(info))
 
@@ -87,7 +87,9 @@ def train_zero(zero, out, name, stage, dtype, device="cuda", stream=None, save=N
     memory = engine.memory()
     info.update(losses=losses, torch_peak_bytes=torch.cuda.max_memory_allocated(),
                 engine_memory=memory, gathered=sorted(map(list, gathered_on)))
-    master = {n: engine.gather_master(n) for n, _ in engine.module.named_parameters()}
+    # Every name of the state dict, tied ones too (lm_head.weight is embed.weight).
+    master = {n: engine.gather_master(n)
+              for n, _ in engine.module.named_parameters(remove_duplicate=False)}
     module_matches = all(
         torch.equal(p.detach().float().cpu(), master[n].to(p.dtype).float())
         for n, p in engine.module.named_parameters()) if stage < 3 else None
@@ -111,7 +113,7 @@ def train_reference(out):
         torch.nn.utils.clip_grad_norm_(model.parameters(), cases.GRADIENT_CLIPPING)
         opt.step()
         losses.append(loss.item())
-    write(out, "reference", dict(model.named_parameters()),
+    write(out, "reference", dict(model.named_parameters(remove_duplicate=False)),
           {"losses": losses, "torch_peak_bytes": torch.cuda.max_memory_allocated()})
 
 

@@ -27,7 +27,7 @@ options:
   --model mlp:IN,H1,...,OUT   layer widths (default mlp:32,256,256,10)
   --threads T                 kernel threads per rank (default: cores / ranks on this host)
   --device cpu|cuda|auto      where each rank's engine and model run (default auto: ZERO_DEVICE
-                              if set, else cpu, since the GPU path has not run on a GPU yet);
+                              if set, else cuda when a GPU is visible, else cpu);
                               cuda: the engine and the MLP (cuBLAS) on GPU rank % visible,
                               NCCL between ranks (in-process ranks that share one GPU: the
                               device's own kernels); without a usable GPU an error before

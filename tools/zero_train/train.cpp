@@ -129,11 +129,9 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   // The device outlives the engine (Engine::create's REQUIRES).
   DeviceOptions device_options;
   device_options.device_budget_bytes = options.memory_budget;
-  // "auto" without ZERO_DEVICE stays on the CPU even with a GPU visible: the engine's GPU path
-  // has not run on a GPU yet (README, GPU status), so it is asked for by name (--device cuda).
-  const bool zero_device_set = std::getenv("ZERO_DEVICE") != nullptr;
-  const std::string kind = options.device == "auto" && !zero_device_set ? "cpu" : options.device;
-  const std::unique_ptr<Device> device = make_device(kind, comm.rank(), device_options);
+  // "auto": ZERO_DEVICE, else CUDA when a GPU is visible (make_device), now that the GPU tests
+  // have passed on an H100 (README, GPU status).
+  const std::unique_ptr<Device> device = make_device(options.device, comm.rank(), device_options);
   EngineOptions engine_options;
   engine_options.kernel_threads = threads;
   // On a GPU the engine's collectives go through NCCL, or, for in-process ranks that share one

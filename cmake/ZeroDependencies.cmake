@@ -46,6 +46,16 @@ macro(zero_feature name found detail)
   endif()
 endmacro()
 
+# zero_optional_feature(NAME OPTION FOUND DETAIL): the summary line of an optional dependency,
+# saying OPTION=OFF when the build was told to leave it out.
+macro(zero_optional_feature name option found detail)
+  if(${option} STREQUAL "OFF")
+    zero_feature("${name}" OFF "${option}=OFF")
+  else()
+    zero_feature("${name}" ${found} "${detail}")
+  endif()
+endmacro()
+
 function(zero_resolve_option option found)
   if(${option} STREQUAL "ON" AND NOT ${found})
     message(FATAL_ERROR "${option}=ON but the dependency was not found")
@@ -99,11 +109,7 @@ if(NOT ZERO_WITH_MPI STREQUAL "OFF")
   endif()
 endif()
 zero_resolve_option(ZERO_WITH_MPI ZERO_HAVE_MPI)
-if(ZERO_WITH_MPI STREQUAL "OFF")
-  zero_feature("MPI" OFF "ZERO_WITH_MPI=OFF")
-else()
-  zero_feature("MPI" ZERO_HAVE_MPI "${MPI_C_LIBRARIES}")
-endif()
+zero_optional_feature("MPI" ZERO_WITH_MPI ZERO_HAVE_MPI "${MPI_C_LIBRARIES}")
 
 # --- liburing (NVMe I/O) --------------------------------------------------------------------------
 set(ZERO_HAVE_URING OFF)
@@ -115,11 +121,7 @@ if(NOT ZERO_WITH_URING STREQUAL "OFF")
   endif()
 endif()
 zero_resolve_option(ZERO_WITH_URING ZERO_HAVE_URING)
-if(ZERO_WITH_URING STREQUAL "OFF")
-  zero_feature("liburing" OFF "ZERO_WITH_URING=OFF")
-else()
-  zero_feature("liburing" ZERO_HAVE_URING "${ZERO_URING_LIBRARY}")
-endif()
+zero_optional_feature("liburing" ZERO_WITH_URING ZERO_HAVE_URING "${ZERO_URING_LIBRARY}")
 
 # --- oneDNN (the MLP's matrix products) -----------------------------------------------------------
 # Debian's libdnnl-dev: models/gemm.h's products on oneDNN's matmul, fp32 and bf16 (AVX-512 BF16

@@ -59,10 +59,12 @@ class Launch:
         return "\n".join(self.output.splitlines()[-lines:])
 
 
-def torchrun(nproc, script, args, timeout, log, env=None):
-    """Runs `torchrun --nproc-per-node N --master-port P script args`; output (all ranks) to log."""
+def torchrun(nproc, script, args, timeout, log, env=None, module=False):
+    """Runs `torchrun --nproc-per-node N --master-port P script args` (with module, `-m script`:
+    a module name); output (all ranks) to log."""
+    target = ["-m", script] if module else [str(HERE / script)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           "--master-port", str(free_port()), str(HERE / script), *map(str, args)]
+           "--master-port", str(free_port()), *target, *map(str, args)]
     start = time.monotonic()
     with open(log, "w") as out:
         out.write(" ".join(cmd) + "\n")

@@ -68,9 +68,11 @@ double relative_error(const std::vector<float>& c, const std::vector<double>& ex
 
 }  // namespace
 
-TEST_CASE("every transposition of A and B matches a double-precision reference") {
-  const std::size_t m = 19, n = 37, k = 300;
-  const std::vector<float> a = random_matrix(m * k, 1), b = random_matrix(k * n, 2);
+// An m x k by k x n fp32 product with every transposition of A and B, on `threads` threads,
+// against the double-precision reference within `tolerance`.
+static void check_every_transposition(std::size_t m, std::size_t n, std::size_t k,
+                                      std::uint32_t seed, int threads, double tolerance) {
+  const std::vector<float> a = random_matrix(m * k, seed), b = random_matrix(k * n, seed + 1);
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       INFO("A transposed " << ta << ", B transposed " << tb);
@@ -83,10 +85,14 @@ TEST_CASE("every transposition of A and B matches a double-precision reference")
                        .b = b.data(),
                        .b_transposed = tb,
                        .c = c.data()};
-      zm::gemm(g);
-      CHECK(relative_error(c, reference(g)) < kTolerance);
+      zm::gemm(g, threads);
+      CHECK(relative_error(c, reference(g)) < tolerance);
     }
   }
+}
+
+TEST_CASE("every transposition of A and B matches a double-precision reference") {
+  check_every_transposition(19, 37, 300, 1, 1, kTolerance);
 }
 
 TEST_CASE("bf16 operands accumulate in fp32; a bf16 result is that sum rounded once") {
@@ -133,25 +139,8 @@ TEST_CASE("bf16 operands accumulate in fp32; a bf16 result is that sum rounded o
 
 TEST_CASE("products of several tiles in every direction match the reference") {
   // Beyond one tile of the portable build (64 rows, 256 columns, 256 deep) in m, n and k, with
-  // partial tiles at every edge; the same sizes as the transpositions case above otherwise.
-  const std::size_t m = 70, n = 300, k = 520;
-  const std::vector<float> a = random_matrix(m * k, 21), b = random_matrix(k * n, 22);
-  for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      INFO("A transposed " << ta << ", B transposed " << tb);
-      std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
-      const zm::Gemm g{.m = m,
-                       .n = n,
-                       .k = k,
-                       .a = a.data(),
-                       .a_transposed = ta,
-                       .b = b.data(),
-                       .b_transposed = tb,
-                       .c = c.data()};
-      zm::gemm(g, 3);
-      CHECK(relative_error(c, reference(g)) < kToleranceLongSums);
-    }
-  }
+  // partial tiles at every edge.
+  check_every_transposition(70, 300, 520, 21, 3, kToleranceLongSums);
 }
 
 #if !ZERO_TEST_HAVE_ONEDNN
@@ -253,7 +242,7 @@ TEST_CASE("ranks' threads may call gemm at once and get what sequential calls gi
   for (std::thread& c : callers) c.join();
   INFO(zm::gemm_description());
   for (int t = 0; t < kCallers; ++t) CHECK(mismatches[t] == 0);
-  // The build's choice (models/CMakeLists.txt): oneDNN wherever configure found it.
+    // The build's choice (models/CMakeLists.txt): oneDNN wherever configure found it.
 #if ZERO_TEST_HAVE_ONEDNN
   CHECK(zm::gemm_description().find("oneDNN") != std::string::npos);
 #else
@@ -274,12 +263,8 @@ TEST_CASE("empty products leave C alone or zero it, and bad arguments throw") {
       Catch::Contains("beta"));
   REQUIRE_THROWS_WITH(zm::gemm({.m = 1, .n = 1, .k = 1, .a = nullptr, .b = &x, .c = c.data()}),
                       Catch::Contains("null"));
-  REQUIRE_THROWS_WITH(zm::gemm({.m = 1,
-                                .n = 1,
-                                .k = 1,
-                                .a = &x,
-                                .b = &x,
-                                .c = c.data(),
-                                .inputs = zero::DType::F16}),
-                      Catch::Contains("fp16"));
+  REQUIRE_THROWS_WITH(
+      zm::gemm(
+          {.m = 1, .n = 1, .k = 1, .a = &x, .b = &x, .c = c.data(), .inputs = zero::DType::F16}),
+      Catch::Contains("fp16"));
 }

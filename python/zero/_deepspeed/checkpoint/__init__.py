@@ -1,0 +1,2 @@
+"""deepspeed.checkpoint."""
+from . import utils  # noqa: F401

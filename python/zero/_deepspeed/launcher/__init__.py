@@ -1,0 +1,2 @@
+"""deepspeed.launcher."""
+from . import runner  # noqa: F401

@@ -1,0 +1,2 @@
+"""deepspeed.runtime."""
+from . import lr_schedules  # noqa: F401

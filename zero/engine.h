@@ -193,6 +193,11 @@ class Engine {
   virtual void set_param(std::size_t param, std::span<const float> values, int root) = 0;
   virtual std::int64_t global_steps() const = 0;
   virtual double current_lr(int group = 0) const = 0;
+  // The lr of group `group` from the next optimizer step on, as a client LR scheduler sets it
+  // (torch's param_groups[g]["lr"]): replaces the group's base lr, which checkpoints keep.
+  // Throws zero::Error when the config has a "scheduler" block (it sets the lr; the two would
+  // fight), for an unknown group, and for an lr that is negative or not finite.
+  virtual void set_lr(int group, double lr) = 0;
   // This rank's memory ledger.
   virtual MemorySnapshot memory() const = 0;
   virtual EngineTimings timings() const = 0;

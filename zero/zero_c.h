@@ -260,6 +260,10 @@ int zero_engine_set_param(zero_engine* engine, size_t param, const float* values
 
 /* The learning rate group `group` uses at the next optimizer step. */
 int zero_engine_lr(const zero_engine* engine, int group, double* lr);
+/* The lr group `group` uses from the next optimizer step on, as a client LR scheduler sets it:
+ * the group's base lr (checkpoints keep it). ZERO_ERR_RUNTIME when the config has a "scheduler"
+ * block, for an unknown group, and for an lr that is negative or not finite. */
+int zero_engine_set_lr(zero_engine* engine, int group, double lr);
 int zero_engine_global_steps(const zero_engine* engine, int64_t* steps);
 int zero_engine_loss_scale(const zero_engine* engine, double* scale);
 

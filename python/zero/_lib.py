@@ -103,6 +103,7 @@ _SIGNATURES = {
     "zero_engine_set_param": ([P, ctypes.c_size_t, P, ctypes.c_size_t, ctypes.c_int],
                               ctypes.c_int),
     "zero_engine_lr": ([P, ctypes.c_int, ctypes.POINTER(ctypes.c_double)], ctypes.c_int),
+    "zero_engine_set_lr": ([P, ctypes.c_int, ctypes.c_double], ctypes.c_int),
     "zero_engine_global_steps": ([P, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int),
     "zero_engine_loss_scale": ([P, ctypes.POINTER(ctypes.c_double)], ctypes.c_int),
     "zero_engine_save_checkpoint": ([P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p],

@@ -124,6 +124,8 @@ class ZeroEngine(torch.nn.Module):
         self.micro_steps = 0
         self.skipped_steps = 0
         self._last_result = None
+        self._lr_sources = []  # optimizers whose param_groups' lr the engine follows (initialize)
+        self._client_scheduler = None  # a caller's LR scheduler the engine steps
         self._snapshot = snapshot(model)
         self._views = {}
         self._grad_hooks = []
@@ -258,6 +260,8 @@ class ZeroEngine(torch.nn.Module):
         check_unchanged(self.module, self._snapshot, self._registered, self._views)
         if self._fetcher is not None:
             self._fetcher.release_all()
+        if self.is_gradient_accumulation_boundary():
+            self._follow_lr()
         result = _lib.StepResult()
         call("zero_engine_step", self._handle, ctypes.byref(result))
         self.micro_steps += 1
@@ -268,6 +272,25 @@ class ZeroEngine(torch.nn.Module):
             optimizer = getattr(self, "optimizer", None)
             if optimizer is not None:
                 optimizer.refresh()
+            if self._client_scheduler is not None and not result.skipped:
+                # The engine stepped the optimizer, not optimizer.step(): torch's warning that
+                # the scheduler runs first does not apply.
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
+                    self._client_scheduler.step()
+
+    def _follow_lr(self):
+        """Before an optimizer step: a param group's lr that someone (a client LR scheduler) wrote
+        into an optimizer's param_groups becomes the engine's, unless the config's "scheduler"
+        block sets the lr. The optimizer initialize returned is asked first."""
+        if not self._lr_sources or "scheduler" in self.config:
+            return
+        for g, now in enumerate(self.get_lr()):
+            for source in self._lr_sources:
+                lr = float(source.param_groups[g]["lr"])
+                if lr != now:
+                    call("zero_engine_set_lr", self._handle, g, lr)
+                    break
 
     def zero_grad(self, set_to_none=True):
         for r in self._registered:

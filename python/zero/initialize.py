@@ -9,13 +9,16 @@ from .engine import ZeroEngine
 _CLIENT_OPTIMIZERS = {torch.optim.Adam: "Adam", torch.optim.AdamW: "AdamW"}
 
 
-class ZeroOptimizer:
+class ZeroOptimizer(torch.optim.Optimizer):
     """What initialize returns as the optimizer: the engine's param groups (their current lr is
-    kept up to date after every step). The engine steps it: call engine.step(), not this."""
+    kept up to date after every step). The engine steps it: call engine.step(), not this. A torch
+    Optimizer, so that torch's LR schedulers can be built on it: an lr a scheduler (or anyone)
+    writes into param_groups[g]["lr"] is the lr of group g from the next optimizer step on,
+    unless the config has a "scheduler" block."""
 
     def __init__(self, engine, groups):
+        super().__init__(groups, {"lr": groups[0]["lr"] if groups else 0.0})
         self.engine = engine
-        self.param_groups = groups
 
     def zero_grad(self, set_to_none=True):
         self.engine.zero_grad()
@@ -24,8 +27,12 @@ class ZeroOptimizer:
         raise ZeroError("the optimizer is stepped by engine.step(); call that instead")
 
     def refresh(self):
+        """After an optimizer step: the lr each group uses next. Also tells torch's LR schedulers
+        that this optimizer did step (the flag their step() checks before warning that they ran
+        first: the engine steps, not optimizer.step())."""
         for g, lr in zip(self.param_groups, self.engine.get_lr()):
             g["lr"] = lr
+        self._opt_called = True
 
 
 class ZeroLRScheduler:
@@ -66,6 +73,29 @@ def _from_client_optimizer(optimizer, config):
     return config, overrides, groups
 
 
+def _client_scheduler(lr_scheduler, client_optimizer, zero_optimizer, engine):
+    """The caller's LR scheduler, or None: an object with step() built on the client optimizer
+    (whose param groups' lr the engine then follows), or a callable that builds one on the
+    engine's optimizer, as deepspeed.initialize takes it. The engine steps it after each applied
+    optimizer step, as DeepSpeed's engine does."""
+    if lr_scheduler is None:
+        return None
+    if "scheduler" in engine.config:
+        engine.close()
+        raise ZeroError("initialize: both the config's \"scheduler\" block and an lr_scheduler "
+                        "were given; pass one of them")
+    if not hasattr(lr_scheduler, "step") and callable(lr_scheduler):
+        lr_scheduler = lr_scheduler(zero_optimizer)
+    built_on = getattr(lr_scheduler, "optimizer", None)
+    if built_on is not client_optimizer and built_on is not zero_optimizer:
+        engine.close()
+        raise ZeroError("initialize: lr_scheduler is not built on the optimizer passed to "
+                        "initialize: build it on that optimizer (or pass a callable that builds "
+                        "it on the one initialize returns)")
+    engine._client_scheduler = lr_scheduler
+    return lr_scheduler
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required=None, collate_fn=None,
                config=None, config_params=None):
@@ -82,9 +112,6 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     if mpu is not None:
         raise ZeroError("initialize: mpu (model parallelism) is not supported; zero is "
                         "data-parallel only")
-    if lr_scheduler is not None:
-        raise ZeroError("initialize: a client lr_scheduler is not supported; describe the "
-                        "schedule in the config's \"scheduler\" block")
     overrides = None
     if optimizer is not None:
         from .engine import _load_config
@@ -103,8 +130,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         g["lr"] = lr
     zero_optimizer = ZeroOptimizer(engine, groups)
     engine.optimizer = zero_optimizer
+    # Whose param groups' lr the engine follows: the optimizer initialize returns, and the
+    # caller's own (DeepSpeed's optimizer shares the caller's param groups; schedulers are built
+    # on either).
+    engine._lr_sources = [zero_optimizer] + ([optimizer] if optimizer is not None else [])
 
-    scheduler = ZeroLRScheduler(engine) if "scheduler" in engine.config else None
+    scheduler = _client_scheduler(lr_scheduler, optimizer, zero_optimizer, engine)
+    if scheduler is None and "scheduler" in engine.config:
+        scheduler = ZeroLRScheduler(engine)
     engine.lr_scheduler = scheduler
 
     dataloader = None

@@ -364,3 +364,32 @@ TEST_CASE("the C ABI reports versions, info, memory and timings, and saves and r
                                              {"5.bias", ZERO_DTYPE_F32}});
   CHECK(zero_checkpoint_close(ck) == ZERO_OK);
 }
+
+TEST_CASE("a client LR scheduler's lr reaches the engine through zero_engine_set_lr") {
+  const std::vector<zero_param_spec> specs = specs_of(ZERO_DTYPE_F32);
+  int calls = 0;
+  zero_engine* e = nullptr;
+  REQUIRE(zero_engine_create(config_text(1, "fp32").c_str(), nullptr, specs.data(), specs.size(),
+                             nullptr, init_weights, &calls, &e) == ZERO_OK);
+  double lr = 0;
+  REQUIRE(zero_engine_lr(e, 0, &lr) == ZERO_OK);
+  CHECK(lr == 0.05);
+  REQUIRE(zero_engine_set_lr(e, 0, 0.0125) == ZERO_OK);
+  REQUIRE(zero_engine_lr(e, 0, &lr) == ZERO_OK);
+  CHECK(lr == 0.0125);
+  CHECK(zero_engine_set_lr(e, 3, 0.1) == ZERO_ERR_RUNTIME);
+  CHECK_THAT(zero_last_error(), Catch::Contains("unknown param group 3"));
+  CHECK(zero_engine_set_lr(e, 0, -1.0) == ZERO_ERR_RUNTIME);
+  CHECK_THAT(zero_last_error(), Catch::Contains("lr -1 for param group 0"));
+  zero_engine_destroy(e);
+
+  // A config schedule sets every step's lr: a client one is refused by name.
+  std::string scheduled = config_text(1, "fp32");
+  scheduled.insert(scheduled.rfind('}'),
+                   R"(, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 4}})");
+  REQUIRE(zero_engine_create(scheduled.c_str(), nullptr, specs.data(), specs.size(), nullptr,
+                             init_weights, &calls, &e) == ZERO_OK);
+  CHECK(zero_engine_set_lr(e, 0, 0.1) == ZERO_ERR_RUNTIME);
+  CHECK_THAT(zero_last_error(), Catch::Contains("\"scheduler\" block (WarmupLR)"));
+  zero_engine_destroy(e);
+}

@@ -315,6 +315,10 @@ int zero_engine_lr(const zero_engine* engine, int group, double* lr) {
   });
 }
 
+int zero_engine_set_lr(zero_engine* engine, int group, double lr) {
+  return guarded("zero_engine_set_lr", [&] { checked(engine).set_lr(group, lr); });
+}
+
 int zero_engine_global_steps(const zero_engine* engine, int64_t* steps) {
   return guarded("zero_engine_global_steps", [&] {
     ZERO_C_REQUIRE(steps != nullptr, "steps is null");

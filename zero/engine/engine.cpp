@@ -558,6 +558,18 @@ double EngineImpl::current_lr(int group) const {
       .lr;
 }
 
+void EngineImpl::set_lr(int group, double lr) {
+  ZERO_CHECK(group >= 0 && static_cast<std::size_t>(group) < groups_.size(),
+             "set_lr: unknown param group {} (the engine has {})", group, groups_.size());
+  ZERO_CHECK(std::isfinite(lr) && lr >= 0, "set_lr: lr {} for param group {} is not a finite "
+             "value >= 0", lr, group);
+  ZERO_CHECK(schedule_.kind == LrScheduleKind::Constant,
+             "set_lr: the config's \"scheduler\" block ({}) sets the lr of every step; a client "
+             "LR scheduler cannot set it too: drop one of them",
+             lr_schedule_name(schedule_.kind));
+  groups_[static_cast<std::size_t>(group)].base_lr = lr;
+}
+
 }  // namespace zero::engine_detail
 
 namespace zero {

@@ -82,6 +82,7 @@ class EngineImpl final : public Engine, private SliceMap {
   void set_param(std::size_t param, std::span<const float> values, int root) override;
   std::int64_t global_steps() const override { return global_steps_; }
   double current_lr(int group) const override;
+  void set_lr(int group, double lr) override;
   MemorySnapshot memory() const override { return device_.ledger().snapshot(); }
   void save_checkpoint(const std::string& dir, const std::string& tag,
                        const nlohmann::json& client_state,

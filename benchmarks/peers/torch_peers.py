@@ -12,8 +12,13 @@ batches, forward, loss and backward; no wrapper, no optimizer, no process group)
 moves into forward or backward counts as its own, as benchmarks/peers/mlp_peers.py measures it;
 peak RSS per process (getrusage); the last step's loss, checked to agree between peers (fp32:
 same model and data, so the same trajectory up to summation order; the bare run does not train
-and is not compared). For each zero stage the driver prints its engine share over the best
-(smallest) of DDP's, FSDP2's and DeepSpeed's at that stage.
+and is not compared). For each zero stage the driver prints, against the best (fastest) of DDP,
+FSDP2 and DeepSpeed at that stage, two ratios side by side: the whole step (zero's ms/step over
+the peer's) and the engine share (zero's share over the peer's). A share is a difference of two
+noisy medians and can come out negative when the bare run was slow in a noisy moment; an engine
+ratio whose baseline (the peer's share) is not positive, or whose numerator (zero's share) is
+negative, would read as a win, so the driver prints none: it says why instead (JSON: "ratio" null,
+"ratio_refused" the reason).
 
   python benchmarks/peers/torch_peers.py [--model mlp|transformer] [--steps 20] [--repeats 3]
                                          [--stages 0,1,2,3] [--nproc 2] [--json out.json]
@@ -221,20 +226,69 @@ def summarise(runs, peers):
     return rows
 
 
+NOISY = " (the bare run was as slow or slower in a noisy moment); rerun with more --repeats"
+
+
+def ratio_or_refusal(num, den, num_name, den_name, what, cause=""):
+    """(num / den, None), or (None, reason) when the ratio would mislead: a baseline `den` that is
+    not positive, or a negative `num` (either reads as a win). Both are ms of `what` (e.g. "engine
+    share"); the names say whose they are, `cause` what likely went wrong, for the reason."""
+    if num is None or den is None:
+        return None, f"not measurable: no {what} for {num_name if num is None else den_name}"
+    if den <= 0:
+        return None, f"not measurable: {den_name}'s {what} is {den:.1f} ms, not positive{cause}"
+    if num < 0:
+        return None, f"not measurable: {num_name}'s {what} is {num:.1f} ms, negative{cause}"
+    return num / den, None
+
+
 def engine_ratios(rows):
-    """{zero stage: (zero's engine share, best peer, its share)} for every zero row that has a
-    peer at its stage (DDP counts at stage 0, FSDP2 at 3, DeepSpeed at its own)."""
-    by_peer = {r["peer"]: r for r in rows if "ms_engine" in r}
+    """{zero stage: {...}} for every zero row that has a peer at its stage (DDP counts at stage 0,
+    FSDP2 at 3, DeepSpeed at its own), against the best peer: the one with the shortest step (with
+    a bare run, also the smallest engine share, since every share subtracts the same bare step).
+    Keys: zero_ms, best_peer, best_peer_ms (engine shares, None without a bare run), ratio (their
+    ratio, or None) and ratio_refused (why None, else None); zero_step_ms, best_peer_step_ms and
+    step_ratio (the whole steps' ratio, or None) and step_ratio_refused."""
+    by_peer = {r["peer"]: r for r in rows if r["peer"] != "bare"}
     out = {}
     for peer, r in by_peer.items():
         kind, _, stage = peer.partition("-s")
         if kind != "zero":
             continue
         others = [p for p in ("ddp", "fsdp2", f"deepspeed-s{stage}") if p in by_peer]
-        if others:
-            best = min(others, key=lambda p: by_peer[p]["ms_engine"])
-            out[int(stage)] = (r["ms_engine"], best, by_peer[best]["ms_engine"])
+        if not others:
+            continue
+        best = min(others, key=lambda p: by_peer[p]["ms_step"])
+        mine, theirs = r.get("ms_engine"), by_peer[best].get("ms_engine")
+        engine, engine_why = ratio_or_refusal(mine, theirs, "zero", best, "engine share", NOISY)
+        step, step_why = ratio_or_refusal(r["ms_step"], by_peer[best]["ms_step"], "zero", best, "step")
+        out[int(stage)] = {"zero_ms": mine, "best_peer": best, "best_peer_ms": theirs,
+                           "ratio": engine, "ratio_refused": engine_why,
+                           "zero_step_ms": r["ms_step"], "best_peer_step_ms": by_peer[best]["ms_step"],
+                           "step_ratio": step, "step_ratio_refused": step_why}
     return out
+
+
+def ratio_lines(ratios):
+    """One line per zero stage: the whole-step ratio, then the engine-share ratio or why none."""
+    lines = []
+    for stage, v in sorted(ratios.items()):
+        best = v["best_peer"]
+        if v["step_ratio"] is not None:
+            step = (f"step {v['zero_step_ms']:.1f} ms = {v['step_ratio']:.2f}x the best peer's step "
+                    f"({best}, {v['best_peer_step_ms']:.1f} ms)")
+        else:
+            step = f"step: no ratio, {v['step_ratio_refused']}"
+        if v["zero_ms"] is None or v["best_peer_ms"] is None:
+            engine = "engine share: none without a bare run"
+        elif v["ratio"] is not None:
+            engine = (f"engine share (step - bare) {v['zero_ms']:.1f} ms = {v['ratio']:.2f}x the best peer's "
+                      f"({best}, {v['best_peer_ms']:.1f} ms)")
+        else:
+            engine = (f"engine share (step - bare) {v['zero_ms']:.1f} ms against {best}'s {v['best_peer_ms']:.1f} ms: "
+                      f"no ratio, {v['ratio_refused']}")
+        lines.append(f"zero stage {stage}: {step}; {engine}")
+    return lines
 
 
 def markdown(rows, args):
@@ -255,10 +309,7 @@ def markdown(rows, args):
              *common.markdown_table(headers, table, left=2)]
     ratios = engine_ratios(rows)
     if ratios:
-        lines.append("")
-        for stage, (mine, best, theirs) in sorted(ratios.items()):
-            lines.append(f"zero stage {stage}: engine share {mine:.1f} ms = {mine / theirs:.2f}x the best peer's "
-                         f"({best}, {theirs:.1f} ms)")
+        lines += ["", *ratio_lines(ratios)]
     return "\n".join(lines)
 
 
@@ -298,8 +349,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
                        "repeats": args.repeats, "torch": torch.__version__, "summary": rows, "runs": runs,
-                       "engine_ratios": {str(k): {"zero_ms": v[0], "best_peer": v[1], "best_peer_ms": v[2],
-                                                  "ratio": v[0] / v[2]} for k, v in engine_ratios(rows).items()},
+                       "engine_ratios": {str(k): v for k, v in engine_ratios(rows).items()},
                        "last_loss_spread": spread}, f, indent=1)
     return 1 if spread > LOSS_SPREAD else 0
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes .venv at the repo root hold what the Python tests need: python/requirements-test.txt
-# (torch, safetensors, numpy, pytest; minimum versions) and the zero package (pip install ./python,
+# (torch, safetensors, numpy, pytest, transformers, accelerate, deepspeed; minimum versions) and the zero package (pip install ./python,
 # which builds libzero.so through CMake in ${BUILD_DIR:-build}). Idempotent: requirements already
 # satisfied are not reinstalled, and the package is reinstalled only when the sources changed
 # since the last install (a hash of its sources, kept in .venv).
@@ -54,7 +54,9 @@ EOF
 if [ -n "$unmet" ]; then
   say "installing requirements: $(echo $unmet)"
   # torch from PyPI brings its CUDA libraries (a few GB): allow for a few minutes.
-  "$py" -m pip install --progress-bar off -r "$req"
+  # DeepSpeed (a test dependency) builds from source: no ops ahead of time (it JIT-builds the one
+  # its CPU runs need).
+  DS_BUILD_OPS=0 "$py" -m pip install --progress-bar off -r "$req"
 else
   have=$("$py" -m pip list --format=freeze 2>/dev/null | grep -iE '^(torch|safetensors|numpy|pytest)==' || true)
   say "requirements satisfied: $(echo $have)"

@@ -198,6 +198,14 @@ class Engine {
   // Throws zero::Error when the config has a "scheduler" block (it sets the lr; the two would
   // fight), for an unknown group, and for an lr that is negative or not finite.
   virtual void set_lr(int group, double lr) = 0;
+  // Whether the micro-steps that step() ends from now on close the accumulation window, as
+  // DeepSpeed's set_gradient_accumulation_boundary (Hugging Face Accelerate sets it every
+  // micro-step, true at the last micro-batch of a window or of the data): true, the next step()
+  // runs the optimizer whatever the count; false, it does not. Until called, and after
+  // clear_accumulation_boundary(), the count of gradient_accumulation_steps decides. The loss
+  // scale keeps 1/gradient_accumulation_steps either way, as DeepSpeed's does.
+  virtual void set_accumulation_boundary(bool boundary) = 0;
+  virtual void clear_accumulation_boundary() = 0;
   // This rank's memory ledger.
   virtual MemorySnapshot memory() const = 0;
   virtual EngineTimings timings() const = 0;

@@ -45,7 +45,7 @@ extern "C" {
 
 /* Bumped on every incompatible change of this header. zero_abi_version() returns the value the
  * library was built with; a binding compares it against the value it was written for. */
-#define ZERO_ABI_VERSION 3
+#define ZERO_ABI_VERSION 4
 
 /* Status codes. */
 enum {
@@ -264,6 +264,11 @@ int zero_engine_lr(const zero_engine* engine, int group, double* lr);
  * the group's base lr (checkpoints keep it). ZERO_ERR_RUNTIME when the config has a "scheduler"
  * block, for an unknown group, and for an lr that is negative or not finite. */
 int zero_engine_set_lr(zero_engine* engine, int group, double lr);
+/* Whether the micro-steps zero_engine_step ends from now on close the accumulation window
+ * (DeepSpeed's set_gradient_accumulation_boundary): 1, the next step runs the optimizer whatever
+ * the count; 0, it does not; -1, the count of gradient_accumulation_steps decides again (the
+ * default). The backward scale keeps its 1/gradient_accumulation_steps. */
+int zero_engine_set_accumulation_boundary(zero_engine* engine, int boundary);
 int zero_engine_global_steps(const zero_engine* engine, int64_t* steps);
 int zero_engine_loss_scale(const zero_engine* engine, double* scale);
 
@@ -280,6 +285,10 @@ int zero_engine_load_checkpoint(zero_engine* engine, const char* dir, const char
 
 /* This rank's memory ledger, as JSON: {"rank":0,"kinds":{"host":{"bytes":..,"peak":..,
  * "tags":{"master_params":{"bytes":..,"peak":..},...}},...}}. Free with zero_free. */
+/* The config's warnings (what `zero-config check` prints as warnings: unknown keys with their
+ * did-you-mean, deprecated names, values ignored as DeepSpeed ignores them) as a JSON array of
+ * {"path": ..., "message": ...}; free with zero_free. */
+int zero_engine_config_warnings_json(const zero_engine* engine, char** json);
 int zero_engine_memory_json(const zero_engine* engine, char** json);
 /* EngineTimings (zero/engine_timings.h) as JSON: {"pack_s":..,...,"buckets":..}. */
 int zero_engine_timings_json(const zero_engine* engine, char** json);

@@ -31,10 +31,15 @@ def client_optimizer(model):
                              weight_decay=cases.WEIGHT_DECAY)
 
 
-def reference():
+def warmup_hold_decay(step):
+    """Steps where the lr stays put: nothing must take the other optimizer's lr for a change."""
+    return (0.5, 1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25, 0.25)[step]
+
+
+def reference(schedule=warmup_then_decay):
     model = cases.build("mlp")
     opt = client_optimizer(model)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     for step in range(STEPS):
         x, y = cases.global_batch("mlp", step)
         opt.zero_grad()
@@ -45,16 +50,16 @@ def reference():
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def train(stage, after_initialize=False):
+def train(stage, after_initialize=False, schedule=warmup_then_decay, save_to=None):
     """zero with the schedule passed to initialize, or built on engine.optimizer afterwards and
-    stepped by the caller (the Trainer's way)."""
+    stepped by the caller (the Trainer's way); save_to: a checkpoint after step 3 on the way."""
     model = cases.build("mlp")
     opt = client_optimizer(model)
     if after_initialize:
         engine, optimizer, _, _ = zero.initialize(model=model, optimizer=opt, config=config(stage))
-        sched = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     else:
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_then_decay)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
         engine, _, _, returned = zero.initialize(model=model, optimizer=opt, lr_scheduler=sched,
                                                  config=config(stage))
         assert returned is sched
@@ -66,6 +71,8 @@ def train(stage, after_initialize=False):
         lrs.append(engine.get_lr())
         if after_initialize:
             sched.step()
+        if save_to is not None and step == 3:
+            engine.save_checkpoint(save_to)
     out = {n: engine.gather_master(n) for n in cases.build("mlp").state_dict()}
     engine.close()
     return out, lrs
@@ -82,6 +89,17 @@ def test_a_client_scheduler_sets_every_steps_lr_as_with_torch(after_initialize):
             [lr for step in expected_lrs for lr in step], rel=1e-12), f"stage {stage} lrs"
         assert_close(master, ref, f"stage {stage} with a client scheduler vs torch")
         assert_bitwise(master, runs[0][0], f"stage {stage} vs stage 0")
+
+
+@pytest.mark.parametrize("after_initialize", (False, True))
+def test_an_lr_held_across_steps_and_a_checkpoint_in_between_change_nothing(tmp_path,
+                                                                            after_initialize):
+    ref = reference(warmup_hold_decay)
+    for stage in (0, 3):
+        master, lrs = train(stage, after_initialize, warmup_hold_decay, tmp_path / str(stage))
+        assert [step[0] for step in lrs] == pytest.approx(
+            [cases.LR * warmup_hold_decay(s) for s in range(STEPS)], rel=1e-12), f"stage {stage}"
+        assert_close(master, ref, f"stage {stage}, lr held, a checkpoint on the way, vs torch")
 
 
 def test_a_client_scheduler_that_cannot_apply_is_refused():

@@ -9,12 +9,13 @@ Launch on N processes with `torchrun --nproc-per-node N train.py` or `mpirun -np
 train.py`: ranks on one host talk through shared memory.
 """
 from ._lib import ZeroError, lib as _libzero
-from .engine import ZeroEngine
+from .engine import ZeroConfigWarning, ZeroEngine
 from .gathered import GatheredParameters
 from .initialize import initialize
+from .partitioned_init import Init
 from . import utils
 
 __version__ = _libzero.zero_version().decode()
 
-__all__ = ["initialize", "ZeroEngine", "GatheredParameters", "ZeroError", "utils",
+__all__ = ["initialize", "Init", "ZeroEngine", "ZeroConfigWarning", "GatheredParameters", "ZeroError", "utils",
            "__version__"]

@@ -16,7 +16,7 @@ from pathlib import Path
 # symbol: ncclCommResume"); loaded after, libzero.so binds to torch's newer, compatible copies.
 import torch  # noqa: F401
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 F32, F16, BF16, F64 = 0, 1, 2, 3
 STATUS_NAMES = {1: "invalid argument", 2: "config", 3: "I/O", 4: "communication",
@@ -104,6 +104,7 @@ _SIGNATURES = {
                               ctypes.c_int),
     "zero_engine_lr": ([P, ctypes.c_int, ctypes.POINTER(ctypes.c_double)], ctypes.c_int),
     "zero_engine_set_lr": ([P, ctypes.c_int, ctypes.c_double], ctypes.c_int),
+    "zero_engine_set_accumulation_boundary": ([P, ctypes.c_int], ctypes.c_int),
     "zero_engine_global_steps": ([P, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int),
     "zero_engine_loss_scale": ([P, ctypes.POINTER(ctypes.c_double)], ctypes.c_int),
     "zero_engine_save_checkpoint": ([P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p],
@@ -111,6 +112,7 @@ _SIGNATURES = {
     "zero_engine_load_checkpoint": ([P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P),
                                      ctypes.POINTER(P)], ctypes.c_int),
     "zero_engine_memory_json": ([P, ctypes.POINTER(P)], ctypes.c_int),
+    "zero_engine_config_warnings_json": ([P, ctypes.POINTER(P)], ctypes.c_int),
     "zero_engine_timings_json": ([P, ctypes.POINTER(P)], ctypes.c_int),
     "zero_engine_reset_timings": ([P], ctypes.c_int),
     "zero_checkpoint_open": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(P)], ctypes.c_int),

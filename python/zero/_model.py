@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._lib import BF16, F16, F32, ZeroError
+from .partitioned_init import is_partitioned_param
 
 TORCH_DTYPES = {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16}
 DTYPE_NAMES = {F32: "fp32", F16: "fp16", BF16: "bf16"}
@@ -89,8 +90,11 @@ def register(model, model_parameters, dtype):
         if trainable and id(p) not in groups:
             raise ZeroError(f"parameter '{name}' is trainable but not in model_parameters: pass "
                             "every trainable parameter, or set requires_grad=False on it")
-        out.append(Registered(index=len(out), name=name, param=p, shape=tuple(p.shape),
-                              numel=p.numel(), unit=unit_of[id(p)], group=groups.get(id(p), 0),
+        # Built under zero.Init: the shape it had before it was partitioned.
+        shape = tuple(p.ds_shape) if is_partitioned_param(p) else tuple(p.shape)
+        out.append(Registered(index=len(out), name=name, param=p, shape=shape,
+                              numel=math.prod(shape), unit=unit_of[id(p)],
+                              group=groups.get(id(p), 0),
                               trainable=trainable, tied_names=names[id(p)][1:]))
     return out, overrides, units
 

@@ -10,6 +10,7 @@ A model on a GPU gets an engine on that GPU: the model copy, gathered units, gra
 master weights and optimizer states are device memory (or where the config offloads them), and
 the parameters are views of it. A gradient is copied into its slot on torch's current stream,
 and the engine's kernels (on the default stream) wait for that copy without the host waiting."""
+import contextlib
 import ctypes
 import json
 import math
@@ -25,6 +26,10 @@ from ._memory import tensor_at
 from ._model import (DTYPE_NAMES, TORCH_DTYPES, check_unchanged, register, snapshot,
                      training_dtype)
 from ._stage3 import UnitFetcher
+from .partitioned_init import gather, is_partitioned_param, release
+
+# The key under which a checkpoint's client state carries the client LR scheduler's state_dict.
+SCHEDULER_STATE_KEY = "zero:lr_scheduler"
 
 # The environment variables a launcher sets; any of them present means "launched".
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -53,6 +58,10 @@ class _Comm:
             call("zero_comm_create_env", _comm_timeout_ms(), ctypes.byref(h))
             self.handle = h
 
+    def destroy(self):
+        """DeepSpeed's name for close()."""
+        self.close()
+
     def close(self):
         if self.handle is not None:
             _lib.lib.zero_comm_destroy(self.handle)
@@ -74,6 +83,28 @@ def _model_device(model):
     return device
 
 
+def _without_infinite_steps_per_print(config):
+    """Accelerate's DeepSpeed plugin sets steps_per_print to float("inf") ("never print"), which
+    JSON cannot hold: the key goes, as zero prints nothing per step anyway."""
+    value = config.get("steps_per_print")
+    if isinstance(value, float) and math.isinf(value) and value > 0:
+        config = {k: v for k, v in config.items() if k != "steps_per_print"}
+    return config
+
+
+def _check_finite(value, path):
+    """Raises ZeroError naming the first key whose value is a NaN or infinite float."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ZeroError(f"config key '{path}' is {value}; JSON (and DeepSpeed's config) holds "
+                        "finite numbers only: give a number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{path}[{i}]")
+
+
 def _load_config(config):
     """(JSON text, dict) of `config`: a path to a ds_config file or a dict."""
     if isinstance(config, (str, os.PathLike)):
@@ -89,11 +120,17 @@ def _load_config(config):
             raise ZeroError(f"config '{path}' is not valid JSON: {e}") from None
         return text, document
     if isinstance(config, dict):
+        config = _without_infinite_steps_per_print(config)
+        _check_finite(config, "")
         try:
             return json.dumps(config), config
         except (TypeError, ValueError) as e:
             raise ZeroError(f"config dict cannot be written as JSON: {e}") from None
     raise ZeroError(f"config is a {type(config).__name__}; expected a path or a dict")
+
+
+class ZeroConfigWarning(UserWarning):
+    """A ds_config warning from zero's config layer (what `zero-config check` prints)."""
 
 
 class ZeroEngine(torch.nn.Module):
@@ -120,12 +157,16 @@ class ZeroEngine(torch.nn.Module):
         info = _lib.EngineInfo()
         call("zero_engine_info_get", self._handle, ctypes.byref(info))
         self._info = info
+        self._warn_config()
+        self._take_partitioned(registered)
         self.global_steps = 0
         self.micro_steps = 0
         self.skipped_steps = 0
         self._last_result = None
         self._lr_sources = []  # optimizers whose param_groups' lr the engine follows (initialize)
         self._client_scheduler = None  # a caller's LR scheduler the engine steps
+        self._boundary = None  # set_gradient_accumulation_boundary(); None: the count decides
+        self._backward_open = False  # a backward ran since the last step()
         self._snapshot = snapshot(model)
         self._views = {}
         self._grad_hooks = []
@@ -166,6 +207,9 @@ class ZeroEngine(torch.nn.Module):
 
         def init(_user, index, out, numel):
             try:
+                if is_partitioned_param(registered[index].param):
+                    ctypes.memset(out, 0, numel * 4)  # set after create, gathered (see __init__)
+                    return 0
                 values = registered[index].param.detach().reshape(-1).float().cpu()
                 ctypes.memmove(out, values.data_ptr(), numel * 4)
                 return 0
@@ -189,6 +233,33 @@ class ZeroEngine(torch.nn.Module):
                                 "each one named above", e.status) from None
             raise
         self._handle = h
+
+    _warned = set()  # config warnings already shown in this process
+
+    def _warn_config(self):
+        """The config's warnings (unknown keys with their did-you-mean, ...) reach the user as
+        Python warnings, from rank 0, each once per process."""
+        p = ctypes.c_void_p()
+        call("zero_engine_config_warnings_json", self._handle, ctypes.byref(p))
+        found = json.loads(take_string(p))
+        if self.global_rank != 0:
+            return
+        for f in found:
+            text = f"zero: ds_config {f['path']}: {f['message']}" if f["path"] else \
+                f"zero: ds_config: {f['message']}"
+            if text not in ZeroEngine._warned:
+                ZeroEngine._warned.add(text)
+                warnings.warn(text, ZeroConfigWarning, stacklevel=4)
+
+    def _take_partitioned(self, registered):
+        """Parameters built under zero.Init: each is gathered whole (over torch's default group,
+        one at a time) and becomes the engine's; their zero.Init slices are dropped."""
+        for r in registered:
+            if is_partitioned_param(r.param):
+                gather(r.param)
+                self._set_param(r.index, r.param.data, 0)
+                r.param.data = torch.empty(0, dtype=r.param.dtype, device=r.param.device)
+                release(r.param)
 
     def _alias_model_copy(self):
         """Stages 0-2: every parameter's .data becomes the engine's model copy (no copy)."""
@@ -235,9 +306,14 @@ class ZeroEngine(torch.nn.Module):
         with self._fetcher.saved_tensors_hooks():
             return self.module(*args, **kwargs)
 
-    def backward(self, loss, retain_graph=False):
-        """loss.backward() with the loss scaled as the engine needs (fp16 loss scale, 1/GAS);
-        gradients reach the engine as autograd produces them."""
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """loss.backward() with the loss scaled as the engine needs (fp16 loss scale, and 1/GAS
+        unless scale_wrt_gas is False); gradients reach the engine as autograd produces them.
+
+        Hugging Face Accelerate calls step() only at the accumulation boundary, after marking
+        each micro-batch with set_gradient_accumulation_boundary(): a backward that follows
+        another without a step() in between first ends the earlier micro-step (as a step()
+        outside the boundary would)."""
         self._check_alive()
         if not isinstance(loss, torch.Tensor):
             raise ZeroError(f"backward(loss): loss is a {type(loss).__name__}; expected a tensor")
@@ -248,22 +324,45 @@ class ZeroEngine(torch.nn.Module):
         if loss.numel() != 1:
             raise ZeroError(f"backward(loss): the loss has {loss.numel()} elements; expected a "
                             "scalar (reduce it with .mean() or .sum())")
+        if self._backward_open:
+            if self._boundary is None:
+                raise ZeroError("backward() twice without step() in between: call "
+                                "engine.step() after every backward (it runs the optimizer only "
+                                "at the accumulation boundary), or mark micro-batches with "
+                                "set_gradient_accumulation_boundary() as Accelerate does")
+            self._end_micro_step(boundary=False)
         scale = ctypes.c_double()
         call("zero_engine_backward_scale", self._handle, ctypes.byref(scale))
-        scaled = loss if scale.value == 1.0 else loss.float() * scale.value
+        factor = scale.value if scale_wrt_gas else scale.value * self.gradient_accumulation_steps()
+        scaled = loss if factor == 1.0 else loss.float() * factor
         scaled.backward(retain_graph=retain_graph)
+        self._backward_open = True
         return loss
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """Whether the current micro-batch ends an accumulation window (DeepSpeed's; Accelerate
+        sets it before every backward): the next step() runs the optimizer if so, whatever the
+        count of gradient_accumulation_steps. Stays set until changed."""
+        self._boundary = bool(is_boundary)
 
     def step(self, lr_kwargs=None):
         """Ends the micro-step; at the accumulation boundary the optimizer runs."""
         self._check_alive()
+        self._end_micro_step(self._boundary)
+
+    def _end_micro_step(self, boundary):
+        """Ends the micro-step: boundary True/False overrides the count; None leaves it to it."""
         check_unchanged(self.module, self._snapshot, self._registered, self._views)
         if self._fetcher is not None:
             self._fetcher.release_all()
-        if self.is_gradient_accumulation_boundary():
+        at_boundary = boundary if boundary is not None else self.is_gradient_accumulation_boundary()
+        if at_boundary:
             self._follow_lr()
+        call("zero_engine_set_accumulation_boundary", self._handle,
+             -1 if boundary is None else int(boundary))
         result = _lib.StepResult()
         call("zero_engine_step", self._handle, ctypes.byref(result))
+        self._backward_open = False
         self.micro_steps += 1
         self._last_result = result
         if result.boundary:
@@ -272,6 +371,7 @@ class ZeroEngine(torch.nn.Module):
             optimizer = getattr(self, "optimizer", None)
             if optimizer is not None:
                 optimizer.refresh()
+            self._sync_lr_sources()
             if self._client_scheduler is not None and not result.skipped:
                 # The engine stepped the optimizer, not optimizer.step(): torch's warning that
                 # the scheduler runs first does not apply.
@@ -291,13 +391,31 @@ class ZeroEngine(torch.nn.Module):
                 if lr != now:
                     call("zero_engine_set_lr", self._handle, g, lr)
                     break
+        self._sync_lr_sources()
+
+    def _sync_lr_sources(self):
+        """Every optimizer the engine follows shows the engine's lr, so that a change written
+        into any of them afterwards is told apart from the others' unchanged values."""
+        lrs = self.get_lr()
+        for source in self._lr_sources:
+            for group, lr in zip(source.param_groups, lrs):
+                group["lr"] = lr
 
     def zero_grad(self, set_to_none=True):
         for r in self._registered:
             r.param.grad = None
 
     def is_gradient_accumulation_boundary(self):
+        if self._boundary is not None:
+            return self._boundary
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeed's no_sync (Accelerate enters it at stages 0-1 between boundaries). zero
+        reduces every micro-step's gradients at every stage, which keeps the stages bitwise
+        equal, so there is nothing to skip: the context changes nothing."""
+        yield
 
     def was_step_applied(self):
         return self._last_result is not None and bool(self._last_result.boundary) and not bool(
@@ -384,27 +502,49 @@ class ZeroEngine(torch.nn.Module):
             call("zero_engine_set_param", self._handle, index, None, 0, root)
 
     # --- checkpoints ---
-    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True):
-        """Writes save_dir/tag (default global_step<N>); collective. client_state must be JSON
-        (numbers, strings, lists, dicts)."""
+    def save_checkpoint(self, save_dir, tag=None, client_state={}, save_latest=True,
+                        exclude_frozen_parameters=False):
+        """Writes save_dir/tag (default global_step<N>) and save_dir/latest; collective.
+        client_state must be JSON (numbers, strings, lists, dicts). A client LR scheduler's
+        state_dict goes in too (load_checkpoint restores it). Frozen parameters are always
+        written: exclude_frozen_parameters is accepted and changes nothing (they are small next
+        to the optimizer states zero writes anyway)."""
         self._check_alive()
+        state = dict(client_state) if client_state is not None else {}
+        what = "client_state"
+        if self._client_scheduler is not None and hasattr(self._client_scheduler, "state_dict"):
+            state[SCHEDULER_STATE_KEY] = self._client_scheduler.state_dict()
+            what = "client_state or the lr scheduler's state_dict"
         try:
-            state = json.dumps(client_state if client_state is not None else {})
+            state = json.dumps(state)
         except (TypeError, ValueError) as e:
-            raise ZeroError(f"save_checkpoint: client_state cannot be stored as JSON ({e}); "
-                            "keep tensors out of it") from None
+            raise ZeroError(f"save_checkpoint: {what} cannot be stored as JSON ({e}); keep "
+                            "tensors and functions out of it") from None
         if self._fetcher is not None:
             self._fetcher.release_all()
+        # The lr a client scheduler has set for the next step is what the checkpoint keeps.
+        self._follow_lr()
         call("zero_engine_save_checkpoint", self._handle, os.fspath(save_dir).encode(),
              None if tag is None else str(tag).encode(), state.encode())
         return True
 
-    def load_checkpoint(self, load_dir, tag=None, **_ignored):
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False, custom_load_fn=None):
         """Loads load_dir/tag (tag None: what load_dir/latest, or latest_universal, names), a zero
         or DeepSpeed checkpoint of any kind (ZeRO 0-3, BF16_Optimizer, universal), whatever world
-        size and stage it was saved at. Returns (path, client_state);
-        (None, None) when tag is None and there is no `latest` file, as DeepSpeed does."""
+        size and stage it was saved at: weights, optimizer states, counters and the lr schedule,
+        and the client LR scheduler's state when load_lr_scheduler_states. Returns (path,
+        client_state); (None, None) when tag is None and there is no `latest` file, as DeepSpeed
+        does. load_module_strict is accepted (zero checks names and shapes always); loading
+        weights without the optimizer states (load_optimizer_states=False, load_module_only) and
+        custom_load_fn are not supported and raise ZeroError."""
         self._check_alive()
+        if not load_optimizer_states or load_module_only or custom_load_fn is not None:
+            raise ZeroError("load_checkpoint: zero loads weights and optimizer states together "
+                            "(load_optimizer_states=False, load_module_only=True and "
+                            "custom_load_fn are not supported); for the weights alone use "
+                            "zero.utils.get_fp32_state_dict_from_zero_checkpoint")
         load_dir = os.fspath(load_dir)
         # DeepSpeed's universal checkpoints name their tag in latest_universal.
         if tag is None and not any(os.path.isfile(os.path.join(load_dir, f))
@@ -417,16 +557,61 @@ class ZeroEngine(torch.nn.Module):
         call("zero_engine_load_checkpoint", self._handle, load_dir.encode(),
              None if tag is None else str(tag).encode(), ctypes.byref(state), ctypes.byref(path))
         client_state = json.loads(take_string(state))
+        scheduler_state = client_state.pop(SCHEDULER_STATE_KEY, None)
+        if (load_lr_scheduler_states and scheduler_state is not None
+                and self._client_scheduler is not None):
+            self._client_scheduler.load_state_dict(scheduler_state)
         steps = ctypes.c_int64()
         call("zero_engine_global_steps", self._handle, ctypes.byref(steps))
         self.global_steps = steps.value
         self.micro_steps = steps.value * self.gradient_accumulation_steps()
+        # The lr the checkpoint restored is every optimizer's, so that the engine does not take
+        # a freshly built scheduler's first lr for a change (DeepSpeed restores param groups).
+        self._sync_lr_sources()
         return take_string(path), client_state
+
+    # --- the whole model on rank 0 ---
+    def zero_gather_16bit_weights_on_model_save(self):
+        """The config's zero_optimization.stage3_gather_16bit_weights_on_model_save (or its old
+        name, ..._fp16_...): whether savers may gather the whole model at stage 3."""
+        z = self.config.get("zero_optimization") or {}
+        return bool(z.get("stage3_gather_16bit_weights_on_model_save",
+                          z.get("stage3_gather_fp16_weights_on_model_save", False)))
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """The module's state_dict with every parameter whole, in the training dtype, on rank 0
+        (an empty dict elsewhere); collective, one unit at a time. Tied names share a tensor."""
+        from .gathered import GatheredParameters
+        self._check_alive()
+        rank0 = self.global_rank == 0
+        values = {}  # id(param) -> whole value (rank 0)
+        for p in dict.fromkeys(self.module.parameters()):
+            if exclude_frozen_parameters and not p.requires_grad:
+                continue
+            with GatheredParameters([p]):
+                if rank0:
+                    values[id(p)] = p.detach().clone().cpu()
+        if not rank0:
+            return {}
+        out = {}
+        for key, t in self.module.state_dict(keep_vars=True).items():
+            if isinstance(t, torch.nn.Parameter):
+                if id(t) in values:
+                    out[key] = values[id(t)]
+            else:
+                out[key] = t.detach().clone().cpu()
+        return out
+
+    _consolidated_16bit_state_dict = _zero3_consolidated_16bit_state_dict
 
     # --- lifetime ---
     def _check_alive(self):
         if self._handle is None:
             raise ZeroError("this engine was closed")
+
+    def destroy(self):
+        """DeepSpeed's name for close()."""
+        self.close()
 
     def close(self):
         """Frees the engine. The model's parameters get their own memory back (a copy of their

@@ -1,6 +1,8 @@
 """zero.GatheredParameters: read (and change) parameters whole outside a module's forward."""
 from ._lib import ZeroError
 from ._stage3 import live_fetcher_of
+from .partitioned_init import _world as partitioned_world
+from .partitioned_init import gather, is_partitioned_param, partition
 
 
 class GatheredParameters:
@@ -14,6 +16,9 @@ class GatheredParameters:
     and model copy (rounded to the training dtype), at every stage, so training continues from
     them; optimizer states are kept. With None, changes made inside the context are not kept
     at stage 3 (the gathered copy is dropped), as in DeepSpeed.
+
+    Parameters built under zero.Init that no engine holds yet are gathered over torch's default
+    process group on entry and partitioned again on exit (keeping modifier_rank's values).
 
     fwd_module is accepted for DeepSpeed compatibility and not used."""
 
@@ -31,6 +36,7 @@ class GatheredParameters:
         self.enabled = enabled
         self.units = []
         self.fetcher = None
+        self.partitioned = []
 
     def __enter__(self):
         if not self.enabled:
@@ -41,6 +47,14 @@ class GatheredParameters:
                 if engine is not None and not 0 <= self.modifier_rank < engine.world_size:
                     raise ZeroError(f"GatheredParameters: modifier_rank={self.modifier_rank} is "
                                     f"not a rank (the world has {engine.world_size})")
+        self.partitioned = [p for p in self.params if is_partitioned_param(p)]
+        world = partitioned_world()[1]
+        if self.partitioned and self.modifier_rank is not None and not (
+                0 <= self.modifier_rank < world):
+            raise ZeroError(f"GatheredParameters: modifier_rank={self.modifier_rank} is not a "
+                            f"rank (the world has {world})")
+        for p in self.partitioned:
+            gather(p)
         for p in self.params:
             fetcher, unit = live_fetcher_of(p)
             if fetcher is None:
@@ -69,6 +83,10 @@ class GatheredParameters:
                     if engine._fetcher is None:
                         engine._alias_model_copy()
         finally:
+            keep = self.enabled and self.modifier_rank is not None and exc_type is None
+            for p in self.partitioned:
+                partition(p, keep_values=keep, root=self.modifier_rank if keep else 0)
+            self.partitioned = []
             for u in self.units:
                 self.fetcher.forward_refs[u] -= 1
                 if self.fetcher.forward_refs[u] == 0:

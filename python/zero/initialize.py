@@ -55,7 +55,9 @@ class ZeroLRScheduler:
 
 def _from_client_optimizer(optimizer, config):
     """(config with an optimizer block, per-group overrides) for a torch Adam/AdamW instance."""
-    kind = _CLIENT_OPTIMIZERS.get(type(optimizer))
+    # deepspeed.ops.adam's DeepSpeedCPUAdam / FusedAdam name their kind.
+    kind = getattr(optimizer, "zero_optimizer_type", None) or _CLIENT_OPTIMIZERS.get(
+        type(optimizer))
     if kind is None:
         raise ZeroError(f"optimizer is a {type(optimizer).__name__}; zero runs its own optimizer "
                         "kernels: pass None and put an \"optimizer\" block in the config, or pass "
@@ -134,6 +136,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
     # caller's own (DeepSpeed's optimizer shares the caller's param groups; schedulers are built
     # on either).
     engine._lr_sources = [zero_optimizer] + ([optimizer] if optimizer is not None else [])
+    engine._sync_lr_sources()
 
     scheduler = _client_scheduler(lr_scheduler, optimizer, zero_optimizer, engine)
     if scheduler is None and "scheduler" in engine.config:

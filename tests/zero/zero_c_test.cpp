@@ -365,6 +365,38 @@ TEST_CASE("the C ABI reports versions, info, memory and timings, and saves and r
   CHECK(zero_checkpoint_close(ck) == ZERO_OK);
 }
 
+TEST_CASE("zero_engine_set_accumulation_boundary overrides the count of micro-steps") {
+  // gradient_accumulation_steps is 2: by the count, every second step() is a boundary.
+  const std::vector<zero_param_spec> specs = specs_of(ZERO_DTYPE_F32);
+  int calls = 0;
+  zero_engine* e = nullptr;
+  REQUIRE(zero_engine_create(config_text(2, "fp32").c_str(), nullptr, specs.data(), specs.size(),
+                             nullptr, init_weights, &calls, &e) == ZERO_OK);
+  zero_step_result r{};
+  REQUIRE(zero_engine_set_accumulation_boundary(e, 1) == ZERO_OK);  // a window of one micro-step
+  micro_step(e, ZERO_DTYPE_F32, &r);
+  CHECK(r.boundary == 1);
+  CHECK(r.global_steps == 1);
+  REQUIRE(zero_engine_set_accumulation_boundary(e, 0) == ZERO_OK);  // three without a boundary
+  for (int i = 0; i < 3; ++i) {
+    micro_step(e, ZERO_DTYPE_F32, &r);
+    CHECK(r.boundary == 0);
+  }
+  REQUIRE(zero_engine_set_accumulation_boundary(e, 1) == ZERO_OK);
+  micro_step(e, ZERO_DTYPE_F32, &r);
+  CHECK(r.boundary == 1);
+  CHECK(r.global_steps == 2);
+  REQUIRE(zero_engine_set_accumulation_boundary(e, -1) == ZERO_OK);  // the count again
+  micro_step(e, ZERO_DTYPE_F32, &r);
+  CHECK(r.boundary == 0);
+  micro_step(e, ZERO_DTYPE_F32, &r);
+  CHECK(r.boundary == 1);
+  CHECK(r.global_steps == 3);
+  CHECK(zero_engine_set_accumulation_boundary(e, 2) == ZERO_ERR_RUNTIME);
+  CHECK_THAT(zero_last_error(), Catch::Contains("boundary 2 is not -1, 0 or 1"));
+  zero_engine_destroy(e);
+}
+
 TEST_CASE("a client LR scheduler's lr reaches the engine through zero_engine_set_lr") {
   const std::vector<zero_param_spec> specs = specs_of(ZERO_DTYPE_F32);
   int calls = 0;

@@ -319,6 +319,18 @@ int zero_engine_set_lr(zero_engine* engine, int group, double lr) {
   return guarded("zero_engine_set_lr", [&] { checked(engine).set_lr(group, lr); });
 }
 
+int zero_engine_set_accumulation_boundary(zero_engine* engine, int boundary) {
+  return guarded("zero_engine_set_accumulation_boundary", [&] {
+    ZERO_CHECK(boundary >= -1 && boundary <= 1,
+               "zero_engine_set_accumulation_boundary: boundary {} is not -1, 0 or 1", boundary);
+    if (boundary < 0) {
+      checked(engine).clear_accumulation_boundary();
+    } else {
+      checked(engine).set_accumulation_boundary(boundary == 1);
+    }
+  });
+}
+
 int zero_engine_global_steps(const zero_engine* engine, int64_t* steps) {
   return guarded("zero_engine_global_steps", [&] {
     ZERO_C_REQUIRE(steps != nullptr, "steps is null");
@@ -360,6 +372,19 @@ int zero_engine_load_checkpoint(zero_engine* engine, const char* dir, const char
     if (client_state_json != nullptr) state.reset(copy_out(client_state.dump()));
     if (path != nullptr) *path = copy_out(tag_folder(dir, tag));
     if (client_state_json != nullptr) *client_state_json = state.release();
+  });
+}
+
+int zero_engine_config_warnings_json(const zero_engine* engine, char** json) {
+  return guarded("zero_engine_config_warnings_json", [&] {
+    ZERO_C_REQUIRE(json != nullptr, "json is null");
+    ZERO_C_REQUIRE(engine != nullptr && engine->config != nullptr, "engine is null");
+    nlohmann::json out = nlohmann::json::array();
+    for (const zero::config::Finding& f : engine->config->findings) {
+      if (f.severity != zero::config::Severity::Warning) continue;
+      out.push_back({{"path", f.path}, {"message", f.message}});
+    }
+    *json = copy_out(out.dump());
   });
 }
 

@@ -441,7 +441,7 @@ StepResult EngineImpl::step() {
   result.skipped_steps = skipped_steps_;
   result.lr = current_lr(0);
   result.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  if (micro_in_window_ + 1 < gas_) {
+  if (!forced_boundary_.value_or(micro_in_window_ + 1 >= gas_)) {
     ++micro_in_window_;
     reset_micro_step();
     return result;

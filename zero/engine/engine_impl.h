@@ -83,6 +83,8 @@ class EngineImpl final : public Engine, private SliceMap {
   std::int64_t global_steps() const override { return global_steps_; }
   double current_lr(int group) const override;
   void set_lr(int group, double lr) override;
+  void set_accumulation_boundary(bool boundary) override { forced_boundary_ = boundary; }
+  void clear_accumulation_boundary() override { forced_boundary_.reset(); }
   MemorySnapshot memory() const override { return device_.ledger().snapshot(); }
   void save_checkpoint(const std::string& dir, const std::string& tag,
                        const nlohmann::json& client_state,
@@ -254,6 +256,7 @@ class EngineImpl final : public Engine, private SliceMap {
   LrScheduleParams schedule_;
   std::optional<LossScaler> scaler_;
   std::int64_t micro_in_window_ = 0;
+  std::optional<bool> forced_boundary_;  // set_accumulation_boundary(); unset: the count decides
   std::int64_t global_steps_ = 0;
   std::int64_t skipped_steps_ = 0;
   std::int64_t applied_steps_ = 0;

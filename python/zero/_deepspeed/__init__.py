@@ -3,8 +3,19 @@ API on zero's engine. Submodules follow DeepSpeed's layout (deepspeed.comm, deep
 deepspeed.accelerator, deepspeed.runtime.lr_schedules, deepspeed.launcher.runner,
 deepspeed.checkpoint.utils, deepspeed.zero) with the names accelerate and transformers use."""
 from ..engine import ZeroEngine as DeepSpeedEngine
-from ..initialize import initialize
-from . import accelerator, checkpoint, comm, launcher, runtime, utils, zero  # noqa: F401
+from ..initialize import initialize as _zero_initialize
+from . import accelerator, checkpoint, comm, launcher, ops, runtime, utils, zero  # noqa: F401
+
+
+def initialize(*args, dist_init_required=None, **kwargs):
+    """deepspeed.initialize: zero.initialize, after making torch's default process group as
+    DeepSpeed's does (callers such as the Hugging Face Trainer use torch.distributed next)."""
+    if dist_init_required is not False:
+        comm.init_distributed()
+    return _zero_initialize(*args, **kwargs)
+
+
+initialize.__wrapped__ = _zero_initialize
 
 
 def _version():

@@ -1,2 +1,2 @@
 """deepspeed.runtime."""
-from . import lr_schedules  # noqa: F401
+from . import lr_schedules, zero  # noqa: F401

@@ -194,7 +194,8 @@ class Engine {
   virtual std::int64_t global_steps() const = 0;
   virtual double current_lr(int group = 0) const = 0;
   // The lr of group `group` from the next optimizer step on, as a client LR scheduler sets it
-  // (torch's param_groups[g]["lr"]): replaces the group's base lr, which checkpoints keep.
+  // (torch's param_groups[g]["lr"]): replaces the group's base lr, which checkpoints keep and
+  // load_checkpoint restores (from zero's checkpoints with as many groups).
   // Throws zero::Error when the config has a "scheduler" block (it sets the lr; the two would
   // fight), for an unknown group, and for an lr that is negative or not finite.
   virtual void set_lr(int group, double lr) = 0;

@@ -299,10 +299,13 @@ TEST_CASE("the C ABI reports versions, info, memory and timings, and saves and r
   CHECK(timings["optimizer_s"].get<double>() > 0);
   CHECK(timings["buckets"].get<std::int64_t>() > 0);
 
+  // A client scheduler's lr for the next step is part of what the checkpoint keeps.
+  REQUIRE(zero_engine_set_lr(e, 0, 0.0375) == ZERO_OK);
   REQUIRE(zero_engine_save_checkpoint(e, dir.path().c_str(), nullptr, R"({"epoch": 3})") ==
           ZERO_OK);
   std::vector<float> saved(kNumel[0]);
   REQUIRE(zero_engine_gather_master(e, 0, saved.data(), saved.size()) == ZERO_OK);
+  REQUIRE(zero_engine_set_lr(e, 0, 0.001) == ZERO_OK);
   micro_step(e, ZERO_DTYPE_F32, &r);
   micro_step(e, ZERO_DTYPE_F32, &r);
   char* client = nullptr;
@@ -317,6 +320,8 @@ TEST_CASE("the C ABI reports versions, info, memory and timings, and saves and r
   CHECK(loaded == saved);
   REQUIRE(zero_engine_global_steps(e, &steps) == ZERO_OK);
   CHECK(steps == 2);
+  REQUIRE(zero_engine_lr(e, 0, &lr) == ZERO_OK);
+  CHECK(lr == 0.0375);
   CHECK(zero_engine_destroy(e) == ZERO_OK);
 
   // What zero_to_fp32 would write, in memory.

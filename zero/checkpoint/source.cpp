@@ -86,12 +86,26 @@ class ZeroSource final : public CheckpointSource {
   SourceCounters counters() const override {
     const json& es = r_.manifest().engine_state;
     const json& s = es.at("loss_scaler");
-    return {es.at("global_steps").get<std::int64_t>(), es.at("skipped_steps").get<std::int64_t>(),
-            es.at("applied_steps").get<std::int64_t>(),
-            es.at("last_batch_iteration").get<std::int64_t>(),
-            LossScalerState{s.at("scale").get<double>(), s.at("iteration").get<std::int64_t>(),
-                            s.at("last_overflow_iteration").get<std::int64_t>(),
-                            s.at("hysteresis_left").get<std::int64_t>()}};
+    SourceCounters c{es.at("global_steps").get<std::int64_t>(),
+                     es.at("skipped_steps").get<std::int64_t>(),
+                     es.at("applied_steps").get<std::int64_t>(),
+                     es.at("last_batch_iteration").get<std::int64_t>(),
+                     LossScalerState{s.at("scale").get<double>(),
+                                     s.at("iteration").get<std::int64_t>(),
+                                     s.at("last_overflow_iteration").get<std::int64_t>(),
+                                     s.at("hysteresis_left").get<std::int64_t>()},
+                     {}};
+    const json& opt = r_.manifest().optimizer;
+    if (opt.is_object() && opt.contains("groups") && opt["groups"].is_array()) {
+      for (const json& g : opt["groups"]) {
+        if (!g.is_object() || !g.contains("lr") || !g["lr"].is_number()) {
+          c.group_lrs.clear();
+          break;
+        }
+        c.group_lrs.push_back(g["lr"].get<double>());
+      }
+    }
+    return c;
   }
   json client_state() const override { return r_.manifest().client_state; }
 

@@ -69,6 +69,9 @@ struct SourceCounters {
   std::int64_t global_steps = 0, skipped_steps = 0, applied_steps = 0, last_batch_iteration = -1;
   // Nothing when the checkpoint holds no dynamic loss scaler to continue.
   std::optional<LossScalerState> scaler;
+  // Each param group's lr for the next step, as saved (a client LR scheduler's last setting);
+  // empty when the checkpoint does not record it (DeepSpeed's: the config's lr stays).
+  std::vector<double> group_lrs;
 };
 
 // A file whose tensors carry checksums, for verify_file() and progress reports.

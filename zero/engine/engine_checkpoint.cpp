@@ -588,6 +588,10 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   skipped_steps_ = counters.skipped_steps;
   applied_steps_ = counters.applied_steps;
   last_batch_iteration_ = counters.last_batch_iteration;
+  // The lr each group had for its next step (set_lr's), where the checkpoint has as many groups.
+  if (counters.group_lrs.size() == groups_.size()) {
+    for (std::size_t g = 0; g < groups_.size(); ++g) groups_[g].base_lr = counters.group_lrs[g];
+  }
   // A dynamic scaler continues where it was (DeepSpeed restores it); a static one keeps the
   // config's scale.
   if (scaler_->dynamic() && counters.scaler) scaler_->restore(*counters.scaler);

@@ -36,7 +36,7 @@
 // the ranks and the host communicator for everything else (EngineOptions::control_comm); the
 // synthetic gradients are copied from device memory (there is no forward stand-in), and the
 // limits are a device-to-device copy and the CUDA traffic probe in device memory. It has not
-// run on a GPU yet (README, GPU status).
+// run on a GPU yet (docs/gpu-status.md).
 #include "benchmarks/step_bench.h"
 
 #include <algorithm>

@@ -46,7 +46,7 @@ file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 run("install into ${prefix}" ${CMAKE_COMMAND} --install ${ZERO_BUILD_DIR} --prefix ${prefix})
 
-# The layout the README promises.
+# The layout docs/building.md (Install) promises.
 set(missing "")
 foreach(path IN ITEMS
     include/zero/zero_c.h include/zero/engine.h include/zero/base/dtype.h

@@ -130,7 +130,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   DeviceOptions device_options;
   device_options.device_budget_bytes = options.memory_budget;
   // "auto": ZERO_DEVICE, else CUDA when a GPU is visible (make_device), now that the GPU tests
-  // have passed on an H100 (README, GPU status).
+  // have passed on an H100 (docs/gpu-status.md).
   const std::unique_ptr<Device> device = make_device(options.device, comm.rank(), device_options);
   EngineOptions engine_options;
   engine_options.kernel_threads = threads;

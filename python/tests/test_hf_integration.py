@@ -244,3 +244,18 @@ def test_accelerate_loop_agrees_with_deepspeed(tmp_path_factory, stage):
         for a, b in zip(ours[0][key], theirs[0][key], strict=True):
             assert abs(a - b) <= 1e-5, (key, ours[0][key], theirs[0][key])
     assert_close(ours[1], theirs[1], f"accelerate stage {stage}: zero against DeepSpeed")
+
+
+def test_accelerate_launch_runs_the_loop_on_zero(tmp_path_factory, tmp_path):
+    """`accelerate launch -m zero.as_deepspeed script.py`: the same run as `python -m ...`."""
+    plain = accelerate_result(run(tmp_path_factory, "zero", "worker_accelerate.py", stage=2))
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--cpu",
+           "-m", "zero.as_deepspeed", str(HERE / "worker_accelerate.py"), str(tmp_path),
+           "--stage", "2"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=harness.child_env(), cwd=HERE, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "serving DeepSpeed's API" in proc.stdout
+    launched = accelerate_result(tmp_path)
+    assert launched[0]["losses"] == plain[0]["losses"]
+    assert_bitwise(launched[1], plain[1], "accelerate launch against python -m")

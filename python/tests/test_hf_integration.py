@@ -235,7 +235,7 @@ def test_accelerate_loop_resumes_bitwise_and_stages_agree(tmp_path_factory):
 
 
 @needs_deepspeed
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_accelerate_loop_agrees_with_deepspeed(tmp_path_factory, stage):
     ours = accelerate_result(run(tmp_path_factory, "zero", "worker_accelerate.py", stage=stage))
     theirs = accelerate_result(run(tmp_path_factory, "deepspeed", "worker_accelerate.py",

@@ -102,6 +102,8 @@ void optimizer_dispatch_dtypes(const StepCoeffs& c, const OptimizerTensors& t, s
         run(DTypeTag<DType::BF16>{});
       } else if (t.param_out_dtype == DType::F16) {
         run(DTypeTag<DType::F16>{});
+      } else if (t.param_out_dtype == DType::F32) {
+        run(DTypeTag<DType::F32>{});
       } else {
         unsupported_combination();
       }
@@ -146,6 +148,8 @@ struct ProbeElement {
     }
     if constexpr (kOut == DType::BF16) {
       Ops::store_bf16_truncated(static_cast<std::uint16_t*>(t.param_out) + i, p);
+    } else if constexpr (kOut == DType::F32) {
+      Ops::store_f32(static_cast<float*>(t.param_out) + i, p);
     } else if constexpr (kOut == DType::F16) {
       Ops::store_f16(static_cast<std::uint16_t*>(t.param_out) + i, p);
     }
@@ -177,6 +181,8 @@ void probe_dispatch(const OptimizerTensors& t, std::size_t begin, std::size_t en
         run(DTypeTag<DType::F64>{});
       } else if (t.param_out_dtype == DType::BF16) {
         run(DTypeTag<DType::BF16>{});
+      } else if (t.param_out_dtype == DType::F32) {
+        run(DTypeTag<DType::F32>{});
       } else {
         run(DTypeTag<DType::F16>{});
       }

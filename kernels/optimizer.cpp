@@ -100,10 +100,10 @@ void validate_tensors(const OptimizerHyper& hyper, const OptimizerTensors& t) {
   ZERO_CHECK(t.state_dtype == DType::F32 || t.state_dtype == DType::BF16,
              "{}: state_dtype must be fp32 or bf16, got {}", optimizer_name(kind),
              dtype_name(t.state_dtype));
-  ZERO_CHECK(
-      t.param_out == nullptr || t.param_out_dtype == DType::BF16 || t.param_out_dtype == DType::F16,
-      "{}: param_out_dtype must be bf16 or fp16, got {}", optimizer_name(kind),
-      dtype_name(t.param_out_dtype));
+  ZERO_CHECK(t.param_out == nullptr || t.param_out_dtype == DType::BF16 ||
+                 t.param_out_dtype == DType::F16 || t.param_out_dtype == DType::F32,
+             "{}: param_out_dtype must be bf16, fp16 or fp32, got {}", optimizer_name(kind),
+             dtype_name(t.param_out_dtype));
   ZERO_CHECK(t.numel <= static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()) / 8,
              "{}: numel {} is too large", optimizer_name(kind), t.numel);
   if (t.numel == 0) return;

@@ -54,8 +54,8 @@ struct OptimizerTensors {
   void* state0 = nullptr;               // exp_avg | sum | exp_avg | momentum_buffer
   void* state1 = nullptr;               // exp_avg_sq (Adam, AdamW)
   DType state_dtype = DType::F32;       // F32 or BF16 (stored round-to-nearest-even)
-  void* param_out = nullptr;            // optional low-precision copy of the updated master
-  DType param_out_dtype = DType::BF16;  // BF16 or F16
+  void* param_out = nullptr;            // optional model copy of the updated master
+  DType param_out_dtype = DType::BF16;  // BF16 or F16 (rounded), or F32 (the master's bits)
   std::size_t numel = 0;
 };
 

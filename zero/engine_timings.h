@@ -19,7 +19,8 @@ struct EngineTimings {
   double gather_s = 0;          // stage 3: time inside gather() (issuing prefetches included)
   double gather_wait_s = 0;     // stage 3: waiting for all-gathers to complete, in gather() and
                                 // when persistent units are re-gathered after a step
-  std::int64_t buckets = 0;     // bucket reductions issued
+  std::int64_t buckets = 0;     // bucket reductions issued (units reduced alone included)
+  std::int64_t units_alone = 0;  // of which units reduced alone, with nothing packed
   std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
   std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
   std::int64_t gathered_elems = 0;  // stage 3: elements those all-gathers filled (padded units)

@@ -45,7 +45,7 @@ extern "C" {
 
 /* Bumped on every incompatible change of this header. zero_abi_version() returns the value the
  * library was built with; a binding compares it against the value it was written for. */
-#define ZERO_ABI_VERSION 4
+#define ZERO_ABI_VERSION 5
 
 /* Status codes. */
 enum {
@@ -244,6 +244,12 @@ int zero_engine_backward_scale(zero_engine* engine, double* scale);
  * overwrites it, then calls zero_engine_grad_ready. Valid until then. */
 int zero_engine_grad(zero_engine* engine, size_t param, void** data, size_t* bytes);
 int zero_engine_grad_ready(zero_engine* engine, size_t param);
+
+/* zero_engine_grad, a copy of `bytes` bytes from `data` into the slot, and zero_engine_grad_ready
+ * in one call: `data` is the parameter's whole gradient (its dtype, contiguous, row-major) in host
+ * memory, and `bytes` must be the slot's size. Host engines only (device "cpu"): on a GPU, write
+ * the slot zero_engine_grad hands out on your own stream. */
+int zero_engine_grad_copy(zero_engine* engine, size_t param, const void* data, size_t bytes);
 
 /* Ends the micro-step; fills *result (may be null). */
 int zero_engine_step(zero_engine* engine, zero_step_result* result);

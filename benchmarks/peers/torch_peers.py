@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +41,9 @@ import torch  # noqa: E402
 import common  # noqa: E402
 
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
-# Peers train the same model on the same data: their last losses agree but for summation order.
-LOSS_SPREAD = 1e-4
+# Peers train the same model on the same data: their last losses agree but for summation order
+# (fp32), or for where each rounds to bf16 (bf16: DDP and FSDP2 keep fp32 parameters).
+LOSS_SPREAD = {"fp32": 1e-4, "bf16": 3e-2}
 
 
 # --- models: sized so that one run of ~20 steps takes seconds on one CPU core per process ------
@@ -116,24 +118,38 @@ class Transformer(torch.nn.Module):
         return torch.nn.functional.cross_entropy(out.float().reshape(-1, cls.VOCAB), y.reshape(-1))
 
 
-MODELS = {"mlp": MLP, "transformer": Transformer}
+class Transformer25M(Transformer):
+    D, HEADS, LAYERS, BATCH = 512, 8, 8, 4  # ~26.3M parameters, tied head
+
+
+MODELS = {"mlp": MLP, "transformer": Transformer, "transformer-25m": Transformer25M}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 # --- one rank of one run (under torchrun) ------------------------------------------------------
 
-def zero_config(stage, micro_batch):
+def zero_config(stage, micro_batch, dtype="fp32"):
     # No clipping: DDP and FSDP2 run plain AdamW (written out: DeepSpeed >= 0.19.3 clips at 1.0 unless told).
-    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
-            "gradient_clipping": 0.0,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
-                                                      "weight_decay": WEIGHT_DECAY}},
-            "zero_optimization": {"stage": stage}}
+    config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+              "gradient_clipping": 0.0,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
+                                                        "weight_decay": WEIGHT_DECAY}},
+              "zero_optimization": {"stage": stage}}
+    if dtype == "bf16":
+        config["bf16"] = {"enabled": True}
+    return config
 
 
-def make_trainer(peer, model, cls):
-    """Returns (forward, backward, step) closures for one peer."""
+def make_trainer(peer, model, cls, dtype="fp32"):
+    """Returns (forward, backward, step) closures for one peer. bf16: zero and DeepSpeed train the
+    model in bf16 with fp32 master weights (their bf16 config), DDP and FSDP2 keep fp32 parameters
+    and compute in bf16 (their mixed-precision options), the bare run computes on a bf16 model."""
     kind, _, stage = peer.partition("-s")
+    bf16 = dtype == "bf16"
     if kind == "bare":
+        if bf16:
+            model.to(torch.bfloat16)
+
         def drop_grads():
             for p in model.parameters():
                 p.grad = None
@@ -142,7 +158,7 @@ def make_trainer(peer, model, cls):
     if kind in ("zero", "deepspeed"):
         lib = __import__("zero" if kind == "zero" else "deepspeed")
         engine, *_ = lib.initialize(model=model, model_parameters=model.parameters(),
-                                    config=zero_config(int(stage), cls.BATCH))
+                                    config=zero_config(int(stage), cls.BATCH, dtype))
         return engine, engine.backward, engine.step
     import torch.distributed as dist
 
@@ -150,13 +166,21 @@ def make_trainer(peer, model, cls):
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model)
-    elif kind == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+        if bf16:
+            from torch.nn.parallel.distributed import _MixedPrecision
 
+            model = DistributedDataParallel(model, mixed_precision=_MixedPrecision(
+                param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16))
+        else:
+            model = DistributedDataParallel(model)
+    elif kind == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 \
+            else MixedPrecisionPolicy()
         for block in model.blocks():
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
     else:
         raise SystemExit(f"unknown peer {peer}")
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
@@ -168,17 +192,33 @@ def make_trainer(peer, model, cls):
     return model, lambda loss: loss.backward(), step
 
 
+def per_step(timings, steps):
+    """engine.timings() over `steps` steps as per-step figures: seconds as ms, counts as counts."""
+    out = {}
+    for key, value in timings.items():
+        if isinstance(value, dict):
+            out.update(per_step({f"{key}.{k}": v for k, v in value.items()}, steps))
+        elif key.endswith("_s"):
+            out[key[:-2] + "_ms"] = value * 1e3 / steps
+        else:
+            out[key] = value / steps
+    return out
+
+
 def worker(args):
     rank, world = common.worker_rank()
     cls = MODELS[args.model]
     torch.manual_seed(0)
     model = cls()
-    forward, backward, step = make_trainer(args.worker, model, cls)
+    forward, backward, step = make_trainer(args.worker, model, cls, args.dtype)
+    profiled = hasattr(forward, "timings") and args.worker.startswith("zero")
     # Each rank its own micro-batches, made before timing starts.
     g = torch.Generator().manual_seed(1000 + rank)
     batches = [cls.batch(g) for _ in range(args.warmup + args.steps)]
     times = []
     for i, (x, y) in enumerate(batches):
+        if i == args.warmup and profiled:
+            forward.timings(reset=True)
         t0 = time.perf_counter()
         loss = cls.loss(forward(x), y)
         t1 = time.perf_counter()
@@ -191,6 +231,8 @@ def worker(args):
     med = [statistics.median(t[j] for t in times) * 1e3 for j in range(4)]
     result = {"rank": rank, "world": world, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
               "ms_outside": med[3], "peak_rss_mib": common.peak_rss_mib(), "last_loss": loss.item()}
+    if profiled:
+        result["profile"] = per_step(forward.timings(), args.steps)
     common.write_rank(args.out, rank, result)
     common.exit_worker()
 
@@ -203,9 +245,13 @@ TIMES = ("ms_step", "ms_forward", "ms_backward", "ms_outside")
 def run_once(args, peer, workdir, index):
     out = os.path.join(workdir, f"{peer}.{index}")
     common.torchrun(__file__, args.nproc, ["--worker", peer, "--out", out, "--model", args.model,
-                                           "--steps", str(args.steps), "--warmup", str(args.warmup)],
+                                           "--dtype", args.dtype, "--steps", str(args.steps),
+                                           "--warmup", str(args.warmup)],
                     peer, args.timeout)
-    run, _ = common.read_ranks(out, args.nproc, TIMES)
+    run, ranks = common.read_ranks(out, args.nproc, TIMES)
+    if "profile" in ranks[0]:
+        # Per key the slowest rank's figure, as for the times.
+        run["profile"] = {k: max(r["profile"][k] for r in ranks) for k in ranks[0]["profile"]}
     return dict(run, peer=peer)
 
 
@@ -218,6 +264,9 @@ def summarise(runs, peers):
             row[key] = common.median_of(mine, key)
         row["peak_rss_mib"] = statistics.median(max(r["peak_rss_mib"]) for r in mine)
         row["last_loss"] = mine[0]["last_loss"]
+        profiles = [r["profile"] for r in mine if "profile" in r]
+        if profiles:
+            row["profile"] = {k: statistics.median(p[k] for p in profiles) for k in profiles[0]}
         rows.append(row)
     bare = next((r for r in rows if r["peer"] == "bare"), None)
     for r in rows:
@@ -291,6 +340,79 @@ def ratio_lines(ratios):
     return lines
 
 
+def zero_bench_path(args):
+    """The zero-bench to take the traffic probe from: --zero-bench, else the repository's build."""
+    path = args.zero_bench or os.path.join(common.REPO, "build", "benchmarks", "zero-bench")
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+def optimizer_limits(args, stages):
+    """{stage: {...}}: the least time the optimizer's own traffic takes on one rank, from
+    zero-bench's traffic probe run on as many processes at once as the ranks (they share the
+    memory bus as the ranks do): AdamW over the rank's partition (the whole model at stage 0, a
+    1/N share at stages 1-3), its bytes per parameter from zero-bench (fp32: gradient, master
+    and two states; bf16: a bf16 gradient and a bf16 model copy written besides). None without
+    zero-bench."""
+    bench = zero_bench_path(args)
+    if bench is None:
+        print("torch_peers: no zero-bench (build it, or pass --zero-bench): no optimizer limit",
+              file=sys.stderr)
+        return None
+    numel = sum(p.numel() for p in MODELS[args.model]().parameters())
+    grad, out = ("bf16", "bf16") if args.dtype == "bf16" else ("fp32", "none")
+    limits = {}
+    for stage in stages:
+        part = numel if stage == 0 else -(-numel // args.nproc)
+        cmd = [bench, "kernels", "--json", "--params", str(part), "--threads", "1", "--reps", "7",
+               "--optimizer", "adamw", "--grad-dtype", grad, "--state-dtype", "fp32"]
+
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=common.one_thread_env())
+                 for _ in range(args.nproc)]
+        records = []
+        for proc in procs:
+            text, _ = proc.communicate(timeout=args.timeout)
+            if proc.returncode != 0:
+                raise SystemExit(f"torch_peers: {' '.join(cmd)} failed (exit {proc.returncode})")
+            records += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        mine = [r for r in records if r["param_out"] == out]
+        if len(mine) != args.nproc:
+            raise SystemExit(f"torch_peers: zero-bench gave {len(mine)} records for AdamW "
+                             f"{grad}/fp32 out {out}, expected {args.nproc}")
+        # The slowest process's probe: every rank has to finish its step.
+        gb_per_s = min(r["limit_gb_per_s"] for r in mine)
+        limits[stage] = {"partition_params": part, "bytes_per_param": mine[0]["bytes_per_param"],
+                         "probe_gb_per_s": gb_per_s,
+                         "limit_ms": part * mine[0]["bytes_per_param"] / (gb_per_s * 1e9) * 1e3}
+    return limits
+
+
+def limit_lines(rows, limits):
+    """One line per zero stage: the time outside forward and backward against the optimizer's
+    traffic limit for the rank's partition."""
+    lines = []
+    for r in rows:
+        kind, _, stage = r["peer"].partition("-s")
+        if kind != "zero" or limits is None or int(stage) not in limits:
+            continue
+        lim = limits[int(stage)]
+        lines.append(f"zero stage {stage}: outside fwd+bwd {r['ms_outside']:.1f} ms = "
+                     f"{r['ms_outside'] / lim['limit_ms']:.2f}x the optimizer's traffic limit "
+                     f"({lim['partition_params'] / 1e6:.2f}M params x {lim['bytes_per_param']} B at "
+                     f"{lim['probe_gb_per_s']:.1f} GB/s = {lim['limit_ms']:.1f} ms)")
+    return lines
+
+
+def profile_lines(rows):
+    """zero's engine.timings() per step, one column per stage: where the engine's time went."""
+    profiled = [r for r in rows if "profile" in r]
+    if not profiled:
+        return []
+    keys = [k for k in profiled[0]["profile"] if any(r["profile"].get(k) for r in profiled)]
+    headers = ["engine.timings() per step", *(r["peer"] for r in profiled)]
+    table = [[k, *(f"{r['profile'].get(k, 0):.2f}" for r in profiled)] for k in keys]
+    return ["", *common.markdown_table(headers, table)]
+
+
 def markdown(rows, args):
     kinds = {"zero": "zero", "deepspeed": "DeepSpeed", "ddp": "PyTorch DDP (gloo)", "fsdp2": "PyTorch FSDP2 (gloo)",
              "bare": "bare forward+backward"}
@@ -304,18 +426,31 @@ def markdown(rows, args):
                       f"{r['peak_rss_mib']:.0f}", loss])
     headers = ["peer", "ZeRO stage", "ms/step", "forward ms", "backward ms", "outside fwd+bwd ms",
                "engine ms (step - bare)", "peak RSS MiB/process", "last loss"]
-    lines = [f"{args.model}, {args.nproc} processes, {args.steps} steps after {args.warmup} warm-up, "
-             f"median of {args.repeats} alternating repeats (torch {torch.__version__}, CPU)", "",
+    numel = sum(p.numel() for p in MODELS[args.model]().parameters())
+    lines = [f"{args.model} ({numel / 1e6:.1f}M parameters, {args.dtype}), {args.nproc} processes, "
+             f"{args.steps} steps after {args.warmup} warm-up, median of {args.repeats} alternating "
+             f"repeats (torch {torch.__version__}, CPU)", "",
              *common.markdown_table(headers, table, left=2)]
     ratios = engine_ratios(rows)
     if ratios:
         lines += ["", *ratio_lines(ratios)]
-    return "\n".join(lines)
+    bare = next((r for r in rows if r["peer"] == "bare"), None)
+    if bare is not None:
+        lines += [""] + [f"{r['peer']}: backward {r['ms_backward']:.1f} ms = "
+                         f"{r['ms_backward'] / bare['ms_backward']:.3f}x the bare run's"
+                         for r in rows if r["peer"].startswith("zero")]
+    limit = limit_lines(rows, args.limits)
+    if limit:
+        lines += ["", *limit]
+    return "\n".join(lines + profile_lines(rows))
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="mlp")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                   help="bf16: zero and DeepSpeed with their bf16 config, DDP and FSDP2 in mixed precision")
+    p.add_argument("--zero-bench", help="zero-bench for the optimizer's traffic limit (default: build/)")
     common.run_flags(p, repeats=3, timeout=600, peers="zero,ddp,fsdp2,deepspeed,bare",
                      stages_help="ZeRO stages for zero (and DeepSpeed)")
     args = p.parse_args()
@@ -339,19 +474,22 @@ def main():
         runs = common.alternate("torch_peers", args.repeats, peers,
                                 lambda peer, index: run_once(args, peer, workdir, index))
     rows = summarise(runs, peers)
+    args.limits = optimizer_limits(args, [s for s in stages]) if available["zero"] and stages else None
     losses = [r["last_loss"] for r in rows if r["peer"] != "bare"]
     spread = (max(losses) - min(losses)) / max(abs(min(losses)), 1e-12)
     print(markdown(rows, args))
-    if spread > LOSS_SPREAD:
+    allowed = LOSS_SPREAD[args.dtype]
+    if spread > allowed:
         print(f"\nWARNING: the peers' last losses differ by {spread:.2%}: they did not train the same model",
               file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
                        "repeats": args.repeats, "torch": torch.__version__, "summary": rows, "runs": runs,
+                       "dtype": args.dtype, "optimizer_limits": args.limits,
                        "engine_ratios": {str(k): v for k, v in engine_ratios(rows).items()},
                        "last_loss_spread": spread}, f, indent=1)
-    return 1 if spread > LOSS_SPREAD else 0
+    return 1 if spread > allowed else 0
 
 
 if __name__ == "__main__":

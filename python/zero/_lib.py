@@ -16,7 +16,7 @@ from pathlib import Path
 # symbol: ncclCommResume"); loaded after, libzero.so binds to torch's newer, compatible copies.
 import torch  # noqa: F401
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 F32, F16, BF16, F64 = 0, 1, 2, 3
 STATUS_NAMES = {1: "invalid argument", 2: "config", 3: "I/O", 4: "communication",
@@ -98,6 +98,7 @@ _SIGNATURES = {
     "zero_engine_grad": ([P, ctypes.c_size_t, ctypes.POINTER(P), ctypes.POINTER(ctypes.c_size_t)],
                          ctypes.c_int),
     "zero_engine_grad_ready": ([P, ctypes.c_size_t], ctypes.c_int),
+    "zero_engine_grad_copy": ([P, ctypes.c_size_t, P, ctypes.c_size_t], ctypes.c_int),
     "zero_engine_step": ([P, ctypes.POINTER(StepResult)], ctypes.c_int),
     "zero_engine_gather_master": ([P, ctypes.c_size_t, P, ctypes.c_size_t], ctypes.c_int),
     "zero_engine_set_param": ([P, ctypes.c_size_t, P, ctypes.c_size_t, ctypes.c_int],
@@ -165,17 +166,26 @@ def _load():
 lib = _load()
 
 
-def call(fn_name, *args):
-    """Calls lib.<fn_name>(*args); raises ZeroError with the library's message on failure."""
+def bind(fn_name):
+    """lib.<fn_name> as a function that raises ZeroError with the library's message on failure
+    (looked up once: for calls on a hot path)."""
     fn = getattr(lib, fn_name, None)
     if fn is None:
         raise ZeroError(f"the loaded libzero.so has no {fn_name}: reinstall the package "
                         "(pip install ./python) so the library matches it")
-    status = fn(*args)
-    if status != 0:
-        message = (lib.zero_last_error() or b"").decode(errors="replace")
-        raise ZeroError(message or f"{fn_name} failed ({STATUS_NAMES.get(status, status)})",
-                        status)
+
+    def bound(*args):
+        status = fn(*args)
+        if status != 0:
+            message = (lib.zero_last_error() or b"").decode(errors="replace")
+            raise ZeroError(message or f"{fn_name} failed ({STATUS_NAMES.get(status, status)})",
+                            status)
+    return bound
+
+
+def call(fn_name, *args):
+    """Calls lib.<fn_name>(*args); raises ZeroError with the library's message on failure."""
+    bind(fn_name)(*args)
 
 
 def take_string(p):

@@ -9,12 +9,14 @@ goes on.
 A model on a GPU gets an engine on that GPU: the model copy, gathered units, gradient slots,
 master weights and optimizer states are device memory (or where the config offloads them), and
 the parameters are views of it. A gradient is copied into its slot on torch's current stream,
-and the engine's kernels (on the default stream) wait for that copy without the host waiting."""
+and the engine's kernels (on the default stream) wait for that copy without the host waiting. On
+the CPU, one C call copies a gradient into its slot and marks it ready."""
 import contextlib
 import ctypes
 import json
 import math
 import os
+import time
 import warnings
 import weakref
 
@@ -23,13 +25,21 @@ import torch
 from . import _lib
 from ._lib import ZeroError, call, take_string
 from ._memory import tensor_at
-from ._model import (DTYPE_NAMES, TORCH_DTYPES, check_unchanged, register, snapshot,
-                     training_dtype)
+from ._model import (DTYPE_NAMES, TORCH_DTYPES, ModuleTree, check_unchanged, register,
+                     snapshot, training_dtype)
 from ._stage3 import UnitFetcher
 from .partitioned_init import gather, is_partitioned_param, release
 
 # The key under which a checkpoint's client state carries the client LR scheduler's state_dict.
 SCHEDULER_STATE_KEY = "zero:lr_scheduler"
+
+# The Python side's share of engine.timings() (under "python"): seconds and counts.
+PY_TIMINGS = {"grad_hook_s": 0.0,  # in the per-parameter gradient hooks (copy and C calls)
+              "grad_hooks": 0,
+              "check_unchanged_s": 0.0,  # checking that the module's parameters are the engine's
+              "check_unchanged_calls": 0}
+
+TORCH_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
 # The environment variables a launcher sets; any of them present means "launched".
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -168,6 +178,8 @@ class ZeroEngine(torch.nn.Module):
         self._boundary = None  # set_gradient_accumulation_boundary(); None: the count decides
         self._backward_open = False  # a backward ran since the last step()
         self._snapshot = snapshot(model)
+        self._tree = ModuleTree(model)
+        self._py_timings = dict(PY_TIMINGS)
         self._views = {}
         self._grad_hooks = []
         self._fetcher = None
@@ -271,36 +283,70 @@ class ZeroEngine(torch.nn.Module):
                                      self.device)
             self._views[r.index] = r.param.data_ptr() if nbytes.value else None
 
+    def _check_unchanged(self):
+        t0 = time.perf_counter()
+        check_unchanged(self.module, self._snapshot, self._registered, self._views, self._tree)
+        spent = self._py_timings
+        spent["check_unchanged_s"] += time.perf_counter() - t0
+        spent["check_unchanged_calls"] += 1
+
     def _grad_hook(self, r):
         on_gpu = self.device.type == "cuda"
+        if not on_gpu:
+            return self._host_grad_hook(r)
 
         def hook(param):
             grad = param.grad
             if grad is None:
                 return
+            t0 = time.perf_counter()
             ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
             call("zero_engine_grad", self._handle, r.index, ctypes.byref(ptr),
                  ctypes.byref(nbytes))
             if nbytes.value:
                 slot = tensor_at(ptr.value, nbytes.value, self._torch_dtype, r.shape, self.device)
                 slot.copy_(grad)
-                if on_gpu:
-                    # The engine reads the slot on the default stream: it waits for the copy
-                    # (a no-op when torch computes on the default stream too).
-                    current = torch.cuda.current_stream(self.device)
-                    default = torch.cuda.default_stream(self.device)
-                    if current != default:
-                        default.wait_stream(current)
+                # The engine reads the slot on the default stream: it waits for the copy (a no-op
+                # when torch computes on the default stream too).
+                current = torch.cuda.current_stream(self.device)
+                default = torch.cuda.default_stream(self.device)
+                if current != default:
+                    default.wait_stream(current)
             call("zero_engine_grad_ready", self._handle, r.index)
             param.grad = None
             if self._fetcher is not None:
                 self._fetcher.grad_done(r)
+            spent = self._py_timings
+            spent["grad_hook_s"] += time.perf_counter() - t0
+            spent["grad_hooks"] += 1
+        return hook
+
+    def _host_grad_hook(self, r):
+        """On the CPU: the gradient goes into its slot in one C call (the copy included), with no
+        tensor made over the slot."""
+        grad_copy, handle, index = _lib.bind("zero_engine_grad_copy"), self._handle, r.index
+        dtype, nbytes = self._torch_dtype, r.numel * TORCH_ITEMSIZE[self._torch_dtype]
+
+        def hook(param):
+            grad = param.grad
+            if grad is None:
+                return
+            t0 = time.perf_counter()
+            if grad.dtype != dtype or not grad.is_contiguous():
+                grad = grad.to(dtype).contiguous()
+            grad_copy(handle, index, grad.data_ptr(), nbytes)
+            param.grad = None
+            if self._fetcher is not None:
+                self._fetcher.grad_done(r)
+            spent = self._py_timings
+            spent["grad_hook_s"] += time.perf_counter() - t0
+            spent["grad_hooks"] += 1
         return hook
 
     # --- training ---
     def forward(self, *args, **kwargs):
         self._check_alive()
-        check_unchanged(self.module, self._snapshot, self._registered, self._views)
+        self._check_unchanged()
         if self._fetcher is None:
             return self.module(*args, **kwargs)
         with self._fetcher.saved_tensors_hooks():
@@ -352,7 +398,7 @@ class ZeroEngine(torch.nn.Module):
 
     def _end_micro_step(self, boundary):
         """Ends the micro-step: boundary True/False overrides the count; None leaves it to it."""
-        check_unchanged(self.module, self._snapshot, self._registered, self._views)
+        self._check_unchanged()
         if self._fetcher is not None:
             self._fetcher.release_all()
         at_boundary = boundary if boundary is not None else self.is_gradient_accumulation_boundary()
@@ -472,12 +518,16 @@ class ZeroEngine(torch.nn.Module):
         return json.loads(take_string(p))
 
     def timings(self, reset=False):
-        """Where this rank's engine spent its time (a dict of seconds and counts)."""
+        """Where this rank's engine spent its time (a dict of seconds and counts): the C++
+        engine's phases, and under "python" the package's own work (the gradient hooks, the
+        parameter checks). reset: start counting anew after reading."""
         p = ctypes.c_void_p()
         call("zero_engine_timings_json", self._handle, ctypes.byref(p))
         out = json.loads(take_string(p))
+        out["python"] = dict(self._py_timings)
         if reset:
             call("zero_engine_reset_timings", self._handle)
+            self._py_timings = dict(PY_TIMINGS)
         return out
 
     def gather_master(self, name):

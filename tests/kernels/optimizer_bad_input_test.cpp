@@ -101,9 +101,9 @@ TEST_CASE("null, misaligned or wrongly typed arrays are rejected before anything
                       Contains("state_dtype") && Contains("fp16"));
   t = f.tensors();
   t.param_out = f.s1.data();
-  t.param_out_dtype = DType::F32;
+  t.param_out_dtype = DType::F64;
   REQUIRE_THROWS_WITH(zk::optimizer_step_cpu(h, {}, t),
-                      Contains("param_out_dtype") && Contains("fp32"));
+                      Contains("param_out_dtype") && Contains("fp64"));
   REQUIRE(f.master == std::vector<float>(kNumel, 1.0f));
   // States beyond the optimizer's count may be null; an empty partition needs no arrays.
   t = f.tensors();

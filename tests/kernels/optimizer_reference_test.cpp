@@ -135,6 +135,10 @@ std::vector<Case> cases() {
       {"adamw fused bf16 param write", adamw, 1e-2, DType::F32, DType::F32, true, DType::BF16});
   out.push_back(
       {"adamw fused fp16 param write", adamw, 1e-2, DType::BF16, DType::BF16, true, DType::F16});
+  out.push_back(
+      {"adamw fused fp32 param write", adamw, 1e-2, DType::F32, DType::F32, true, DType::F32});
+  out.push_back({"sgd fused fp32 param write", sgd, 1e-2, DType::BF16, DType::F32, true,
+                 DType::F32});
   out.push_back({"adagrad", adagrad, 1e-2});
   out.push_back({"adagrad bf16 grads and states", adagrad, 1e-2, DType::BF16, DType::BF16});
   out.push_back({"lion", lion, 1e-3});
@@ -199,6 +203,7 @@ TEST_CASE("optimizer steps match a double-precision reference for every dtype mi
         }
       }
       std::vector<std::uint16_t> out(kNumel);
+      std::vector<float> out32(kNumel);
       double worst = 0;
       for (int step = 1; step <= kSteps; ++step) {
         const Grad g = make_grad(c.grad_dtype, 100 + step);
@@ -209,7 +214,9 @@ TEST_CASE("optimizer steps match a double-precision reference for every dtype mi
         t.state0 = s0.data();
         t.state1 = s1.data();
         t.state_dtype = c.state_dtype;
-        t.param_out = c.param_out ? out.data() : nullptr;
+        void* param_out = c.param_out_dtype == DType::F32 ? static_cast<void*>(out32.data())
+                                                          : static_cast<void*>(out.data());
+        t.param_out = c.param_out ? param_out : nullptr;
         t.param_out_dtype = c.param_out_dtype;
         t.numel = kNumel;
         const zk::StepScalars sc{c.lr, step, c.grad_scale};
@@ -224,7 +231,10 @@ TEST_CASE("optimizer steps match a double-precision reference for every dtype mi
           INFO("step " << step << " element " << i << " ours " << master[i] << " reference "
                        << ref.p[i]);
           REQUIRE(err <= atol + kFp32Rtol * std::fabs(ref.p[i]));
-          if (c.param_out) {
+          if (c.param_out && c.param_out_dtype == DType::F32) {
+            // The master's own bits.
+            REQUIRE(std::memcmp(&out32[i], &master[i], sizeof(float)) == 0);
+          } else if (c.param_out) {
             const std::uint16_t want = c.param_out_dtype == DType::BF16
                                            ? zk::test::reference_bf16(master[i])
                                            : zk::test::reference_f16(master[i]);

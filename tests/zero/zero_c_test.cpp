@@ -103,12 +103,19 @@ double micro_step(zero_engine* e, int dtype, zero_step_result* result) {
     }
   }
   for (std::size_t p = 2; p-- > 0;) {
-    void* slot = nullptr;
-    std::size_t bytes = 0;
-    REQUIRE(zero_engine_grad(e, p, &slot, &bytes) == ZERO_OK);
-    REQUIRE(bytes == kNumel[p] * zero::dtype_size(dt));
-    zero::kernels::cast_cpu(grads[p].data(), zero::DType::F32, slot, dt, kNumel[p]);
-    REQUIRE(zero_engine_grad_ready(e, p) == ZERO_OK);
+    if (p == 0) {
+      // Through the one-call copy: the gradient in the model dtype, in the caller's memory.
+      std::vector<std::byte> grad(kNumel[p] * zero::dtype_size(dt));
+      zero::kernels::cast_cpu(grads[p].data(), zero::DType::F32, grad.data(), dt, kNumel[p]);
+      REQUIRE(zero_engine_grad_copy(e, p, grad.data(), grad.size()) == ZERO_OK);
+    } else {
+      void* slot = nullptr;
+      std::size_t bytes = 0;
+      REQUIRE(zero_engine_grad(e, p, &slot, &bytes) == ZERO_OK);
+      REQUIRE(bytes == kNumel[p] * zero::dtype_size(dt));
+      zero::kernels::cast_cpu(grads[p].data(), zero::DType::F32, slot, dt, kNumel[p]);
+      REQUIRE(zero_engine_grad_ready(e, p) == ZERO_OK);
+    }
     REQUIRE(zero_engine_release(e, static_cast<int>(p)) == ZERO_OK);
   }
   REQUIRE(zero_engine_step(e, result) == ZERO_OK);
@@ -234,6 +241,17 @@ TEST_CASE("C ABI failures come back as statuses with a message naming the proble
     REQUIRE(zero_engine_grad_ready(e, 1) == ZERO_OK);
     CHECK(zero_engine_grad(e, 1, &slot, &bytes) == ZERO_ERR_RUNTIME);  // already ready
     CHECK_THAT(zero_last_error(), Catch::StartsWith("zero_engine_grad: "));
+    std::vector<float> grad(32);
+    CHECK(zero_engine_grad_copy(e, 0, grad.data(), 5 * sizeof(float)) ==
+          ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(),
+               Catch::Contains("20 bytes given, its slot holds 128") &&
+                   Catch::Contains("layer.weight"));
+    CHECK(zero_engine_grad_copy(e, 0, nullptr, 128) == ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("data is null"));
+    REQUIRE(zero_engine_grad_copy(e, 0, grad.data(), 128) == ZERO_OK);
+    CHECK(zero_engine_grad_copy(e, 0, grad.data(), 128) == ZERO_ERR_RUNTIME);  // already ready
+    CHECK_THAT(zero_last_error(), Catch::StartsWith("zero_engine_grad_copy: "));
     CHECK(zero_engine_step(nullptr, nullptr) == ZERO_ERR_INVALID_ARGUMENT);
     CHECK_THAT(zero_last_error(), Catch::Contains("engine is null"));
 

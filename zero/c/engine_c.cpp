@@ -265,6 +265,23 @@ int zero_engine_grad_ready(zero_engine* engine, size_t param) {
   });
 }
 
+int zero_engine_grad_copy(zero_engine* engine, size_t param, const void* data, size_t bytes) {
+  return guarded("zero_engine_grad_copy", [&] {
+    zero::Engine& e = checked(engine);
+    check_param(e, param);
+    ZERO_C_REQUIRE(engine->device->gpu_ordinal() < 0,
+                   "zero_engine_grad_copy takes host memory, but this engine is on GPU {}: use "
+                   "zero_engine_grad and zero_engine_grad_ready",
+                   engine->device->gpu_ordinal());
+    ZERO_C_REQUIRE(data != nullptr || bytes == 0, "data is null");
+    const std::span<std::byte> slot = e.grad(param);
+    ZERO_C_REQUIRE(bytes == slot.size(), "parameter {} ('{}'): {} bytes given, its slot holds {}",
+                   param, e.spec(param).name, bytes, slot.size());
+    if (bytes > 0) std::memcpy(slot.data(), data, bytes);
+    e.grad_ready(param);
+  });
+}
+
 int zero_engine_step(zero_engine* engine, zero_step_result* result) {
   return guarded("zero_engine_step", [&] {
     const zero::StepResult r = checked(engine).step();
@@ -424,6 +441,7 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
                               {"gather_s", t.gather_s},
                               {"gather_wait_s", t.gather_wait_s},
                               {"buckets", t.buckets},
+                              {"units_alone", t.units_alone},
                               {"gathers", t.gathers},
                               {"prefetches", t.prefetches},
                               {"gathered_elems", t.gathered_elems}};

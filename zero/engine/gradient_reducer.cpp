@@ -49,14 +49,17 @@ std::size_t GradientReducer::bucket_bytes() const {
 }
 
 GradientReducer::~GradientReducer() {
-  // A reduction may still read or write the slot buffers.
-  for (Slot& s : slots_) {
-    if (!s.in_flight) continue;
+  // A reduction may still read or write the slot and staging buffers (or the target).
+  const auto quietly_wait = [](Work& w) {
     try {
-      s.work.wait();
+      w.wait();
     } catch (...) {
     }
+  };
+  for (Slot& s : slots_) {
+    if (s.in_flight) quietly_wait(s.work);
   }
+  for (Alone& a : alone_) quietly_wait(a.work);
 }
 
 Buffer GradientReducer::alloc(std::size_t elems, DType dtype) {
@@ -97,8 +100,85 @@ void GradientReducer::unit_complete(int unit) {
   if (static_cast<std::size_t>(unit) >= units_.size()) return;
   UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
   if (layout_.unit(unit).padded_elems == 0) return;
+  if (goes_alone(unit)) {
+    reduce_alone(unit);
+    return;
+  }
   // Into the buckets; the staging buffer is freed once every piece is packed.
   submit_unit(unit, ub.staging.data(), options_.grad_dtype);
+}
+
+bool GradientReducer::goes_alone(int unit) const {
+  return options_.comm_dtype == options_.grad_dtype && options_.pack_scale == 1.0f &&
+         options_.host_landing == nullptr &&
+         layout_.unit(unit).slice_elems >= kAloneMinSliceElems;
+}
+
+std::byte* GradientReducer::straight_target(int unit) {
+  if (!window_first_micro_ || options_.consume_scale != 1.0f ||
+      options_.accum_dtype != options_.comm_dtype || world_ == 1) {
+    return nullptr;
+  }
+  if (scatters()) return target_.gradient(0, unit, 0);
+  if (domains_.count() != world_) return nullptr;  // all-reduced, but only the own slice kept
+  // Every rank's slice, as the all-reduce leaves them: domain d's right after domain d-1's.
+  const std::size_t slice_bytes = layout_.unit(unit).slice_elems * dtype_size(options_.comm_dtype);
+  std::byte* first = target_.gradient(0, unit, 0);
+  for (int d = 1; d < domains_.count(); ++d) {
+    if (target_.gradient(d, unit, 0) != first + static_cast<std::size_t>(d) * slice_bytes)
+      return nullptr;
+  }
+  return first;
+}
+
+void GradientReducer::reduce_alone(int unit) {
+  ++timings_.buckets;
+  ++timings_.units_alone;
+  const UnitLayout& ul = layout_.unit(unit);
+  std::byte* staging = static_cast<std::byte*>(units_[static_cast<std::size_t>(unit)].staging.data());
+  Alone a{unit, Work(), false, !window_first_micro_};
+  std::byte* straight = straight_target(unit);
+  a.landed = straight != nullptr;
+  const DType dtype = options_.comm_dtype;
+  if (world_ == 1) {
+    a.work = Work();  // the sum over one rank is the staging buffer itself
+  } else if (scatters()) {
+    a.work = straight ? comm_.reduce_scatter(staging, straight, ul.slice_elems, dtype, options_.op)
+                      : comm_.reduce_scatter_in_place(staging, ul.slice_elems, dtype, options_.op);
+  } else {
+    a.work = comm_.all_reduce(staging, straight ? straight : staging, ul.padded_elems, dtype,
+                              options_.op);
+  }
+  // In flight while backward goes on, up to a bucket's elements per slot (two with
+  // overlap_comm) of all ranks' slices: the staging buffers they hold are what the buckets would
+  // hold. Waiting for each at once would make every unit a rendezvous of the ranks.
+  const std::size_t budget = std::max<std::size_t>(options_.bucket_elems, 1) * slots_.size();
+  while (!alone_.empty() && alone_elems_ + ul.padded_elems > budget) {
+    finish(alone_.front());
+    alone_elems_ -= layout_.unit(alone_.front().unit).padded_elems;
+    alone_.pop_front();
+  }
+  alone_elems_ += ul.padded_elems;
+  alone_.push_back(std::move(a));
+}
+
+void GradientReducer::finish(Alone& alone) {
+  {
+    ScopedTimer timer(timings_.reduce_wait_s);
+    alone.work.wait();
+  }
+  UnitBuffers& ub = units_[static_cast<std::size_t>(alone.unit)];
+  if (!alone.landed) {
+    ScopedTimer timer(timings_.unpack_s);
+    const std::size_t S = layout_.unit(alone.unit).slice_elems;
+    for (int d = 0; d < domains_.count(); ++d) {
+      const auto q = static_cast<std::size_t>(domains_.rank_of(d));
+      compute_.combine(target_.gradient(d, alone.unit, 0), options_.accum_dtype,
+                       element_at(ub.staging, options_.comm_dtype, q * S), options_.comm_dtype, S,
+                       options_.consume_scale, alone.accumulate, options_.exec);
+    }
+  }
+  ub.staging.reset();
 }
 
 void GradientReducer::end_micro_step() {
@@ -219,6 +299,11 @@ void GradientReducer::drain() {
   for (Slot& s : slots_) {
     if (s.in_flight) finish(s);
   }
+  while (!alone_.empty()) {
+    finish(alone_.front());
+    alone_.pop_front();
+  }
+  alone_elems_ = 0;
 }
 
 }  // namespace zero::engine_detail

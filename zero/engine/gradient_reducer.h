@@ -7,6 +7,15 @@
 // chunks (chunk q = every piece's slice of rank q) in the communication dtype and reduce-scattered
 // (all-reduced at stage 0 or with reduce_scatter off) while the trainer goes on.
 // With overlap_comm two bucket slots alternate, so one bucket is reduced while the next fills.
+//
+// A unit whose slice holds at least kAloneMinSliceElems elements skips the buckets when its
+// gradients need no cast or scale on the way in (comm dtype = gradient dtype, pack_scale 1, no host
+// landing): it is reduced alone, straight from its staging buffer (already W rank slices), so
+// nothing is packed; in the first micro-step of a window, when the landing would be a plain copy
+// (consume_scale 1, accumulation dtype = comm dtype), the collective writes straight into the
+// target and nothing is landed either. Lone units stay in flight (with their staging buffers) up
+// to a bucket's elements per slot, and the drain waits for the rest. Each reduced element is the same sum over ranks in rank
+// order whichever way it travels, so both ways give bitwise the same gradients.
 // A finished reduction lands in the SliceMap the engine passes in: domain d's reduced chunk is
 // written to gradients(d, unit, offset), added to what is there for all but the first micro-step
 // of a window. Packing scales by pack_scale before the sum, landing by consume_scale after it
@@ -24,6 +33,7 @@
 #pragma once
 
 #include <cstddef>
+#include <deque>
 #include <vector>
 
 #include "kernels/compute.h"
@@ -57,6 +67,10 @@ struct ReducerOptions {
 
 class GradientReducer {
  public:
+  // Units with slices of at least this many elements are reduced alone (see above): below it, the
+  // fixed cost of a collective outweighs the copy into a bucket.
+  static constexpr std::size_t kAloneMinSliceElems = std::size_t{1} << 14;
+
   // REQUIRES: comm, device, compute, layout, target and timings outlive the reducer; the
   // layout's world size is comm.size().
   GradientReducer(Communicator& comm, Device& device, const kernels::ComputeKernels& compute,
@@ -115,6 +129,12 @@ class GradientReducer {
     bool in_flight = false;
     bool accumulate = false;
   };
+  struct Alone {  // a unit reduced alone, in flight
+    int unit = 0;
+    Work work;
+    bool landed = false;      // the collective wrote into the target: nothing to land
+    bool accumulate = false;  // land by adding (not the window's first micro-step)
+  };
   struct UnitBuffers {
     Buffer staging;
     Buffer accum;              // stage 0: the reduced gradients (the target's)
@@ -123,6 +143,12 @@ class GradientReducer {
 
   bool scatters() const { return world_ > 1 && options_.stage != 0 && options_.reduce_scatter; }
   Buffer alloc(std::size_t elems, DType dtype);
+  bool goes_alone(int unit) const;
+  // Where a straight collective of `unit` writes (every domain's slices, one after the other), or
+  // null when the landing is more than a copy or the target's slices are not laid out so.
+  std::byte* straight_target(int unit);
+  void reduce_alone(int unit);
+  void finish(Alone& alone);
   void submit_unit(int unit, const void* buffer, DType dtype);
   void submit(const Source& source);
   void flush_bucket();
@@ -144,6 +170,8 @@ class GradientReducer {
   std::vector<Source> open_;
   std::size_t open_elems_ = 0;
   std::vector<Slot> slots_;
+  std::deque<Alone> alone_;     // in issue order
+  std::size_t alone_elems_ = 0;  // their units' padded elements
   Buffer landing_;  // host_landing: a reduced chunk in pinned host memory
   std::size_t next_slot_ = 0;
   bool window_first_micro_ = true;  // the current micro-step opened its window

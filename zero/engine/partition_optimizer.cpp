@@ -221,8 +221,9 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
   kernels::OptimizerTensors t;
   t.grad_dtype = options_.grad_dtype;
   t.state_dtype = options_.state_dtype;
-  // A 16-bit model copy is written by the kernel, rounded once from the updated master.
-  if (model_dtype != DType::F32 && write_model) t.param_out_dtype = model_dtype;
+  // The model copy is written by the kernel, from the updated master while it is in registers:
+  // rounded once to 16 bits, or (fp32) the master's own bits, with no second pass over it.
+  if (write_model) t.param_out_dtype = model_dtype;
   const std::size_t tile =
       master_dtype == DType::F32 && !on_copies ? std::max<std::size_t>(n, 1) : kMasterTileElems;
   const std::size_t ssize = dtype_size(options_.state_dtype);
@@ -253,15 +254,9 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
     }
     t.state0 = state[0];
     t.state1 = state[1];
-    if (model_dtype != DType::F32 && write_model)
-      t.param_out = model_out + b * dtype_size(model_dtype);
+    if (write_model) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
-    if (model_dtype == DType::F32 && write_model) {
-      // An fp32 model copy is the master itself, copied (on the device, by its kernels).
-      compute_.combine(model_out + b * sizeof(float), DType::F32, t.master, DType::F32, m, 1.0f,
-                       false, options_.exec);
-    }
     if (master_dtype != DType::F32 && !on_copies) {
       // The master keeps what the model copy got: the update rounded once to bf16.
       compute_.combine(master, master_dtype, t.master, DType::F32, m, 1.0f, false, options_.exec);

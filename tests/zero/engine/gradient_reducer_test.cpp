@@ -17,10 +17,22 @@
 namespace zero::engine_detail {
 namespace {
 
-// Units of uneven sizes (one empty), so slices, padding and bucket pieces all vary.
-std::vector<ParamDesc> model_params() {
-  return {{"a", 37, DType::F32, 0, 0}, {"b", 5, DType::F32, 0, 0},  {"c", 120, DType::F32, 0, 1},
-          {"d", 0, DType::F32, 0, 2},  {"e", 64, DType::F32, 0, 3}, {"f", 1, DType::F32, 0, 3}};
+// Units of uneven sizes (one empty), so slices, padding and bucket pieces all vary. With
+// `big_units` at world size W, two more units whose slices are large enough to be reduced alone
+// (GradientReducer::kAloneMinSliceElems), between small ones that go through the buckets.
+std::vector<ParamDesc> model_params(int big_units_world = 0) {
+  std::vector<ParamDesc> params = {{"a", 37, DType::F32, 0, 0}, {"b", 5, DType::F32, 0, 0},
+                                   {"c", 120, DType::F32, 0, 1}, {"d", 0, DType::F32, 0, 2},
+                                   {"e", 64, DType::F32, 0, 3},  {"f", 1, DType::F32, 0, 3}};
+  if (big_units_world > 0) {
+    const std::size_t big =
+        GradientReducer::kAloneMinSliceElems * static_cast<std::size_t>(big_units_world);
+    params.push_back({"g", big + 3, DType::F32, 0, 4});
+    params.push_back({"h", 11, DType::F32, 0, 5});
+    params.push_back({"i", big - 5, DType::F32, 0, 6});
+    params.push_back({"j", 7, DType::F32, 0, 6});
+  }
+  return params;
 }
 
 // Small integers: every partial sum is exact in fp32 and in bf16 (|sum| <= 256), so any summation
@@ -65,12 +77,14 @@ struct Case {
   bool overlap = true;
   std::size_t bucket_elems = 64;
   DType dtype = DType::F32;  // gradients, accumulation and communication
+  bool big_units = false;    // model_params(world): units reduced alone besides bucketed ones
 };
 
 // Runs one window of `micro_steps` on every rank; returns the number of mismatching elements
 // and counts the elements compared.
-std::size_t run_case(const Case& c, std::size_t& compared, std::int64_t& buckets) {
-  const std::vector<ParamDesc> params = model_params();
+std::size_t run_case(const Case& c, std::size_t& compared, std::int64_t& buckets,
+                     std::int64_t* alone = nullptr) {
+  const std::vector<ParamDesc> params = model_params(c.big_units ? c.world : 0);
   const FlatLayout layout = FlatLayout::build(params, {c.world, 1, 4});
   std::mutex mu;
   std::size_t mismatches = 0;
@@ -131,6 +145,7 @@ std::size_t run_case(const Case& c, std::size_t& compared, std::int64_t& buckets
     mismatches += bad;
     compared += seen;
     if (r == 0) buckets = timings.buckets;
+    if (r == 0 && alone != nullptr) *alone = timings.units_alone;
   });
   return mismatches;
 }
@@ -188,6 +203,35 @@ TEST_CASE("a bucket never holds more than reduce_bucket_size elements of all ran
   REQUIRE(run_case(c, compared, buckets) == 0);
   const FlatLayout layout = FlatLayout::build(model_params(), {4, 1, 4});
   REQUIRE(buckets >= static_cast<std::int64_t>((layout.partition_elems() + 1) / 2));
+}
+
+TEST_CASE("units reduced alone, straight into the target or landed, give the exact sums") {
+  for (int world : {1, 2, 3}) {
+    for (int stage : {0, 1, 2, 3}) {
+      for (bool overlap : {false, true}) {
+        for (int micro : {1, 3}) {
+          for (DType dtype : {DType::F32, DType::BF16}) {
+            // Tiny buckets too: the small units' pieces interleave with the lone units'.
+            for (std::size_t bucket : {std::size_t{9}, std::size_t{500'000'000}}) {
+              Case c{stage, world, micro, overlap, bucket, dtype, true};
+              INFO("world " << world << ", stage " << stage << ", overlap " << overlap
+                            << ", micro-steps " << micro << ", " << dtype_name(dtype)
+                            << ", bucket " << bucket);
+              std::size_t compared = 0;
+              std::int64_t buckets = 0, alone = 0;
+              REQUIRE(run_case(c, compared, buckets, &alone) == 0);
+              // Both big units of every micro-step went alone; the small ones used buckets.
+              CHECK(alone == 2 * micro);
+              CHECK(buckets > alone);
+              const FlatLayout layout = FlatLayout::build(model_params(world), {world, 1, 4});
+              const std::size_t per_rank = layout.partition_elems() * (stage == 0 ? world : 1);
+              REQUIRE(compared == per_rank * static_cast<std::size_t>(world));
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

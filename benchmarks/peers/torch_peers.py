@@ -20,8 +20,17 @@ ratio whose baseline (the peer's share) is not positive, or whose numerator (zer
 negative, would read as a win, so the driver prints none: it says why instead (JSON: "ratio" null,
 "ratio_refused" the reason).
 
-  python benchmarks/peers/torch_peers.py [--model mlp|transformer] [--steps 20] [--repeats 3]
-                                         [--stages 0,1,2,3] [--nproc 2] [--json out.json]
+Besides wall time, each step's process CPU time (every thread of the rank, its communication
+threads included; time the host gives to other guests does not count), and the engine's CPU share
+against the bare run's: on a machine whose other tenants make wall times noisy, the steadier
+measure of the work an engine adds. For zero, engine.timings() per step (the C++ engine's phases
+and the Python hooks and checks), and each stage's time outside forward and backward against the
+optimizer's own traffic limit for the rank's partition (zero-bench kernels' traffic probe, run on
+as many processes at once as there are ranks).
+
+  python benchmarks/peers/torch_peers.py [--model mlp|transformer|transformer-25m] [--dtype fp32|bf16]
+                                         [--steps 20] [--repeats 3] [--stages 0,1,2,3] [--nproc 2]
+                                         [--json out.json] [--zero-bench build/benchmarks/zero-bench]
 
 Comparable pairs: zero stage 0 with DDP (both replicate everything), zero stages 1-3 with FSDP2
 (which shards parameters, gradients and optimizer state: stage 3's layout).
@@ -219,6 +228,7 @@ def worker(args):
     for i, (x, y) in enumerate(batches):
         if i == args.warmup and profiled:
             forward.timings(reset=True)
+        c0 = time.process_time()
         t0 = time.perf_counter()
         loss = cls.loss(forward(x), y)
         t1 = time.perf_counter()
@@ -226,11 +236,12 @@ def worker(args):
         t2 = time.perf_counter()
         step()
         t3 = time.perf_counter()
+        c3 = time.process_time()
         if i >= args.warmup:
-            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
-    med = [statistics.median(t[j] for t in times) * 1e3 for j in range(4)]
+            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2, c3 - c0))
+    med = [statistics.median(t[j] for t in times) * 1e3 for j in range(5)]
     result = {"rank": rank, "world": world, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
-              "ms_outside": med[3], "peak_rss_mib": common.peak_rss_mib(), "last_loss": loss.item()}
+              "ms_outside": med[3], "cpu_ms_step": med[4], "peak_rss_mib": common.peak_rss_mib(), "last_loss": loss.item()}
     if profiled:
         result["profile"] = per_step(forward.timings(), args.steps)
     common.write_rank(args.out, rank, result)
@@ -239,7 +250,7 @@ def worker(args):
 
 # --- the driver --------------------------------------------------------------------------------
 
-TIMES = ("ms_step", "ms_forward", "ms_backward", "ms_outside")
+TIMES = ("ms_step", "ms_forward", "ms_backward", "ms_outside", "cpu_ms_step")
 
 
 def run_once(args, peer, workdir, index):
@@ -272,6 +283,7 @@ def summarise(runs, peers):
     for r in rows:
         if bare is not None and r is not bare:
             r["ms_engine"] = r["ms_step"] - bare["ms_step"]
+            r["cpu_ms_engine"] = r["cpu_ms_step"] - bare["cpu_ms_step"]
     return rows
 
 
@@ -421,11 +433,13 @@ def markdown(rows, args):
         kind, _, stage = r["peer"].partition("-s")
         stage = stage or {"ddp": "(0)", "fsdp2": "(3)", "bare": ""}[kind]
         engine = f"{r['ms_engine']:.1f}" if "ms_engine" in r else ""
+        engine_cpu = f"{r['cpu_ms_engine']:.1f}" if "cpu_ms_engine" in r else ""
         loss = "" if kind == "bare" else f"{r['last_loss']:.6f}"
-        table.append([kinds[kind], stage, *(f"{r[key]:.1f}" for key in TIMES), engine,
+        table.append([kinds[kind], stage, *(f"{r[key]:.1f}" for key in TIMES), engine, engine_cpu,
                       f"{r['peak_rss_mib']:.0f}", loss])
     headers = ["peer", "ZeRO stage", "ms/step", "forward ms", "backward ms", "outside fwd+bwd ms",
-               "engine ms (step - bare)", "peak RSS MiB/process", "last loss"]
+               "CPU ms/step", "engine ms (step - bare)", "engine CPU ms", "peak RSS MiB/process",
+               "last loss"]
     numel = sum(p.numel() for p in MODELS[args.model]().parameters())
     lines = [f"{args.model} ({numel / 1e6:.1f}M parameters, {args.dtype}), {args.nproc} processes, "
              f"{args.steps} steps after {args.warmup} warm-up, median of {args.repeats} alternating "

@@ -126,7 +126,8 @@ zero_optional_feature("liburing" ZERO_WITH_URING ZERO_HAVE_URING "${ZERO_URING_L
 # --- oneDNN (the MLP's matrix products) -----------------------------------------------------------
 # Debian's libdnnl-dev: models/gemm.h's products on oneDNN's matmul, fp32 and bf16 (AVX-512 BF16
 # where the CPU has it), built on OpenMP so every calling thread (a rank) gets a team of its own.
-# Without it models/gemm_portable.cpp computes the same products in plain C++, slower.
+# Without it models/gemm_portable.cpp computes the same products in plain C++, slower (with it, the
+# bf16 products oneDNN cannot build on a CPU without AVX-512 too).
 set(ZERO_HAVE_ONEDNN OFF)
 if(NOT ZERO_WITH_ONEDNN STREQUAL "OFF")
   find_package(dnnl CONFIG QUIET)

@@ -4,7 +4,8 @@
 // the MLP's shapes on this project's machines).
 //
 // Precisions: fp32 × fp32, and bf16 × bf16 with fp32 accumulation (AVX-512 BF16 instructions where
-// the CPU has them, oneDNN's emulation elsewhere); the result C in fp32 or bf16 (rounded once, from
+// the CPU has them, oneDNN's emulation on other AVX-512 cores, the portable C++ products of
+// gemm_portable.h on a CPU with AVX2 alone, where oneDNN 2.x has no bf16 matmul); the result C in fp32 or bf16 (rounded once, from
 // the fp32 sum). On this project's machines oneDNN's products are 1.1–2× OpenBLAS's sgemm speed in
 // fp32 and 2–4× in bf16 for the MLP's shapes (16 × 2048 × 2048, one thread).
 //

@@ -1,5 +1,6 @@
 // models/gemm.h on oneDNN's matmul primitive: the build's choice where oneDNN is found
-// (models/CMakeLists.txt).
+// (models/CMakeLists.txt). A bf16 product oneDNN cannot build on this CPU (oneDNN 2.x has no bf16
+// matmul without AVX-512) runs on the portable C++ products (gemm_portable.h) instead.
 #include "models/gemm.h"
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #include <unordered_map>
 
 #include "models/gemm_checks.h"
+#include "models/gemm_portable.h"
 #include "zero/base/error.h"
 
 namespace zero::models {
@@ -58,8 +60,11 @@ struct KeyHash {
 struct Product {
   memory::desc a, b, c;
   dnnl::matmul primitive;
-  std::string kernel;  // oneDNN's name for the implementation it chose
+  std::string kernel;     // oneDNN's name for the implementation it chose
+  bool portable = false;  // oneDNN has none for these precisions on this CPU: gemm_portable
 };
+
+constexpr const char* kPortableKernel = "portable C++ (oneDNN has no bf16 matmul on this CPU)";
 
 // A row-major m × k matrix, or its transpose stored k × m, as oneDNN strides.
 memory::desc matrix(std::size_t rows, std::size_t cols, bool transposed, DType type) {
@@ -78,9 +83,17 @@ Product build(const Key& key) {
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
-  p.primitive = dnnl::matmul(pd);
-  p.kernel = pd.impl_info_str();
+  try {
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
+    p.primitive = dnnl::matmul(pd);
+    p.kernel = pd.impl_info_str();
+  } catch (const dnnl::error&) {
+    // No implementation: oneDNN 2.x builds bf16 matmuls on AVX-512 cores only. An fp32 product
+    // it refuses is an error (gemm() names it).
+    if (key.inputs != DType::BF16 && key.output != DType::BF16) throw;
+    p.portable = true;
+    p.kernel = kPortableKernel;
+  }
   return p;
 }
 
@@ -131,6 +144,10 @@ void gemm(const Gemm& g, int threads) {
   ThreadProducts& mine = thread_products();
   try {
     const Product& p = product_for(mine, key);
+    if (p.portable) {
+      gemm_portable(g, threads);
+      return;
+    }
     // oneDNN takes non-const handles; it only reads the operands.
     memory a(p.a, cpu_engine(), const_cast<void*>(g.a));
     memory b(p.b, cpu_engine(), const_cast<void*>(g.b));

@@ -1,5 +1,7 @@
-// models/gemm.h in plain C++: the build's choice where oneDNN is not found (models/CMakeLists.txt),
-// e.g. a build from the offline dependencies of scripts/install-deps.sh --from.
+// models/gemm_portable.h: the products of models/gemm.h in plain C++. The build's gemm() where
+// oneDNN is not found (gemm_plain.cpp; e.g. a build from the offline dependencies of
+// scripts/install-deps.sh --from), and gemm_onednn.cpp's for the bf16 products oneDNN cannot
+// build on a CPU without AVX-512 (oneDNN 2.x has no bf16 matmul for AVX2 alone).
 //
 // C is computed in tiles of kRowTile × kColTile elements, each tile by one thread: op(A)'s rows and
 // op(B)'s columns of the tile are widened to fp32 and packed kDepthTile at a time (so bf16 and
@@ -13,7 +15,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "models/gemm.h"
+#include "models/gemm_portable.h"
+
 #include "models/gemm_checks.h"
 #include "zero/base/half.h"
 
@@ -147,7 +150,7 @@ Scratch& thread_scratch() {
 
 }  // namespace
 
-void gemm(const Gemm& g, int threads) {
+void gemm_portable(const Gemm& g, int threads) {
   if (!gemm_needs_product(g, threads)) return;
   const std::size_t row_tiles = (g.m + kRowTile - 1) / kRowTile;
   const std::size_t col_tiles = (g.n + kColTile - 1) / kColTile;
@@ -162,8 +165,5 @@ void gemm(const Gemm& g, int threads) {
   }
 }
 
-std::string gemm_description() {
-  return "portable C++ (no oneDNN in this build; fp32 sums, bf16 operands widened to fp32)";
-}
 
 }  // namespace zero::models

@@ -1,6 +1,6 @@
 """What the engine needs to know of a torch module: its parameters as specs (names, shapes,
 dtypes, param groups, stage-3 units, frozen and tied names), and the checks that nothing about
-them changed after initialize."""
+them changed after initialize; the device the module is on."""
 import math
 from dataclasses import dataclass, field
 
@@ -156,3 +156,18 @@ def check_unchanged(model, expected, registered, views, tree=None):
             raise ZeroError(f"parameter '{r.name}'.data was reassigned after zero.initialize; "
                             "the engine owns its memory. Modify it in place (param.data.copy_(...))"
                             " or before zero.initialize")
+
+
+def model_device(model):
+    """The one device every parameter of `model` is on: the CPU or a CUDA GPU."""
+    devices = {p.device for p in model.parameters()}
+    if len(devices) > 1:
+        names = ", ".join(sorted(map(str, devices)))
+        raise ZeroError(f"the model's parameters are on several devices ({names}): move the whole "
+                        "model to one device (model.to(...)) before zero.initialize")
+    device = next(iter(devices)) if devices else torch.device("cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ZeroError(f"the model is on {device}; zero trains models on the CPU or on a CUDA GPU")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device

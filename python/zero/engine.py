@@ -14,7 +14,6 @@ the CPU, one C call copies a gradient into its slot and marks it ready."""
 import contextlib
 import ctypes
 import json
-import math
 import os
 import time
 import warnings
@@ -24,9 +23,11 @@ import torch
 
 from . import _lib
 from ._lib import ZeroError, call, take_string
+from ._comm import Comm
+from ._config import ZeroConfigWarning, load_config
 from ._memory import tensor_at
-from ._model import (DTYPE_NAMES, TORCH_DTYPES, ModuleTree, check_unchanged, register,
-                     snapshot, training_dtype)
+from ._model import (TORCH_DTYPES, ModuleTree, check_unchanged, model_device,
+                     register, snapshot, training_dtype)
 from ._stage3 import UnitFetcher
 from .partitioned_init import gather, is_partitioned_param, release
 
@@ -41,118 +42,16 @@ PY_TIMINGS = {"grad_hook_s": 0.0,  # in the per-parameter gradient hooks (copy a
 
 TORCH_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
-# The environment variables a launcher sets; any of them present means "launched".
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                      "MASTER_PORT", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_SIZE",
-                      "PMI_RANK")
-
-
-def _comm_timeout_ms():
-    value = os.environ.get("ZERO_COMM_TIMEOUT_S", "300")
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ZeroError(f"ZERO_COMM_TIMEOUT_S={value!r} is not a number of seconds") from None
-    if seconds <= 0:
-        raise ZeroError(f"ZERO_COMM_TIMEOUT_S={value!r}: expected a positive number of seconds")
-    return int(seconds * 1000)
-
-
-class _Comm:
-    """The process's communicator: what the launcher's environment says, or one rank."""
-
-    def __init__(self):
-        self.handle = None
-        if any(v in os.environ for v in LAUNCHER_VARIABLES):
-            h = ctypes.c_void_p()
-            call("zero_comm_create_env", _comm_timeout_ms(), ctypes.byref(h))
-            self.handle = h
-
-    def destroy(self):
-        """DeepSpeed's name for close()."""
-        self.close()
-
-    def close(self):
-        if self.handle is not None:
-            _lib.lib.zero_comm_destroy(self.handle)
-            self.handle = None
-
-
-def _model_device(model):
-    """The one device every parameter of `model` is on: the CPU or a CUDA GPU."""
-    devices = {p.device for p in model.parameters()}
-    if len(devices) > 1:
-        names = ", ".join(sorted(map(str, devices)))
-        raise ZeroError(f"the model's parameters are on several devices ({names}): move the whole "
-                        "model to one device (model.to(...)) before zero.initialize")
-    device = next(iter(devices)) if devices else torch.device("cpu")
-    if device.type not in ("cpu", "cuda"):
-        raise ZeroError(f"the model is on {device}; zero trains models on the CPU or on a CUDA GPU")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _without_infinite_steps_per_print(config):
-    """Accelerate's DeepSpeed plugin sets steps_per_print to float("inf") ("never print"), which
-    JSON cannot hold: the key goes, as zero prints nothing per step anyway."""
-    value = config.get("steps_per_print")
-    if isinstance(value, float) and math.isinf(value) and value > 0:
-        config = {k: v for k, v in config.items() if k != "steps_per_print"}
-    return config
-
-
-def _check_finite(value, path):
-    """Raises ZeroError naming the first key whose value is a NaN or infinite float."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ZeroError(f"config key '{path}' is {value}; JSON (and DeepSpeed's config) holds "
-                        "finite numbers only: give a number")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check_finite(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_finite(v, f"{path}[{i}]")
-
-
-def _load_config(config):
-    """(JSON text, dict) of `config`: a path to a ds_config file or a dict."""
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        if not os.path.isfile(path):
-            raise ZeroError(f"config path '{path}' does not exist (or is not a file): pass the "
-                            "path of a ds_config.json or a dict")
-        with open(path) as f:
-            text = f.read()
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ZeroError(f"config '{path}' is not valid JSON: {e}") from None
-        return text, document
-    if isinstance(config, dict):
-        config = _without_infinite_steps_per_print(config)
-        _check_finite(config, "")
-        try:
-            return json.dumps(config), config
-        except (TypeError, ValueError) as e:
-            raise ZeroError(f"config dict cannot be written as JSON: {e}") from None
-    raise ZeroError(f"config is a {type(config).__name__}; expected a path or a dict")
-
-
-class ZeroConfigWarning(UserWarning):
-    """A ds_config warning from zero's config layer (what `zero-config check` prints)."""
-
-
 class ZeroEngine(torch.nn.Module):
     def __init__(self, model, model_parameters, config, overrides_from_optimizer=None):
         super().__init__()
         if not isinstance(model, torch.nn.Module):
             raise ZeroError(f"model is a {type(model).__name__}; expected a torch.nn.Module")
-        text, document = _load_config(config)
+        text, document = load_config(config)
         self.config = document  # the ds_config as a dict
         self._dtype = training_dtype(document)
         self._torch_dtype = TORCH_DTYPES[self._dtype]
-        self.device = _model_device(model)
+        self.device = model_device(model)
         self.module = model
         registered, overrides, units = register(model, model_parameters, self._dtype)
         if overrides_from_optimizer is not None:
@@ -160,7 +59,7 @@ class ZeroEngine(torch.nn.Module):
         if self._dtype != _lib.F32:
             model.to(self._torch_dtype)  # as DeepSpeed: the model trains in the 16-bit dtype
         self._registered = registered
-        self._comm = _Comm()
+        self._comm = Comm()
         self._handle = None
         self._create(text, registered, overrides)
 
@@ -291,15 +190,40 @@ class ZeroEngine(torch.nn.Module):
         spent["check_unchanged_calls"] += 1
 
     def _grad_hook(self, r):
-        on_gpu = self.device.type == "cuda"
-        if not on_gpu:
-            return self._host_grad_hook(r)
+        """The post-accumulate-grad hook of r's parameter: the gradient goes into the engine, the
+        parameter's .grad is dropped (stage 3: its unit is told), and the time is counted."""
+        write = self._device_grad_writer(r) if self.device.type == "cuda" else \
+            self._host_grad_writer(r)
 
         def hook(param):
             grad = param.grad
             if grad is None:
                 return
             t0 = time.perf_counter()
+            write(grad)
+            param.grad = None
+            if self._fetcher is not None:
+                self._fetcher.grad_done(r)
+            spent = self._py_timings
+            spent["grad_hook_s"] += time.perf_counter() - t0
+            spent["grad_hooks"] += 1
+        return hook
+
+    def _host_grad_writer(self, r):
+        """On the CPU: one C call copies the gradient into its slot and marks it ready (no tensor
+        is made over the slot)."""
+        grad_copy, handle, index = _lib.bind("zero_engine_grad_copy"), self._handle, r.index
+        dtype, nbytes = self._torch_dtype, r.numel * TORCH_ITEMSIZE[self._torch_dtype]
+
+        def write(grad):
+            if grad.dtype != dtype or not grad.is_contiguous():
+                grad = grad.to(dtype).contiguous()
+            grad_copy(handle, index, grad.data_ptr(), nbytes)
+        return write
+
+    def _device_grad_writer(self, r):
+        """On a GPU: the gradient is copied into its slot on torch's current stream."""
+        def write(grad):
             ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
             call("zero_engine_grad", self._handle, r.index, ctypes.byref(ptr),
                  ctypes.byref(nbytes))
@@ -313,35 +237,7 @@ class ZeroEngine(torch.nn.Module):
                 if current != default:
                     default.wait_stream(current)
             call("zero_engine_grad_ready", self._handle, r.index)
-            param.grad = None
-            if self._fetcher is not None:
-                self._fetcher.grad_done(r)
-            spent = self._py_timings
-            spent["grad_hook_s"] += time.perf_counter() - t0
-            spent["grad_hooks"] += 1
-        return hook
-
-    def _host_grad_hook(self, r):
-        """On the CPU: the gradient goes into its slot in one C call (the copy included), with no
-        tensor made over the slot."""
-        grad_copy, handle, index = _lib.bind("zero_engine_grad_copy"), self._handle, r.index
-        dtype, nbytes = self._torch_dtype, r.numel * TORCH_ITEMSIZE[self._torch_dtype]
-
-        def hook(param):
-            grad = param.grad
-            if grad is None:
-                return
-            t0 = time.perf_counter()
-            if grad.dtype != dtype or not grad.is_contiguous():
-                grad = grad.to(dtype).contiguous()
-            grad_copy(handle, index, grad.data_ptr(), nbytes)
-            param.grad = None
-            if self._fetcher is not None:
-                self._fetcher.grad_done(r)
-            spent = self._py_timings
-            spent["grad_hook_s"] += time.perf_counter() - t0
-            spent["grad_hooks"] += 1
-        return hook
+        return write
 
     # --- training ---
     def forward(self, *args, **kwargs):

@@ -116,8 +116,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                         "data-parallel only")
     overrides = None
     if optimizer is not None:
-        from .engine import _load_config
-        _, document = _load_config(config)
+        from ._config import load_config
+        _, document = load_config(config)
         config, overrides, groups = _from_client_optimizer(optimizer, document)
         model_parameters = groups
     param_list = list(model_parameters) if model_parameters is not None else None

@@ -114,18 +114,19 @@ bool GradientReducer::goes_alone(int unit) const {
          layout_.unit(unit).slice_elems >= kAloneMinSliceElems;
 }
 
-std::byte* GradientReducer::straight_target(int unit) {
-  if (!window_first_micro_ || options_.consume_scale != 1.0f ||
+std::byte* GradientReducer::straight_target(const Alone& alone) {
+  if (alone.accumulate || options_.consume_scale != 1.0f ||
       options_.accum_dtype != options_.comm_dtype || world_ == 1) {
     return nullptr;
   }
-  if (scatters()) return target_.gradient(0, unit, 0);
+  if (scatters()) return target_.gradient(0, alone.unit, 0);
   if (domains_.count() != world_) return nullptr;  // all-reduced, but only the own slice kept
   // Every rank's slice, as the all-reduce leaves them: domain d's right after domain d-1's.
-  const std::size_t slice_bytes = layout_.unit(unit).slice_elems * dtype_size(options_.comm_dtype);
-  std::byte* first = target_.gradient(0, unit, 0);
+  const std::size_t slice_bytes =
+      layout_.unit(alone.unit).slice_elems * dtype_size(options_.comm_dtype);
+  std::byte* first = target_.gradient(0, alone.unit, 0);
   for (int d = 1; d < domains_.count(); ++d) {
-    if (target_.gradient(d, unit, 0) != first + static_cast<std::size_t>(d) * slice_bytes)
+    if (target_.gradient(d, alone.unit, 0) != first + static_cast<std::size_t>(d) * slice_bytes)
       return nullptr;
   }
   return first;
@@ -135,23 +136,8 @@ void GradientReducer::reduce_alone(int unit) {
   ++timings_.buckets;
   ++timings_.units_alone;
   const UnitLayout& ul = layout_.unit(unit);
-  std::byte* staging = static_cast<std::byte*>(units_[static_cast<std::size_t>(unit)].staging.data());
-  Alone a{unit, Work(), false, !window_first_micro_};
-  std::byte* straight = straight_target(unit);
-  a.landed = straight != nullptr;
-  const DType dtype = options_.comm_dtype;
-  if (world_ == 1) {
-    a.work = Work();  // the sum over one rank is the staging buffer itself
-  } else if (scatters()) {
-    a.work = straight ? comm_.reduce_scatter(staging, straight, ul.slice_elems, dtype, options_.op)
-                      : comm_.reduce_scatter_in_place(staging, ul.slice_elems, dtype, options_.op);
-  } else {
-    a.work = comm_.all_reduce(staging, straight ? straight : staging, ul.padded_elems, dtype,
-                              options_.op);
-  }
-  // In flight while backward goes on, up to a bucket's elements per slot (two with
-  // overlap_comm) of all ranks' slices: the staging buffers they hold are what the buckets would
-  // hold. Waiting for each at once would make every unit a rendezvous of the ranks.
+  // Up to a bucket's elements per slot (two with overlap_comm) of all ranks' slices wait or are
+  // in flight: the staging buffers they hold are what the buckets would hold.
   const std::size_t budget = std::max<std::size_t>(options_.bucket_elems, 1) * slots_.size();
   while (!alone_.empty() && alone_elems_ + ul.padded_elems > budget) {
     finish(alone_.front());
@@ -159,10 +145,34 @@ void GradientReducer::reduce_alone(int unit) {
     alone_.pop_front();
   }
   alone_elems_ += ul.padded_elems;
-  alone_.push_back(std::move(a));
+  alone_.push_back(Alone{unit, Work(), false, false, !window_first_micro_});
+  // With overlap_comm the reduction runs while backward goes on; without, it starts when the
+  // budget or the end of the micro-step asks for it, so backward has the cores to itself.
+  if (options_.overlap_comm) issue(alone_.back());
+}
+
+void GradientReducer::issue(Alone& alone) {
+  const UnitLayout& ul = layout_.unit(alone.unit);
+  std::byte* staging =
+      static_cast<std::byte*>(units_[static_cast<std::size_t>(alone.unit)].staging.data());
+  std::byte* straight = straight_target(alone);
+  alone.issued = true;
+  alone.landed = straight != nullptr;
+  const DType dtype = options_.comm_dtype;
+  if (world_ == 1) {
+    alone.work = Work();  // the sum over one rank is the staging buffer itself
+  } else if (scatters()) {
+    alone.work =
+        straight ? comm_.reduce_scatter(staging, straight, ul.slice_elems, dtype, options_.op)
+                 : comm_.reduce_scatter_in_place(staging, ul.slice_elems, dtype, options_.op);
+  } else {
+    alone.work = comm_.all_reduce(staging, straight ? straight : staging, ul.padded_elems, dtype,
+                                  options_.op);
+  }
 }
 
 void GradientReducer::finish(Alone& alone) {
+  if (!alone.issued) issue(alone);
   {
     ScopedTimer timer(timings_.reduce_wait_s);
     alone.work.wait();
@@ -298,6 +308,10 @@ void GradientReducer::drain() {
   flush_bucket();
   for (Slot& s : slots_) {
     if (s.in_flight) finish(s);
+  }
+  // Every waiting reduction is issued before the first wait, so they run back to back.
+  for (Alone& a : alone_) {
+    if (!a.issued) issue(a);
   }
   while (!alone_.empty()) {
     finish(alone_.front());

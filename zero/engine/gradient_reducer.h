@@ -13,8 +13,10 @@
 // landing): it is reduced alone, straight from its staging buffer (already W rank slices), so
 // nothing is packed; in the first micro-step of a window, when the landing would be a plain copy
 // (consume_scale 1, accumulation dtype = comm dtype), the collective writes straight into the
-// target and nothing is landed either. Lone units stay in flight (with their staging buffers) up
-// to a bucket's elements per slot, and the drain waits for the rest. Each reduced element is the same sum over ranks in rank
+// target and nothing is landed either. Lone units wait or stay in flight (with their staging
+// buffers) up to a bucket's elements per slot, and the drain reduces the rest. With overlap_comm
+// a lone unit's reduction starts at once, during backward; without, it starts when that budget
+// or the drain asks for it, so backward keeps the cores (as a bucket waits until it is full). Each reduced element is the same sum over ranks in rank
 // order whichever way it travels, so both ways give bitwise the same gradients.
 // A finished reduction lands in the SliceMap the engine passes in: domain d's reduced chunk is
 // written to gradients(d, unit, offset), added to what is there for all but the first micro-step
@@ -129,9 +131,10 @@ class GradientReducer {
     bool in_flight = false;
     bool accumulate = false;
   };
-  struct Alone {  // a unit reduced alone, in flight
+  struct Alone {  // a unit reduced alone, waiting or in flight
     int unit = 0;
     Work work;
+    bool issued = false;      // the collective was started
     bool landed = false;      // the collective wrote into the target: nothing to land
     bool accumulate = false;  // land by adding (not the window's first micro-step)
   };
@@ -144,11 +147,12 @@ class GradientReducer {
   bool scatters() const { return world_ > 1 && options_.stage != 0 && options_.reduce_scatter; }
   Buffer alloc(std::size_t elems, DType dtype);
   bool goes_alone(int unit) const;
-  // Where a straight collective of `unit` writes (every domain's slices, one after the other), or
-  // null when the landing is more than a copy or the target's slices are not laid out so.
-  std::byte* straight_target(int unit);
+  // Where a straight collective of the unit writes (every domain's slices, one after the other),
+  // or null when the landing is more than a copy or the target's slices are not laid out so.
+  std::byte* straight_target(const Alone& alone);
   void reduce_alone(int unit);
-  void finish(Alone& alone);
+  void issue(Alone& alone);
+  void finish(Alone& alone);  // issues it first if need be
   void submit_unit(int unit, const void* buffer, DType dtype);
   void submit(const Source& source);
   void flush_bucket();
@@ -170,7 +174,7 @@ class GradientReducer {
   std::vector<Source> open_;
   std::size_t open_elems_ = 0;
   std::vector<Slot> slots_;
-  std::deque<Alone> alone_;     // in issue order
+  std::deque<Alone> alone_;     // in unit-completion order (the issue order)
   std::size_t alone_elems_ = 0;  // their units' padded elements
   Buffer landing_;  // host_landing: a reduced chunk in pinned host memory
   std::size_t next_slot_ = 0;

@@ -152,7 +152,8 @@ def zero_config(stage, micro_batch, dtype="fp32"):
 def make_trainer(peer, model, cls, dtype="fp32"):
     """Returns (forward, backward, step) closures for one peer. bf16: zero and DeepSpeed train the
     model in bf16 with fp32 master weights (their bf16 config), DDP and FSDP2 keep fp32 parameters
-    and compute in bf16 (their mixed-precision options), the bare run computes on a bf16 model."""
+    and compute in bf16 (DDP under torch.autocast, FSDP2 with its mixed-precision policy), the bare
+    run computes on a bf16 model."""
     kind, _, stage = peer.partition("-s")
     bf16 = dtype == "bf16"
     if kind == "bare":
@@ -175,13 +176,7 @@ def make_trainer(peer, model, cls, dtype="fp32"):
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        if bf16:
-            from torch.nn.parallel.distributed import _MixedPrecision
-
-            model = DistributedDataParallel(model, mixed_precision=_MixedPrecision(
-                param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16))
-        else:
-            model = DistributedDataParallel(model)
+        model = DistributedDataParallel(model)
     elif kind == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -198,7 +193,13 @@ def make_trainer(peer, model, cls, dtype="fp32"):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return model, lambda loss: loss.backward(), step
+    def autocast_forward(x):
+        # DDP's own mixed precision needs CUDA streams: on the CPU, autocast computes in bf16.
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    forward = autocast_forward if bf16 and kind == "ddp" else model
+    return forward, lambda loss: loss.backward(), step
 
 
 def per_step(timings, steps):

@@ -125,31 +125,34 @@ class ModuleTree:
         return all(self._ids(m) == ids for m, ids in self.nodes)
 
 
+def _raise_for_changed_names(before, after):
+    """Raises ZeroError naming the first parameter added, removed or replaced between two
+    snapshots."""
+    before, after = dict(before), dict(after)
+    for name in after.keys() - before.keys():
+        raise ZeroError(f"parameter '{name}' was added to the model after zero.initialize; "
+                        "build the whole model first, then call zero.initialize")
+    for name in before.keys() - after.keys():
+        raise ZeroError(f"parameter '{name}' was removed from the model after zero.initialize")
+    for name in before:
+        if before[name] != after[name]:
+            raise ZeroError(f"parameter '{name}' was replaced after zero.initialize (a new "
+                            "torch.nn.Parameter was assigned); the engine still trains the old "
+                            "one. Modify parameters in place, before zero.initialize")
+
+
 def check_unchanged(model, expected, registered, views, tree=None):
     """Raises ZeroError naming the first parameter added, removed or replaced since initialize,
     or whose .data no longer is the engine's memory (views: index -> expected data_ptr or None
     when not aliased). tree: the ModuleTree of initialize, whose check is enough when it holds;
     when the tree changed without changing the parameters (a module without parameters added),
     it is taken anew."""
-    if tree is not None and tree.unchanged():
-        now = expected
-    else:
+    if tree is None or not tree.unchanged():
         now = snapshot(model)
-        if now == expected and tree is not None:
-            tree.take(model)
-    if now != expected:
-        before, after = dict(expected), dict(now)
-        for name in after.keys() - before.keys():
-            raise ZeroError(f"parameter '{name}' was added to the model after zero.initialize; "
-                            "build the whole model first, then call zero.initialize")
-        for name in before.keys() - after.keys():
-            raise ZeroError(f"parameter '{name}' was removed from the model after "
-                            "zero.initialize")
-        for name in before:
-            if before[name] != after[name]:
-                raise ZeroError(f"parameter '{name}' was replaced after zero.initialize (a new "
-                                "torch.nn.Parameter was assigned); the engine still trains the old "
-                                "one. Modify parameters in place, before zero.initialize")
+        if now != expected:
+            _raise_for_changed_names(expected, now)
+        if tree is not None:
+            tree.take(model)  # the parameters are the same: only the tree around them changed
     for r in registered:
         ptr = views.get(r.index)
         if ptr is not None and r.param.data_ptr() != ptr:

@@ -40,8 +40,6 @@ PY_TIMINGS = {"grad_hook_s": 0.0,  # in the per-parameter gradient hooks (copy a
               "check_unchanged_s": 0.0,  # checking that the module's parameters are the engine's
               "check_unchanged_calls": 0}
 
-TORCH_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
-
 class ZeroEngine(torch.nn.Module):
     def __init__(self, model, model_parameters, config, overrides_from_optimizer=None):
         super().__init__()
@@ -213,7 +211,7 @@ class ZeroEngine(torch.nn.Module):
         """On the CPU: one C call copies the gradient into its slot and marks it ready (no tensor
         is made over the slot)."""
         grad_copy, handle, index = _lib.bind("zero_engine_grad_copy"), self._handle, r.index
-        dtype, nbytes = self._torch_dtype, r.numel * TORCH_ITEMSIZE[self._torch_dtype]
+        dtype, nbytes = self._torch_dtype, r.numel * self._torch_dtype.itemsize
 
         def write(grad):
             if grad.dtype != dtype or not grad.is_contiguous():

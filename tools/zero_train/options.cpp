@@ -22,6 +22,11 @@ options:
                               MPI, and a different N is an error
   --comm inproc|mpi           ranks as threads of this process (default), or MPI processes
                               (run under mpirun)
+  --ranks-per-node N          ranks per node, as contiguous blocks (default: ZERO_RANKS_PER_NODE,
+                              else the launcher's local world, else one node): with several
+                              nodes the engine's collectives run in two levels, inside each
+                              node and then across nodes, and the summary counts the bytes
+                              each rank sends on each level per optimizer step
   --steps K                   optimizer steps, skipped ones included (default 20)
   --seed S                    seeds the initial weights, the teacher and the data (default 0)
   --model mlp:IN,H1,...,OUT   layer widths (default mlp:32,256,256,10)
@@ -95,6 +100,10 @@ TrainOptions parse_options(std::span<const std::string> args) {
       if (o.comm != "inproc" && o.comm != "mpi") {
         throw UsageError(fmt::format("--comm {}: expected inproc or mpi", o.comm));
       }
+    } else if (flag == "--ranks-per-node") {
+      const std::int64_t n = positive("a positive number of ranks per node");
+      if (n > kMaxInt) throw UsageError(fmt::format("--ranks-per-node {}: too many ranks", n));
+      o.ranks_per_node = static_cast<int>(n);
     } else if (flag == "--steps") {
       o.steps = positive("a positive number of optimizer steps");
     } else if (flag == "--seed") {

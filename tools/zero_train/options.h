@@ -19,6 +19,8 @@ struct TrainOptions {
   std::string config_path;
   std::optional<int> world_size;  // as given; under --comm mpi it must equal MPI's size
   std::string comm = "inproc";    // "inproc" or "mpi"
+  // --ranks-per-node; nullopt: ZERO_RANKS_PER_NODE, the launcher, or one node (node_topology.h)
+  std::optional<int> ranks_per_node;
   std::int64_t steps = 20;        // optimizer steps, skipped ones included
   std::uint64_t seed = 0;
   models::MlpShape model = models::MlpShape::parse("mlp:32,256,256,10");

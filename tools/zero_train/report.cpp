@@ -286,6 +286,10 @@ void Reporter::on_finish(const RunSummary& summary) {
                 {"samples_per_s", summary.samples_per_s},
                 {"train_seconds", summary.train_seconds},
                 {"world_size", info_.world_size},
+                {"nodes", info_.nodes},
+                {"ranks_per_node", info_.ranks_per_node},
+                {"intra_node_bytes", summary.intra_node_bytes},
+                {"inter_node_bytes", summary.inter_node_bytes},
                 {"stage", info_.stage},
                 {"memory", memory},
                 {"estimate", nullptr},
@@ -302,6 +306,11 @@ void Reporter::on_finish(const RunSummary& summary) {
       "done: {} steps in {:.2f} s ({:.0f} samples/s); loss {:.6g} -> {:.6g}; {} skipped",
       summary.steps, summary.train_seconds, summary.samples_per_s, summary.first_loss,
       summary.final_loss, summary.skipped_steps));
+  if (info_.world_size > 1) {
+    line(fmt::format("bytes sent per rank and step: {:.0f} inside nodes, {:.0f} across {} node{}",
+                     summary.intra_node_bytes, summary.inter_node_bytes, info_.nodes,
+                     info_.nodes == 1 ? "" : "s"));
+  }
   if (!summary.dump_path.empty()) {
     line(fmt::format("wrote {} fp32 master tensors to {}", info_.tensors, summary.dump_path));
   }

@@ -1,6 +1,9 @@
 #include "tools/zero_train/train.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -14,6 +17,8 @@
 #include "zero/base/timer.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/comm/communicator.h"
+#include "zero/comm/hierarchical_comm.h"
+#include "zero/comm/node_topology.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
 #include "zero/estimate/from_config.h"
@@ -136,12 +141,28 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   engine_options.kernel_threads = threads;
   // On a GPU the engine's collectives go through NCCL, or, for in-process ranks that share one
   // GPU (which NCCL refuses), DeviceInProcComm; `comm` carries the host-side ones.
+  // The engine's collectives go through a HierarchicalComm: two levels over several nodes, and
+  // on one level the world's own collectives, counted.
+  const NodeTopology topology = resolve_node_topology(comm.size(), options.ranks_per_node);
   std::unique_ptr<Communicator> gpu_comm;
+  std::unique_ptr<HierarchicalComm> nodes;
   if (device->gpu_ordinal() >= 0) {
+    if (topology.nodes() > 1 && topology.ranks_per_node > 1) {
+      throw Error(fmt::format(
+          "{} = {} ranks per node: two-level collectives run on host memory in this version, "
+          "and this run's engine is on a GPU; drop the setting (NCCL runs its own topology-aware "
+          "collectives) or train on the CPU (--device cpu)",
+          topology.source, topology.ranks_per_node));
+    }
     gpu_comm = make_gpu_communicator(comm, *device);
     engine_options.control_comm = &comm;
+    NodeTopology counted = topology;
+    counted.launcher_local_rank.reset();  // checked on host memory only
+    nodes = HierarchicalComm::create(*gpu_comm, counted);
+  } else {
+    nodes = HierarchicalComm::create(comm, topology);
   }
-  Communicator& engine_comm = gpu_comm ? *gpu_comm : comm;
+  Communicator& engine_comm = *nodes;
   const InitFn init = [&](std::size_t index, std::span<float> out) {
     models::init_param(shape, index, options.seed, /*stream=*/0, out);
   };
@@ -230,7 +251,9 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     info.params = total_params;
     info.tensors = num_params;
     info.world_size = world;
-    info.backend = comm.backend_name();
+    info.backend = engine_comm.backend_name();
+    info.nodes = topology.nodes();
+    info.ranks_per_node = topology.ranks_per_node;
     info.threads = threads;
     info.stage = engine->stage();
     info.dtype = std::string(dtype_name(dtype));
@@ -299,6 +322,8 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
 
   const Clock::time_point train_start = Clock::now();
   const double seconds_before_training = checkpoint_seconds;
+  const NodeTraffic traffic_before = nodes->traffic();
+  NodeTraffic save_traffic;  // what periodic saves sent, not training
   std::int64_t trained = 0;
   // The engine's count of optimizer steps: a resumed run continues from the restored one, and
   // the data of step t depends on (seed, t) only, so it sees what an uninterrupted run would.
@@ -379,8 +404,26 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     }
     if (!options.save_dir.empty() && options.save_every > 0 &&
         result.global_steps % options.save_every == 0) {
+      const NodeTraffic at_save = nodes->traffic();
       save();
+      save_traffic.intra_bytes += nodes->traffic().intra_bytes - at_save.intra_bytes;
+      save_traffic.inter_bytes += nodes->traffic().inter_bytes - at_save.inter_bytes;
     }
+  }
+  {
+    const NodeTraffic after = nodes->traffic();
+    const double steps_done = static_cast<double>(std::max<std::int64_t>(trained, 1));
+    std::array<double, 2> per_step = {
+        static_cast<double>(after.intra_bytes - traffic_before.intra_bytes -
+                            save_traffic.intra_bytes) /
+            steps_done,
+        static_cast<double>(after.inter_bytes - traffic_before.inter_bytes -
+                            save_traffic.inter_bytes) /
+            steps_done};
+    comm.all_reduce(per_step.data(), per_step.data(), per_step.size(), DType::F64, ReduceOp::Avg)
+        .wait();
+    summary.intra_node_bytes = per_step[0];
+    summary.inter_node_bytes = per_step[1];
   }
   // Periodic saves are not training time.
   summary.train_seconds =

@@ -22,6 +22,8 @@ struct RunInfo {
   std::size_t tensors = 0;
   int world_size = 1;
   std::string backend;  // "inproc", "mpi"
+  int nodes = 1;        // the topology the engine's collectives follow (node_topology.h)
+  int ranks_per_node = 1;
   int threads = 1;      // kernel threads per rank
   int stage = 0;
   std::string dtype;      // "bf16"
@@ -74,6 +76,10 @@ struct RunSummary {
   std::vector<MemorySnapshot> memory;           // one per rank, at the end of training
   std::optional<EstimateInput> estimate_input;  // nullopt: the optimizer has no formula
   std::optional<EstimateResult> estimate;
+  // Bytes each rank sent per optimizer step inside its node and across nodes (the engine's
+  // collectives, checkpoint saves excluded), averaged over ranks and this run's steps.
+  double intra_node_bytes = 0;
+  double inter_node_bytes = 0;
   std::string dump_path;        // written, or empty
   std::string checkpoint_path;  // the last checkpoint saved (DIR/TAG), or empty
 };

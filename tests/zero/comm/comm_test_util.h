@@ -261,8 +261,12 @@ inline Bytes perform_case(Communicator& comm, const Case& c, const Place& place 
 // Runs one case on `comm` and checks the result against the reference. With `bitwise`, results
 // must match bit for bit (InProcComm); otherwise within `rel_tol` of the reference magnitude
 // (MpiComm: MPI's reduction order).
+// `reduce` is the reference of a reduction's element (reference_reduce unless given).
+using ReferenceReduce = std::function<double(const std::vector<Bytes>& inputs, std::size_t i,
+                                             DType t, ReduceOp op)>;
+
 inline void run_case(Communicator& comm, const Case& c, Tally& tally, bool bitwise,
-                     double rel_tol) {
+                     double rel_tol, const ReferenceReduce& reduce = reference_reduce) {
   const int world = comm.size();
   const int me = comm.rank();
   const auto w = static_cast<std::size_t>(world);
@@ -299,7 +303,7 @@ inline void run_case(Communicator& comm, const Case& c, Tally& tally, bool bitwi
       const std::size_t base =
           c.kind == Collective::ReduceScatter ? static_cast<std::size_t>(me) * n : 0;
       for (std::size_t i = 0; i < n; ++i)
-        expected.set(i, reference_reduce(inputs, base + i, c.dtype, c.op));
+        expected.set(i, reduce(inputs, base + i, c.dtype, c.op));
       const std::size_t out_base = c.kind == Collective::ReduceScatter && c.in_place ? base : 0;
       for (std::size_t i = 0; i < n; ++i) good += compare(out_base + i, expected, i);
       break;

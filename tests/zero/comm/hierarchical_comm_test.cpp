@@ -1,0 +1,276 @@
+// HierarchicalComm: two-level collectives on simulated nodes of in-process ranks against a
+// reference that sums node by node, the byte counts by level, the topology's sources and errors,
+// and failures that end every rank instead of hanging.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tests/zero/comm/comm_test_util.h"
+#include "zero/base/error.h"
+#include "zero/comm/communicator.h"
+#include "zero/comm/hierarchical_comm.h"
+#include "zero/comm/inproc_comm.h"
+#include "zero/comm/node_topology.h"
+
+using namespace std::chrono_literals;
+using zero::Collective;
+using zero::CommError;
+using zero::CommOptions;
+using zero::Communicator;
+using zero::DType;
+using zero::HierarchicalComm;
+using zero::NodeTopology;
+using zero::ReduceOp;
+using zero::run_ranks;
+namespace zt = zero::test;
+
+namespace {
+
+NodeTopology topology(int world, int per_node) {
+  return zero::resolve_node_topology(world, per_node, [](const char*) { return nullptr; });
+}
+
+// The two-level order: the ranks of each node in local order, then the nodes in order; in fp32
+// for fp32 and 16-bit types (rounded once by the caller's set()), fp64 for fp64.
+zt::ReferenceReduce node_by_node(int per_node) {
+  return [per_node](const std::vector<zt::Bytes>& inputs, std::size_t i, DType t, ReduceOp op) {
+    const int world = static_cast<int>(inputs.size());
+    auto combine = [op](auto acc, auto x) { return op == ReduceOp::Max ? std::max(acc, x) : acc + x; };
+    if (t == DType::F64) {
+      double total = 0;
+      for (int node = 0; node * per_node < world; ++node) {
+        double acc = inputs[static_cast<std::size_t>(node * per_node)].get(i);
+        for (int l = 1; l < per_node; ++l) acc = combine(acc, inputs[node * per_node + l].get(i));
+        total = node == 0 ? acc : combine(total, acc);
+      }
+      return op == ReduceOp::Avg ? total / world : total;
+    }
+    float total = 0;
+    for (int node = 0; node * per_node < world; ++node) {
+      auto acc = static_cast<float>(inputs[static_cast<std::size_t>(node * per_node)].get(i));
+      for (int l = 1; l < per_node; ++l)
+        acc = combine(acc, static_cast<float>(inputs[node * per_node + l].get(i)));
+      total = node == 0 ? acc : combine(total, acc);
+    }
+    return static_cast<double>(op == ReduceOp::Avg ? total / static_cast<float>(world) : total);
+  };
+}
+
+}  // namespace
+
+TEST_CASE("two-level collectives on 4 and 6 ranks as 2 and 3 nodes match a node-by-node "
+          "reference bit for bit") {
+  const std::vector<std::size_t> sizes = {0, 1, 7, 1031};
+  for (const auto& [world, per_node] : {std::pair{4, 2}, std::pair{6, 2}, std::pair{6, 3},
+                                       std::pair{8, 4}}) {
+    const auto cases = zt::all_cases(world, sizes);
+    INFO("world " << world << " as " << world / per_node << " nodes of " << per_node);
+    zt::Tally tally;
+    std::vector<std::string> names(static_cast<std::size_t>(world));
+    run_ranks(world, [&](Communicator& comm) {
+      auto nodes = HierarchicalComm::create(comm, topology(world, per_node));
+      names[static_cast<std::size_t>(comm.rank())] = nodes->backend_name();
+      for (const auto& c : cases)
+        zt::run_case(*nodes, c, tally, /*bitwise=*/true, 0, node_by_node(per_node));
+      // The group still works after every case, and keeps issue order with back-to-back ops.
+      float a = 1, b = 2;
+      auto w1 = nodes->all_reduce(&a, &a, 1, DType::F32, ReduceOp::Sum);
+      auto w2 = nodes->all_reduce(&b, &b, 1, DType::F32, ReduceOp::Sum);
+      w2.wait();
+      w1.wait();
+      tally.check(a == static_cast<float>(world) && b == 2.0f * static_cast<float>(world),
+                  "back-to-back all_reduce");
+    });
+    INFO(tally.report());
+    REQUIRE(tally.failed() == 0);
+    // Guard against a vacuous pass: every rank checked every element of every case.
+    REQUIRE(tally.checks() > static_cast<std::size_t>(world) * 1031 * 40);
+    REQUIRE(names[0].find("hierarchical(inproc/inproc") == 0);
+  }
+}
+
+TEST_CASE("two-level sums differ from the flat world's order, so the reference above is not "
+          "the flat one") {
+  // Guards the bitwise test: with these inputs the node-by-node and the rank-order sums differ.
+  std::vector<zt::Bytes> inputs;
+  for (int q = 0; q < 4; ++q) inputs.push_back(zt::make_input(77, DType::F32, q, 4096));
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < 4096; ++i) {
+    differ += node_by_node(2)(inputs, i, DType::F32, ReduceOp::Sum) !=
+              zt::reference_reduce(inputs, i, DType::F32, ReduceOp::Sum);
+  }
+  REQUIRE(differ > 100);
+}
+
+TEST_CASE("one node or one rank per node forwards to the world: the world's bits, counted on "
+          "one level") {
+  const std::vector<std::size_t> sizes = {1, 1031};
+  for (const int per_node : {1, 4}) {
+    const auto cases = zt::all_cases(4, sizes);
+    zt::Tally tally;
+    std::vector<zero::NodeTraffic> traffic(4);
+    run_ranks(4, [&](Communicator& comm) {
+      auto nodes = HierarchicalComm::create(comm, topology(4, per_node));
+      tally.check(!nodes->two_level() && nodes->backend_name() == "inproc" &&
+                      nodes->shares_address_space(),
+                  "forwarding mode");
+      for (const auto& c : cases) zt::run_case(*nodes, c, tally, /*bitwise=*/true, 0);
+      traffic[static_cast<std::size_t>(comm.rank())] = nodes->traffic();
+    });
+    INFO(tally.report());
+    REQUIRE(tally.failed() == 0);
+    REQUIRE(tally.checks() > 4 * 1031 * 20);
+    for (const auto& t : traffic) {
+      REQUIRE((per_node == 4 ? t.intra_bytes : t.inter_bytes) > 0);
+      REQUIRE((per_node == 4 ? t.inter_bytes : t.intra_bytes) == 0);
+    }
+  }
+}
+
+TEST_CASE("bytes are counted by level as a ring sends them") {
+  // 4 ranks as 2 nodes of 2 (L = 2, N = 2); fp32, 12 elements per rank chunk.
+  constexpr std::size_t c = 12;
+  std::vector<zero::NodeTraffic> rs(4), ag(4), ar(4), bc(4);
+  run_ranks(4, [&](Communicator& comm) {
+    auto nodes = HierarchicalComm::create(comm, topology(4, 2));
+    const auto me = static_cast<std::size_t>(comm.rank());
+    std::vector<float> buf(4 * c, 1.0f), out(4 * c);
+    nodes->reduce_scatter(buf.data(), out.data(), c, DType::F32, ReduceOp::Sum).wait();
+    rs[me] = nodes->traffic();
+    nodes->all_gather(buf.data(), out.data(), c, DType::F32).wait();
+    ag[me] = nodes->traffic();
+    nodes->all_reduce(buf.data(), out.data(), 4 * c, DType::F32, ReduceOp::Sum).wait();
+    ar[me] = nodes->traffic();
+    nodes->broadcast(buf.data(), 4 * c, DType::F32, 1).wait();
+    bc[me] = nodes->traffic();
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    // reduce_scatter: inside the node (L−1)·N·c, across (N−1)·c elements.
+    REQUIRE(rs[r].intra_bytes == 1 * 2 * c * 4);
+    REQUIRE(rs[r].inter_bytes == 1 * c * 4);
+    // all_gather: across (N−1)·c first, then inside (L−1)·N·c.
+    REQUIRE(ag[r].intra_bytes - rs[r].intra_bytes == 1 * 2 * c * 4);
+    REQUIRE(ag[r].inter_bytes - rs[r].inter_bytes == 1 * c * 4);
+    // all_reduce of 4c: a reduce-scatter and an all-gather of 2c-element blocks inside the node,
+    // an all-reduce of a 2c block across: 2·(N−1)/N·2c.
+    REQUIRE(ar[r].intra_bytes - ag[r].intra_bytes == 2 * (2 * c) * 4);
+    REQUIRE(ar[r].inter_bytes - ag[r].inter_bytes == 2 * (2 * c) * 4 / 2);
+    // broadcast from rank 1 (local 1 of node 0): rank 1 sends across, then each node's local 1
+    // sends inside.
+    const std::uint64_t across = r == 1 ? 4 * c * 4 : 0;
+    const std::uint64_t inside = r % 2 == 1 ? 4 * c * 4 : 0;
+    REQUIRE(bc[r].inter_bytes - ar[r].inter_bytes == across);
+    REQUIRE(bc[r].intra_bytes - ar[r].intra_bytes == inside);
+  }
+}
+
+TEST_CASE("the topology comes from the flag, ZERO_RANKS_PER_NODE or the launcher, and bad "
+          "values name the fix") {
+  std::map<std::string, std::string> env;
+  auto lookup = [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  auto t = zero::resolve_node_topology(8, std::nullopt, lookup);
+  REQUIRE(t.single_node());
+  REQUIRE(t.source == "one node");
+  env["LOCAL_WORLD_SIZE"] = "2";
+  env["LOCAL_RANK"] = "1";
+  t = zero::resolve_node_topology(8, std::nullopt, lookup);
+  REQUIRE(t.ranks_per_node == 2);
+  REQUIRE(t.nodes() == 4);
+  REQUIRE(t.source == "LOCAL_WORLD_SIZE");
+  REQUIRE(t.launcher_local_rank == 1);
+  REQUIRE(t.node_of(5) == 2);
+  REQUIRE(t.local_of(5) == 1);
+  env["ZERO_RANKS_PER_NODE"] = "4";
+  t = zero::resolve_node_topology(8, std::nullopt, lookup);
+  REQUIRE(t.ranks_per_node == 4);
+  REQUIRE(t.source == "ZERO_RANKS_PER_NODE");
+  REQUIRE_FALSE(t.launcher_local_rank);
+  t = zero::resolve_node_topology(8, 8, lookup);
+  REQUIRE(t.single_node());
+  REQUIRE(t.source == "--ranks-per-node");
+  // A launcher whose local world is the whole world: one node.
+  env.erase("ZERO_RANKS_PER_NODE");
+  env["LOCAL_WORLD_SIZE"] = "8";
+  REQUIRE(zero::resolve_node_topology(8, std::nullopt, lookup).single_node());
+
+  REQUIRE_THROWS_WITH(zero::resolve_node_topology(4, 3, lookup),
+                      "--ranks-per-node 3 does not divide the world size 4: nodes hold equal, "
+                      "contiguous blocks of ranks; use one of 1, 2, 4");
+  env["ZERO_RANKS_PER_NODE"] = "5";
+  REQUIRE_THROWS_WITH(zero::resolve_node_topology(6, std::nullopt, lookup),
+                      Catch::Contains("ZERO_RANKS_PER_NODE=5 does not divide the world size 6") &&
+                          Catch::Contains("1, 2, 3, 6"));
+  env["ZERO_RANKS_PER_NODE"] = "two";
+  REQUIRE_THROWS_WITH(zero::resolve_node_topology(6, std::nullopt, lookup),
+                      Catch::Contains("ZERO_RANKS_PER_NODE=two: not a positive integer"));
+  REQUIRE_THROWS_WITH(zero::resolve_node_topology(4, 0, lookup),
+                      Catch::Contains("--ranks-per-node 0 does not divide"));
+}
+
+TEST_CASE("a launcher that placed ranks round-robin is refused on every rank, naming the rank") {
+  std::vector<std::string> errors(4);
+  run_ranks(4, [&](Communicator& comm) {
+    NodeTopology t = topology(4, 2);
+    t.source = "OMPI_COMM_WORLD_LOCAL_SIZE";
+    t.launcher_local_rank = comm.rank() / 2;  // --map-by node: ranks 0, 2 on host 0
+    try {
+      HierarchicalComm::create(comm, t);
+    } catch (const CommError& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    INFO(e);
+    REQUIRE(e.find("OMPI_COMM_WORLD_LOCAL_SIZE=2 says rank 1 is not local rank 1 of node 0") !=
+            std::string::npos);
+    REQUIRE(e.find("--map-by slot") != std::string::npos);
+  }
+}
+
+TEST_CASE("a rank lost before a two-level collective ends every rank with an error, not a "
+          "hang, and later collectives fail at once") {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> errors(4);
+  std::vector<std::string> later(4);
+  try {
+    run_ranks(
+        4,
+        [&](Communicator& comm) {
+          auto nodes = HierarchicalComm::create(comm, topology(4, 2));
+          const auto me = static_cast<std::size_t>(comm.rank());
+          if (comm.rank() == 3) throw std::runtime_error("rank 3 lost");
+          std::vector<float> v(64, 1.0f);
+          try {
+            nodes->all_reduce(v.data(), v.data(), v.size(), DType::F32, ReduceOp::Sum).wait();
+          } catch (const CommError& e) {
+            errors[me] = e.what();
+          }
+          try {
+            nodes->barrier().wait();
+          } catch (const CommError& e) {
+            later[me] = e.what();
+          }
+        },
+        CommOptions{20s});
+    FAIL("expected rank 3's error");
+  } catch (const std::runtime_error& e) {
+    REQUIRE(std::string(e.what()) == "rank 3 lost");
+  }
+  REQUIRE(std::chrono::steady_clock::now() - start < 15s);  // the abort, not the 20 s timeout
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << errors[r] << " / " << later[r]);
+    REQUIRE(errors[r].find("all_reduce (sum, fp32) of 64 elements") != std::string::npos);
+    REQUIRE(errors[r].find("2 nodes x 2 ranks") != std::string::npos);
+    REQUIRE(later[r].find("an earlier collective failed") != std::string::npos);
+  }
+}

@@ -1,0 +1,298 @@
+#include "zero/comm/hierarchical_comm.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstring>
+
+#include "zero/base/error.h"
+#include "zero/comm/comm_thread.h"
+#include "zero/comm/reduce_math.h"
+
+namespace zero {
+namespace {
+
+std::byte* at(void* base, std::size_t bytes) { return static_cast<std::byte*>(base) + bytes; }
+const std::byte* at(const void* base, std::size_t bytes) {
+  return static_cast<const std::byte*>(base) + bytes;
+}
+
+bool sixteen_bit(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+// The dtype a reduction travels in through both levels: 16-bit sums and averages in fp32, so
+// that they are rounded once (communicator.h).
+DType work_dtype(const CollectiveArgs& a) {
+  return sixteen_bit(a.dtype) && a.op != ReduceOp::Max ? DType::F32 : a.dtype;
+}
+
+// dst (work dtype) = src (element type), elems elements.
+void to_work(const void* src, void* dst, std::size_t elems, DType dtype, DType work) {
+  if (dtype == work) {
+    std::memcpy(dst, src, elems * dtype_size(dtype));
+  } else {
+    comm_detail::widen_to_f32(src, static_cast<float*>(dst), elems, dtype);
+  }
+}
+
+// dst (element type) = src (work dtype) / divisor, rounded once.
+void from_work(const void* src, void* dst, std::size_t elems, DType dtype, DType work,
+               int divisor) {
+  if (dtype != work) {
+    comm_detail::narrow_from_f32(static_cast<const float*>(src), dst, elems, dtype,
+                                 static_cast<float>(divisor));
+    return;
+  }
+  if (divisor == 1) {
+    if (src != dst) std::memmove(dst, src, elems * dtype_size(dtype));
+    return;
+  }
+  if (dtype == DType::F64) {
+    const auto* s = static_cast<const double*>(src);
+    auto* d = static_cast<double*>(dst);
+    for (std::size_t i = 0; i < elems; ++i) d[i] = s[i] / static_cast<double>(divisor);
+  } else {
+    ZERO_ASSERT(dtype == DType::F32);
+    const auto* s = static_cast<const float*>(src);
+    auto* d = static_cast<float*>(dst);
+    for (std::size_t i = 0; i < elems; ++i) d[i] = s[i] / static_cast<float>(divisor);
+  }
+}
+
+// The bytes a ring algorithm sends from rank `me` of `n` for `a` (see the header).
+std::uint64_t ring_bytes(const CollectiveArgs& a, int n, int me) {
+  const std::uint64_t bytes = a.elems * dtype_size(a.dtype);
+  const auto peers = static_cast<std::uint64_t>(n - 1);
+  switch (a.kind) {
+    case Collective::ReduceScatter:
+    case Collective::AllGather: return peers * bytes;
+    case Collective::AllReduce: return 2 * peers * bytes / static_cast<std::uint64_t>(n);
+    case Collective::Broadcast: return n > 1 && me == a.root ? bytes : 0;
+    case Collective::Barrier: return 0;
+  }
+  return 0;
+}
+
+CollectiveArgs level_args(Collective kind, const void* send, void* recv, std::size_t elems,
+                          DType dtype, ReduceOp op, bool in_place, int root = 0) {
+  CollectiveArgs l;
+  l.kind = kind;
+  l.send = send;
+  l.recv = recv;
+  l.elems = elems;
+  l.dtype = dtype;
+  l.op = op;
+  l.in_place = in_place;
+  l.root = root;
+  return l;
+}
+
+}  // namespace
+
+std::unique_ptr<HierarchicalComm> HierarchicalComm::create(Communicator& world,
+                                                           const NodeTopology& topology) {
+  ZERO_CHECK(topology.world_size == world.size(),
+             "HierarchicalComm: the topology has {} ranks but the communicator {}",
+             topology.world_size, world.size());
+  if (topology.launcher_local_rank) {
+    // Every rank learns whether any rank's placement disagrees with the contiguous blocks.
+    const int me = world.rank();
+    const bool off = *topology.launcher_local_rank != topology.local_of(me);
+    std::array<double, 2> flag = {off ? static_cast<double>(world.size() - me) : 0.0, 0.0};
+    world.all_reduce(flag.data(), flag.data(), flag.size(), DType::F64, ReduceOp::Max).wait();
+    if (flag[0] > 0) {
+      const int first = world.size() - static_cast<int>(flag[0]);
+      throw CommError(fmt::format(
+          "{}={} says rank {} is not local rank {} of node {}: the launcher placed ranks "
+          "round-robin over hosts, and zero groups nodes as contiguous blocks of ranks; launch "
+          "with contiguous placement (mpirun --map-by slot, torchrun's default), or set "
+          "ZERO_RANKS_PER_NODE to describe what you want simulated",
+          topology.source, topology.ranks_per_node, first, topology.local_of(first),
+          topology.node_of(first)));
+    }
+  }
+  return std::unique_ptr<HierarchicalComm>(new HierarchicalComm(world, topology));
+}
+
+HierarchicalComm::HierarchicalComm(Communicator& world, const NodeTopology& topology)
+    : Communicator(CommOptions{world.timeout()}),
+      world_(world),
+      topology_(topology),
+      rank_(world.rank()) {
+  if (topology_.single_node() || topology_.ranks_per_node == 1) return;
+  intra_ = world.split(topology_.node_of(rank_), topology_.local_of(rank_));
+  inter_ = world.split(topology_.local_of(rank_), topology_.node_of(rank_));
+  splitter_ = world.split(0, rank_);
+  thread_ = std::make_unique<comm_detail::CommThread>();
+}
+
+HierarchicalComm::~HierarchicalComm() {
+  if (thread_) thread_->join();
+}
+
+std::string HierarchicalComm::backend_name() const {
+  if (!two_level()) return world_.backend_name();
+  return fmt::format("hierarchical({}/{}, {} nodes x {} ranks)", intra_->backend_name(),
+                     inter_->backend_name(), topology_.nodes(), topology_.ranks_per_node);
+}
+
+bool HierarchicalComm::shares_address_space() const {
+  return !two_level() && world_.shares_address_space();
+}
+
+void HierarchicalComm::count(const CollectiveArgs& a, int group_size, int group_rank,
+                             bool inter) {
+  const std::uint64_t bytes = ring_bytes(a, group_size, group_rank);
+  (inter ? inter_bytes_ : intra_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+}
+
+Work HierarchicalComm::start_impl(const CollectiveArgs& args) {
+  if (!two_level()) {
+    count(args, size(), rank_, /*inter=*/topology_.ranks_per_node == 1 && size() > 1);
+    return world_.start(args);
+  }
+  return thread_->submit([this, args] { run(args); });
+}
+
+std::unique_ptr<Communicator> HierarchicalComm::split_impl(int color, int key) {
+  if (!two_level()) return world_.split(color, key);
+  std::unique_ptr<Communicator> result;
+  thread_->submit([&] { result = splitter_->split(color, key); }).wait();
+  return result;
+}
+
+std::byte* HierarchicalComm::scratch(std::vector<std::byte>& v, std::size_t bytes) {
+  if (v.size() < bytes) v.resize(bytes);
+  return v.data();
+}
+
+void HierarchicalComm::run(const CollectiveArgs& a) {
+  if (!failure_.empty()) {
+    throw CommError(fmt::format("rank {}: {} not run: an earlier collective failed: {}", rank_,
+                                describe(a, size()), failure_));
+  }
+  try {
+    switch (a.kind) {
+      case Collective::ReduceScatter: two_level_reduce_scatter(a); return;
+      case Collective::AllGather: two_level_all_gather(a); return;
+      case Collective::AllReduce: two_level_all_reduce(a); return;
+      case Collective::Broadcast: two_level_broadcast(a); return;
+      case Collective::Barrier: {
+        const CollectiveArgs b = level_args(Collective::Barrier, nullptr, nullptr, 0, a.dtype,
+                                            a.op, false);
+        intra_->start(b).wait();
+        inter_->start(b).wait();
+        intra_->start(b).wait();
+        return;
+      }
+    }
+  } catch (const std::exception& e) {
+    failure_ = fmt::format("{} on {} nodes x {} ranks: {}", describe(a, size()),
+                           topology_.nodes(), topology_.ranks_per_node, e.what());
+    throw CommError(fmt::format("rank {}: {}", rank_, failure_));
+  }
+}
+
+// The two levels' ranks: L ranks per node, N nodes, this rank local l of node n.
+void HierarchicalComm::two_level_reduce_scatter(const CollectiveArgs& a) {
+  const std::size_t c = a.elems;
+  if (c == 0) return;
+  const int L = topology_.ranks_per_node, N = topology_.nodes();
+  const int l = topology_.local_of(rank_);
+  const DType w = work_dtype(a);
+  const std::size_t esz = dtype_size(a.dtype), wsz = dtype_size(w);
+  const ReduceOp level_op = a.op == ReduceOp::Max ? ReduceOp::Max : ReduceOp::Sum;
+  // Block l' of S holds the chunks of ranks n'·L + l' for n' = 0..N-1, in the work dtype.
+  std::byte* s = scratch(scratch_a_, static_cast<std::size_t>(L * N) * c * wsz);
+  for (int lq = 0; lq < L; ++lq) {
+    for (int nq = 0; nq < N; ++nq) {
+      const auto from = static_cast<std::size_t>(nq * L + lq) * c;
+      const auto to = static_cast<std::size_t>(lq * N + nq) * c;
+      to_work(at(a.send, from * esz), s + to * wsz, c, a.dtype, w);
+    }
+  }
+  const std::size_t block = static_cast<std::size_t>(N) * c;
+  const CollectiveArgs in_node =
+      level_args(Collective::ReduceScatter, s, s, block, w, level_op, /*in_place=*/true);
+  count(in_node, L, l, false);
+  intra_->start(in_node).wait();
+  std::byte* mine = scratch(scratch_b_, c * wsz);
+  const CollectiveArgs across = level_args(Collective::ReduceScatter,
+                                           s + static_cast<std::size_t>(l) * block * wsz, mine, c,
+                                           w, level_op, false);
+  count(across, N, topology_.node_of(rank_), true);
+  inter_->start(across).wait();
+  void* dst = a.in_place ? at(a.recv, static_cast<std::size_t>(rank_) * c * esz) : a.recv;
+  from_work(mine, dst, c, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
+}
+
+void HierarchicalComm::two_level_all_gather(const CollectiveArgs& a) {
+  const std::size_t c = a.elems;
+  if (c == 0) return;
+  const int L = topology_.ranks_per_node, N = topology_.nodes();
+  const std::size_t esz = dtype_size(a.dtype);
+  const void* mine = a.in_place ? at(a.recv, static_cast<std::size_t>(rank_) * c * esz) : a.send;
+  // Across nodes first: the ranks with this local rank, in node order.
+  std::byte* g1 = scratch(scratch_b_, static_cast<std::size_t>(N) * c * esz);
+  const CollectiveArgs across =
+      level_args(Collective::AllGather, mine, g1, c, a.dtype, a.op, false);
+  count(across, N, topology_.node_of(rank_), true);
+  inter_->start(across).wait();
+  // Then inside the node: block l' holds the chunks of ranks n'·L + l'.
+  std::byte* g2 = scratch(scratch_a_, static_cast<std::size_t>(L * N) * c * esz);
+  const CollectiveArgs in_node = level_args(Collective::AllGather, g1, g2,
+                                            static_cast<std::size_t>(N) * c, a.dtype, a.op, false);
+  count(in_node, L, topology_.local_of(rank_), false);
+  intra_->start(in_node).wait();
+  for (int lq = 0; lq < L; ++lq) {
+    for (int nq = 0; nq < N; ++nq) {
+      const auto from = static_cast<std::size_t>(lq * N + nq) * c;
+      const auto to = static_cast<std::size_t>(nq * L + lq) * c;
+      std::memcpy(at(a.recv, to * esz), g2 + from * esz, c * esz);
+    }
+  }
+}
+
+void HierarchicalComm::two_level_all_reduce(const CollectiveArgs& a) {
+  const std::size_t e = a.elems;
+  if (e == 0) return;
+  const int L = topology_.ranks_per_node, N = topology_.nodes();
+  const int l = topology_.local_of(rank_);
+  const DType w = work_dtype(a);
+  const std::size_t wsz = dtype_size(w);
+  const ReduceOp level_op = a.op == ReduceOp::Max ? ReduceOp::Max : ReduceOp::Sum;
+  const std::size_t k = (e + static_cast<std::size_t>(L) - 1) / static_cast<std::size_t>(L);
+  std::byte* s = scratch(scratch_a_, static_cast<std::size_t>(L) * k * wsz);
+  to_work(a.send, s, e, a.dtype, w);
+  std::memset(s + e * wsz, 0, (static_cast<std::size_t>(L) * k - e) * wsz);
+  const CollectiveArgs scatter =
+      level_args(Collective::ReduceScatter, s, s, k, w, level_op, /*in_place=*/true);
+  count(scatter, L, l, false);
+  intra_->start(scatter).wait();
+  std::byte* block = s + static_cast<std::size_t>(l) * k * wsz;
+  const CollectiveArgs across =
+      level_args(Collective::AllReduce, block, block, k, w, level_op, /*in_place=*/true);
+  count(across, N, topology_.node_of(rank_), true);
+  inter_->start(across).wait();
+  const CollectiveArgs gather =
+      level_args(Collective::AllGather, s, s, k, w, level_op, /*in_place=*/true);
+  count(gather, L, l, false);
+  intra_->start(gather).wait();
+  from_work(s, a.recv, e, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
+}
+
+void HierarchicalComm::two_level_broadcast(const CollectiveArgs& a) {
+  if (a.elems == 0) return;
+  const int root_local = topology_.local_of(a.root);
+  if (topology_.local_of(rank_) == root_local) {
+    const CollectiveArgs across = level_args(Collective::Broadcast, a.recv, a.recv, a.elems,
+                                             a.dtype, a.op, true, topology_.node_of(a.root));
+    count(across, topology_.nodes(), topology_.node_of(rank_), true);
+    inter_->start(across).wait();
+  }
+  const CollectiveArgs in_node =
+      level_args(Collective::Broadcast, a.recv, a.recv, a.elems, a.dtype, a.op, true, root_local);
+  count(in_node, topology_.ranks_per_node, topology_.local_of(rank_), false);
+  intra_->start(in_node).wait();
+}
+
+}  // namespace zero

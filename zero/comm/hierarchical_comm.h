@@ -1,0 +1,110 @@
+// Two-level collectives over nodes (node_topology.h), and the count of the bytes each rank sends
+// inside its node and across nodes.
+//
+// A HierarchicalComm wraps a world communicator. On one node (or with one rank per node) it
+// forwards every collective to the world unchanged, so results are the world's bit for bit, and
+// only counts. With several nodes of several ranks it splits the world into an intra-node group
+// (the ranks of this node, by local rank) and an inter-node group (the ranks with this local rank,
+// by node) and runs each collective in two levels, on a communication thread of its own:
+//
+//   reduce_scatter: the chunks are reordered so that local rank l's block holds the chunks of the
+//                   ranks with local rank l; reduce-scatter inside the node, then across nodes;
+//   all_gather:     across nodes first (each rank sends only its own chunk over the slower link),
+//                   then inside the node, then the chunks are put back in rank order;
+//   all_reduce:     reduce-scatter inside the node, all-reduce across nodes, all-gather inside;
+//   broadcast:      across nodes among the ranks with the root's local rank, then inside nodes;
+//   barrier:        inside, across, inside.
+//
+// Semantics are communicator.h's with one difference: sums are taken node by node, then over
+// nodes, so a two-level result is bitwise reproducible for a topology but not equal to the flat
+// world's. 16-bit sums (and averages) travel as fp32 through both levels and are rounded once at
+// the end, as the contract asks; Max travels in the element type. Two-level collectives take host
+// memory only (the reordering is a memcpy): create() refuses nothing, but an engine on a GPU
+// must not be given a two-level HierarchicalComm (zero-train and zero.initialize refuse that).
+//
+// Traffic: every collective counts, on each rank, the bytes a ring algorithm sends from that rank
+// (reduce_scatter and all_gather (n−1)·chunk, all_reduce 2·(n−1)/n·buffer, broadcast the buffer on
+// the root of each level), attributed to the level it ran on: on one node everything is
+// intra-node, with one rank per node everything is inter-node.
+//
+// Failures: a failed level fails the collective (CommError from wait()), and every later one on
+// this communicator fails too, naming the first failure. A lost peer is reported by the level
+// that waits for it (its timeout, or the world's abort), so no rank hangs.
+// Thread safety: as any Communicator. traffic() may be read from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/comm/communicator.h"
+#include "zero/comm/node_topology.h"
+
+namespace zero {
+
+namespace comm_detail {
+class CommThread;
+}
+
+struct NodeTraffic {
+  std::uint64_t intra_bytes = 0;  // sent to ranks of this node
+  std::uint64_t inter_bytes = 0;  // sent to ranks of other nodes
+};
+
+class HierarchicalComm final : public Communicator {
+ public:
+  // Collective over `world` (it splits it when there are several nodes of several ranks), and
+  // checks on every rank at once that a launcher's placement is the contiguous blocks the
+  // topology assumes (a CommError naming the first rank whose local rank disagrees, and the fix).
+  // REQUIRES: `world` outlives the result; topology.world_size == world.size(). In two-level mode
+  // the result never uses `world` after create(), so its owner may go on using it; on one level
+  // the result forwards to it, so both are used from the same thread (communicator.h).
+  static std::unique_ptr<HierarchicalComm> create(Communicator& world,
+                                                  const NodeTopology& topology);
+  ~HierarchicalComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return topology_.world_size; }
+  // The world's name on one level; "hierarchical(<intra>/<inter>, N nodes x R ranks)" otherwise.
+  std::string backend_name() const override;
+  bool shares_address_space() const override;
+
+  const NodeTopology& topology() const { return topology_; }
+  // Whether collectives run in two levels (several nodes of several ranks each).
+  bool two_level() const { return intra_ != nullptr; }
+  // Bytes this rank sent since create(), by level.
+  NodeTraffic traffic() const { return {intra_bytes_.load(), inter_bytes_.load()}; }
+
+ protected:
+  Work start_impl(const CollectiveArgs& args) override;
+  std::unique_ptr<Communicator> split_impl(int color, int key) override;
+
+ private:
+  HierarchicalComm(Communicator& world, const NodeTopology& topology);
+
+  // Communication thread only.
+  void run(const CollectiveArgs& a);
+  void two_level_reduce_scatter(const CollectiveArgs& a);
+  void two_level_all_gather(const CollectiveArgs& a);
+  void two_level_all_reduce(const CollectiveArgs& a);
+  void two_level_broadcast(const CollectiveArgs& a);
+  void count(const CollectiveArgs& a, int group_size, int group_rank, bool inter);
+  std::byte* scratch(std::vector<std::byte>& v, std::size_t bytes);
+
+  Communicator& world_;
+  const NodeTopology topology_;
+  const int rank_;
+  std::unique_ptr<Communicator> intra_;  // null: forwarding to world_
+  std::unique_ptr<Communicator> inter_;
+  std::unique_ptr<Communicator> splitter_;  // a private copy of the world, for split()
+  std::vector<std::byte> scratch_a_, scratch_b_;
+  std::string failure_;  // the first failure, communication thread only
+  std::atomic<std::uint64_t> intra_bytes_{0};
+  std::atomic<std::uint64_t> inter_bytes_{0};
+  std::unique_ptr<comm_detail::CommThread> thread_;  // last: stopped first
+};
+
+}  // namespace zero

@@ -17,6 +17,11 @@
 // bound: with 2 ranks a shared-memory reduce_scatter moves less than a memcpy of S per rank
 // (reads S, writes S/2), so a ratio above 1 is possible.
 //
+// With --ranks-per-node N (N a divisor of the world size below it) every backend is measured a
+// second time through a HierarchicalComm over the same ranks as world/N simulated nodes (backend
+// "inproc/2x2" for 2 nodes of 2): two-level collectives beside the flat ones, each row with the
+// bytes one op sends per rank inside nodes and across them (intra_node_bytes, inter_node_bytes).
+//
 // The figure the issue quotes: OpenMPI 4.1's reduce_scatter_block (MPI_Ireduce_scatter_block,
 // which MpiComm uses) reached about 0.4 GB/s bus bandwidth on this machine for 64 MB per rank
 // between 2 processes; a shared-memory collective should be an order of magnitude faster.
@@ -49,6 +54,8 @@
 #include "zero/base/error.h"
 #include "zero/base/timer.h"
 #include "zero/comm/communicator.h"
+#include "zero/comm/hierarchical_comm.h"
+#include "zero/comm/node_topology.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/comm/shm_comm.h"
 #include "zero/device/device.h"
@@ -67,12 +74,13 @@ struct CommArgs {
   BackendChoice backend = BackendChoice::All;
   int repetitions = 5;
   int rounds = 3;  // of inproc and shm, alternating
+  std::optional<int> ranks_per_node;  // also measure two-level collectives over simulated nodes
 };
 
 constexpr std::string_view kUsage =
     "usage: zero-bench comm [--json] [--world-size N] [--sizes LIST] [--backend "
     "inproc|shm|mpi|nccl|all] "
-    "[--reps R] [--rounds N]";
+    "[--reps R] [--rounds N] [--ranks-per-node N]";
 
 // "64K", "1M", "2G" (binary units) or a plain byte count.
 std::size_t parse_size(std::string_view text) {
@@ -120,6 +128,8 @@ CommArgs parse_args(std::span<const std::string> args) {
       r.world_size = integer(arg, 2);
       // Each rank contributes rank + 1, which bf16 holds exactly up to 256.
       ZERO_CHECK(r.world_size <= 256, "--world-size {}: at most 256 ranks", r.world_size);
+    } else if (a == "--ranks-per-node") {
+      r.ranks_per_node = integer(arg, 1);
     } else if (a == "--reps") {
       r.repetitions = integer(arg, 1);
     } else if (a == "--rounds") {
@@ -214,6 +224,10 @@ struct Figure {
   // ShmComm: of the bytes read from peers, the share read in place from their shared host
   // arenas (the rest through process_vm_readv); negative when not counted.
   double direct_fraction = -1;
+  // Two-level rows (--ranks-per-node): one op's bytes per rank inside and across nodes; -1 for
+  // flat rows.
+  double intra_node_bytes = -1;
+  double inter_node_bytes = -1;
 };
 
 // `rounds`: how many rounds the printed figures are the best of (1 under mpirun).
@@ -224,9 +238,9 @@ void print_header(const CommArgs& args, int rounds) {
       "of %d rounds; limit: memcpy of the same bytes on every rank at once; vs inproc: busbw / "
       "inproc's\n",
       args.repetitions, rounds);
-  std::printf("%-7s %-15s %-5s %5s %9s %10s %11s %11s %12s %7s %9s\n", "backend", "op", "dtype",
-              "ranks", "per rank", "time ms", "algbw GB/s", "busbw GB/s", "memcpy GB/s", "ratio",
-              "vs inproc");
+  std::printf("%-10s %-15s %-5s %5s %9s %10s %11s %11s %12s %7s %9s%s\n", "backend", "op",
+              "dtype", "ranks", "per rank", "time ms", "algbw GB/s", "busbw GB/s", "memcpy GB/s",
+              "ratio", "vs inproc", args.ranks_per_node ? "  intra/inter node bytes per op" : "");
 }
 
 void print_figure(const CommArgs& args, const Figure& f) {
@@ -241,6 +255,10 @@ void print_figure(const CommArgs& args, const Figure& f) {
       extra += fmt::format(",\"transport\":\"{}\"", shm_transport_name(*f.transport));
     }
     if (f.direct_fraction >= 0) extra += fmt::format(",\"direct_fraction\":{:.3f}", f.direct_fraction);
+    if (f.inter_node_bytes >= 0) {
+      extra += fmt::format(",\"intra_node_bytes\":{:.0f},\"inter_node_bytes\":{:.0f}",
+                           f.intra_node_bytes, f.inter_node_bytes);
+    }
     if (compared) {
       extra += fmt::format(",\"inproc_busbw_gb_per_s\":{:.4g},\"ratio_to_inproc\":{:.3f}",
                            f.inproc_bus_gbps, vs_inproc);
@@ -255,10 +273,15 @@ void print_figure(const CommArgs& args, const Figure& f) {
         f.memcpy_gbps, ratio, extra.c_str());
   } else {
     const std::string vs = compared ? fmt::format("{:.3f}", vs_inproc) : "";
-    std::printf("%-7s %-15s %-5s %5d %9s %10.3f %11.2f %11.2f %12.2f %7.3f %9s\n",
+    const std::string bytes = f.inter_node_bytes >= 0 ? fmt::format("  {:.0f} / {:.0f}",
+                                                                     f.intra_node_bytes,
+                                                                     f.inter_node_bytes)
+                                                         : "";
+    std::printf("%-10s %-15s %-5s %5d %9s %10.3f %11.2f %11.2f %12.2f %7.3f %9s%s\n",
                 f.backend.c_str(), op.c_str(), dtype.c_str(), f.world_size,
                 size_label(f.timing.bytes_per_rank).c_str(), f.timing.seconds_per_op * 1e3,
-                f.timing.algorithm_gbps, f.timing.bus_gbps, f.memcpy_gbps, ratio, vs.c_str());
+                f.timing.algorithm_gbps, f.timing.bus_gbps, f.memcpy_gbps, ratio, vs.c_str(),
+                bytes.c_str());
   }
   std::fflush(stdout);
 }
@@ -274,6 +297,36 @@ void check_sizes(const CommArgs& args, int world_size) {
              "--sizes: {} bytes per rank cannot be split into {} fp32 chunks (use multiples of "
              "{} bytes)",
              bad_sizes, world, 4 * world);
+}
+
+// The rows of `flat` again, through a HierarchicalComm over `comm` as simulated nodes of
+// args.ranks_per_node ranks, appended to `figures` (--ranks-per-node). Each row also counts one
+// more op's bytes per level. Collective over `comm`.
+void measure_two_level(Communicator& comm, const CommArgs& args, Device& device,
+                       std::vector<Figure>& figures) {
+  const NodeTopology topology = resolve_node_topology(comm.size(), args.ranks_per_node);
+  const auto nodes = HierarchicalComm::create(comm, topology);
+  const std::string name = fmt::format("{}/{}x{}", comm.backend_name(), topology.nodes(),
+                                       topology.ranks_per_node);
+  const std::size_t flat_rows = figures.size();
+  for (std::size_t i = 0; i < flat_rows; ++i) {
+    Figure f = figures[i];
+    f.backend = name;
+    f.transport.reset();
+    f.direct_fraction = -1;
+    for (int r = 0; r < args.repetitions; ++r) {
+      const CollectiveTiming t = time_collective(*nodes, device, f.op, f.timing.bytes_per_rank, 1,
+                                                 f.dtype, &comm);
+      if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
+    }
+    const NodeTraffic before = nodes->traffic();
+    time_collective(*nodes, device, f.op, f.timing.bytes_per_rank, 1, f.dtype, &comm);
+    const NodeTraffic after = nodes->traffic();
+    // time_collective runs the op 1 + iterations times: the checked run, then the timed ones.
+    f.intra_node_bytes = static_cast<double>(after.intra_bytes - before.intra_bytes) / 2;
+    f.inter_node_bytes = static_cast<double>(after.inter_bytes - before.inter_bytes) / 2;
+    figures.push_back(f);
+  }
 }
 
 // Every figure for one backend, in a fixed order (size, dtype, op). Collective over `comm`; every
@@ -311,6 +364,7 @@ std::vector<Figure> measure(Communicator& comm, const CommArgs& args, Device* gp
       }
     }
   }
+  if (gpu == nullptr && args.ranks_per_node) measure_two_level(comm, args, *device, figures);
   return figures;
 }
 
@@ -357,6 +411,8 @@ struct FigureRecord {
   double memcpy_gbps = 0;
   double direct_fraction = -1;
   int transport = -1;  // ShmTransport, or -1 for none
+  double intra_node_bytes = -1;
+  double inter_node_bytes = -1;
 };
 
 void write_all(int fd, const void* data, std::size_t bytes) {
@@ -407,8 +463,12 @@ std::vector<Figure> measure_shm(const CommArgs& args) {
         const std::vector<Figure> figures = measure(*comm, args);
         if (r == 0) {
           for (const Figure& f : figures) {
-            const FigureRecord rec{f.timing, f.memcpy_gbps, f.direct_fraction,
-                                   f.transport ? static_cast<int>(*f.transport) : -1};
+            const FigureRecord rec{f.timing,
+                                   f.memcpy_gbps,
+                                   f.direct_fraction,
+                                   f.transport ? static_cast<int>(*f.transport) : -1,
+                                   f.intra_node_bytes,
+                                   f.inter_node_bytes};
             write_all(pipe_fds[1], &rec, sizeof rec);
           }
         }
@@ -436,21 +496,32 @@ std::vector<Figure> measure_shm(const CommArgs& args) {
   ZERO_CHECK(failed.empty(), "zero-bench comm: the shm ranks failed: {}",
              fmt::format("{}", fmt::join(failed, "; ")));
 
+  // measure()'s order: the flat rows, then (--ranks-per-node) the same rows in two levels.
   std::vector<Figure> figures;
   const std::size_t count = records.size() / sizeof(FigureRecord);
-  for (std::size_t size_index = 0; size_index < args.sizes_bytes.size(); ++size_index) {
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-      for (Collective op :
-           {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
-        ZERO_CHECK(figures.size() < count && records.size() % sizeof(FigureRecord) == 0,
-                   "zero-bench comm: the shm ranks sent {} bytes of figures, not {} records",
-                   records.size(), figures.size() + 1);
-        FigureRecord rec;
-        std::memcpy(&rec, records.data() + figures.size() * sizeof rec, sizeof rec);
-        Figure f{"shm", op, dtype, args.world_size, rec.timing, rec.memcpy_gbps, std::nullopt, 0};
-        if (rec.transport >= 0) f.transport = static_cast<ShmTransport>(rec.transport);
-        f.direct_fraction = rec.direct_fraction;
-        figures.push_back(f);
+  const std::string two_level =
+      args.ranks_per_node
+          ? fmt::format("shm/{}x{}", args.world_size / *args.ranks_per_node, *args.ranks_per_node)
+          : "";
+  for (const std::string& backend : {std::string("shm"), two_level}) {
+    if (backend.empty()) continue;
+    for (std::size_t size_index = 0; size_index < args.sizes_bytes.size(); ++size_index) {
+      for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+        for (Collective op :
+             {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
+          ZERO_CHECK(figures.size() < count && records.size() % sizeof(FigureRecord) == 0,
+                     "zero-bench comm: the shm ranks sent {} bytes of figures, not {} records",
+                     records.size(), figures.size() + 1);
+          FigureRecord rec;
+          std::memcpy(&rec, records.data() + figures.size() * sizeof rec, sizeof rec);
+          Figure f{backend, op, dtype, args.world_size, rec.timing, rec.memcpy_gbps, std::nullopt,
+                   0};
+          if (rec.transport >= 0) f.transport = static_cast<ShmTransport>(rec.transport);
+          f.direct_fraction = rec.direct_fraction;
+          f.intra_node_bytes = rec.intra_node_bytes;
+          f.inter_node_bytes = rec.inter_node_bytes;
+          figures.push_back(f);
+        }
       }
     }
   }
@@ -506,6 +577,12 @@ int run_comm(std::span<const std::string> argv) {
              "launched by mpirun, but this build has no MPI to coordinate the processes; run "
              "zero-bench comm without mpirun for the inproc figures");
 
+  ZERO_CHECK(!args.ranks_per_node || args.backend != BackendChoice::Nccl,
+             "--ranks-per-node with --backend nccl: two-level collectives run on host memory; "
+             "drop one of the two");
+  if (args.ranks_per_node && !under_mpirun) {
+    resolve_node_topology(args.world_size, args.ranks_per_node);  // throws naming the divisors
+  }
   if (args.backend == BackendChoice::Nccl) {
     ZERO_CHECK(!under_mpirun,
                "--backend nccl: zero-bench runs its own ranks; run it without mpirun");

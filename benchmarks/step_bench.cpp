@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "benchmarks/bench_flags.h"
+#include "zero/comm/node_topology.h"
 #include "benchmarks/commands.h"
 #include "cli/flags.h"
 #include "config/ds_config.h"
@@ -64,7 +65,8 @@ namespace {
 constexpr std::string_view kUsage =
     "usage: zero-bench step [--json] [--model mlp:IN,H1,...,OUT | --params N] [--world-size W] "
     "[--stages 0,1,2,3] [--precision fp32|bf16|fp16] [--steps K] [--threads T] [--bucket N] "
-    "[--prefetch on|off|both] [--memory-budget BYTES] [--device cpu|cuda]";
+    "[--prefetch on|off|both] [--memory-budget BYTES] [--device cpu|cuda] [--ranks-per-node N] "
+    "[--config FILE]";
 
 StepArgs parse_args(std::span<const std::string> args) {
   StepArgs r;
@@ -122,6 +124,10 @@ StepArgs parse_args(std::span<const std::string> args) {
       r.device = flag_value(arg, kUsage);
       ZERO_CHECK(r.device == "cpu" || r.device == "cuda", "--device {}: expected cpu or cuda",
                  r.device);
+    } else if (a == "--ranks-per-node") {
+      r.ranks_per_node = integer(arg, 1, 256);
+    } else if (a == "--config") {
+      r.config_path = flag_value(arg, kUsage);
     } else if (a == "--bucket") {
       r.bucket_elems = static_cast<std::int64_t>(parse_count(flag_value(arg, kUsage), a, kUsage));
     } else {
@@ -133,6 +139,11 @@ StepArgs parse_args(std::span<const std::string> args) {
              "--device {} runs the synthetic layers (--params N); the MLP on a GPU is zero-train's "
              "(zero-train --device cuda)",
              r.device);
+  ZERO_CHECK(r.device == "cpu" || !r.ranks_per_node,
+             "--ranks-per-node with --device {}: two-level collectives run on host memory; drop "
+             "one of the two",
+             r.device);
+  if (r.ranks_per_node) resolve_node_topology(r.world_size, r.ranks_per_node);  // names divisors
   if (!r.model && !r.params) r.params = std::size_t{16} << 20;
   return r;
 }

@@ -51,6 +51,12 @@ struct StepArgs {
   // "cuda": every rank's engine on a GPU (rank r on GPU r % visible), NCCL between them, the
   // synthetic gradients copied from device memory, the limits measured in device memory.
   std::string device = "cpu";
+  // --ranks-per-node: the engine's collectives in two levels over simulated nodes
+  // (hierarchical_comm.h); nullopt: ZERO_RANKS_PER_NODE, the launcher, or one node.
+  std::optional<int> ranks_per_node;
+  // --config: a ds_config whose zero_optimization block replaces the bench's (but for "stage",
+  // which --stages sets).
+  std::string config_path;
 };
 
 // What the ranks train: the parameter specs (dtype left to the precision) and initial values.
@@ -83,6 +89,9 @@ struct RankResult {
   std::size_t memcpy_bytes = 0;
   double probe_s = 0;
   std::size_t probe_bytes_per_elem = 0;
+  // The engine's bytes sent per counted step, inside this rank's node and across nodes.
+  double intra_node_bytes = 0;
+  double inter_node_bytes = 0;
 };
 
 // Collective over the ranks of `comm`: builds an engine for `cfg`, warms up and validates, times
@@ -143,6 +152,9 @@ struct Figure {
   PhaseBytes limit_bytes;
   double step_limit_s = 0;
   double step_limit_ratio = 0;
+  // Bytes each rank sent per step inside its node and across nodes, averaged over ranks.
+  double intra_node_bytes = 0;
+  double inter_node_bytes = 0;
 };
 
 Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload& w,

@@ -54,6 +54,10 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
   p.gathers = t.gathers;
   p.prefetches = t.prefetches;
   f.model_s = r0.model_s / n;
+  for (const RankResult& r : ranks) {
+    f.intra_node_bytes += r.intra_node_bytes / static_cast<double>(ranks.size());
+    f.inter_node_bytes += r.inter_node_bytes / static_cast<double>(ranks.size());
+  }
   f.other_s = f.step_mean_s - f.model_s - (p.pack_s + p.reduce_wait_s + p.unpack_s + p.norm_s +
                                p.optimizer_s + p.all_gather_s + p.gather_s);
   f.optimizer_elems = r0.optimizer_elems;
@@ -123,6 +127,8 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     j["threads"] = threads;
     j["bucket_elems"] = args.bucket_elems;
     j["steps"] = f.counted_steps;
+    j["intra_node_bytes"] = f.intra_node_bytes;
+    j["inter_node_bytes"] = f.inter_node_bytes;
     j["warmup_steps"] = f.warmup_steps;
     j["skipped_steps"] = f.skipped_steps;
     j["step_s"] = sig4(f.step_s);

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "benchmarks/step_bench.h"
+#include "config/parse.h"
 #include "kernels/cast.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/optimizer.h"
@@ -20,6 +23,8 @@
 #include "zero/base/error.h"
 #include "zero/base/shape.h"
 #include "zero/base/timer.h"
+#include "zero/comm/hierarchical_comm.h"
+#include "zero/comm/node_topology.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
 
@@ -104,6 +109,17 @@ nlohmann::json make_config_json(const StepArgs& args, int stage, bool prefetch) 
         {"overlap_comm", true},
         {"stage3_prefetch_bucket_size", prefetch ? 50'000'000 : 0}}},
   };
+  if (!args.config_path.empty()) {
+    std::ifstream in(args.config_path, std::ios::binary);
+    ZERO_CHECK(in.good(), "--config {}: cannot be read", args.config_path);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const nlohmann::json file = config::parse_relaxed_json(text);
+    ZERO_CHECK(file.contains("zero_optimization") && file["zero_optimization"].is_object(),
+               "--config {}: no zero_optimization block to take", args.config_path);
+    for (const auto& [key, value] : file["zero_optimization"].items()) {
+      if (key != "stage") c["zero_optimization"][key] = value;
+    }
+  }
   if (args.precision == "bf16") c["bf16"] = {{"enabled", true}};
   if (args.precision == "fp16") c["fp16"] = {{"enabled", true}};
   return c;
@@ -319,8 +335,13 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
       options.control_comm = &comm;
     }
     const InitFn init = [&](std::size_t index, std::span<float> values) { w.init(index, values); };
+    // Counted (and, with several simulated nodes, in two levels) by a HierarchicalComm.
+    NodeTopology topology = resolve_node_topology(comm.size(), args.ranks_per_node);
+    if (gpu_comm) topology.launcher_local_rank.reset();  // checked on host memory only
+    const std::unique_ptr<HierarchicalComm> nodes =
+        HierarchicalComm::create(gpu_comm ? *gpu_comm : comm, topology);
     const std::unique_ptr<Engine> engine =
-        Engine::create(cfg, gpu_comm ? *gpu_comm : comm, *device, w.specs, init, options);
+        Engine::create(cfg, *nodes, *device, w.specs, init, options);
     Trainer trainer(w, *engine, *device, comm.rank(), dtype, kernels::CpuExec{.threads = threads});
 
     StepResult r;
@@ -332,6 +353,7 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
 
     engine->reset_timings();
     const double model_before = trainer.model_seconds();
+    const NodeTraffic traffic_before = nodes->traffic();
     for (int k = 1; k < args.steps; ++k) {
       const Clock::time_point start = Clock::now();
       r = trainer.step();
@@ -339,6 +361,12 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
       out.skipped_steps += r.skipped;
     }
     out.model_s = trainer.model_seconds() - model_before;
+    const NodeTraffic traffic_after = nodes->traffic();
+    const auto counted = static_cast<double>(out.step_s.size());
+    out.intra_node_bytes =
+        static_cast<double>(traffic_after.intra_bytes - traffic_before.intra_bytes) / counted;
+    out.inter_node_bytes =
+        static_cast<double>(traffic_after.inter_bytes - traffic_before.inter_bytes) / counted;
     out.timings = engine->timings();
     out.memory = engine->memory();
     out.optimizer_elems = tag_bytes(out.memory, MemoryTag::MasterParams, false) / sizeof(float);

@@ -335,13 +335,16 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
       options.control_comm = &comm;
     }
     const InitFn init = [&](std::size_t index, std::span<float> values) { w.init(index, values); };
-    // Counted (and, with several simulated nodes, in two levels) by a HierarchicalComm.
-    NodeTopology topology = resolve_node_topology(comm.size(), args.ranks_per_node);
-    if (gpu_comm) topology.launcher_local_rank.reset();  // checked on host memory only
-    const std::unique_ptr<HierarchicalComm> nodes =
-        HierarchicalComm::create(gpu_comm ? *gpu_comm : comm, topology);
+    // On the CPU, counted (and, with several simulated nodes, in two levels) by a
+    // HierarchicalComm; on a GPU, NCCL's collectives, not counted.
+    std::unique_ptr<HierarchicalComm> nodes;
+    if (!gpu_comm) {
+      nodes = HierarchicalComm::create(comm, resolve_node_topology(comm.size(), args.ranks_per_node));
+    }
+    Communicator& engine_comm = gpu_comm ? *gpu_comm : static_cast<Communicator&>(*nodes);
     const std::unique_ptr<Engine> engine =
-        Engine::create(cfg, *nodes, *device, w.specs, init, options);
+        Engine::create(cfg, engine_comm, *device, w.specs, init, options);
+    auto traffic = [&] { return nodes ? nodes->traffic() : NodeTraffic{}; };
     Trainer trainer(w, *engine, *device, comm.rank(), dtype, kernels::CpuExec{.threads = threads});
 
     StepResult r;
@@ -353,7 +356,7 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
 
     engine->reset_timings();
     const double model_before = trainer.model_seconds();
-    const NodeTraffic traffic_before = nodes->traffic();
+    const NodeTraffic traffic_before = traffic();
     for (int k = 1; k < args.steps; ++k) {
       const Clock::time_point start = Clock::now();
       r = trainer.step();
@@ -361,7 +364,7 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
       out.skipped_steps += r.skipped;
     }
     out.model_s = trainer.model_seconds() - model_before;
-    const NodeTraffic traffic_after = nodes->traffic();
+    const NodeTraffic traffic_after = traffic();
     const auto counted = static_cast<double>(out.step_s.size());
     out.intra_node_bytes =
         static_cast<double>(traffic_after.intra_bytes - traffic_before.intra_bytes) / counted;

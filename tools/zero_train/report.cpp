@@ -288,13 +288,17 @@ void Reporter::on_finish(const RunSummary& summary) {
                 {"world_size", info_.world_size},
                 {"nodes", info_.nodes},
                 {"ranks_per_node", info_.ranks_per_node},
-                {"intra_node_bytes", summary.intra_node_bytes},
-                {"inter_node_bytes", summary.inter_node_bytes},
+                {"intra_node_bytes", nullptr},
+                {"inter_node_bytes", nullptr},
                 {"stage", info_.stage},
                 {"memory", memory},
                 {"estimate", nullptr},
                 {"dump_params", nullptr},
                 {"checkpoint", nullptr}};
+    if (summary.traffic) {
+      out["intra_node_bytes"] = summary.traffic->intra_bytes;
+      out["inter_node_bytes"] = summary.traffic->inter_bytes;
+    }
     if (summary.estimate)
       out["estimate"] = estimate_json(*summary.estimate_input, *summary.estimate);
     if (!summary.dump_path.empty()) out["dump_params"] = summary.dump_path;
@@ -306,9 +310,9 @@ void Reporter::on_finish(const RunSummary& summary) {
       "done: {} steps in {:.2f} s ({:.0f} samples/s); loss {:.6g} -> {:.6g}; {} skipped",
       summary.steps, summary.train_seconds, summary.samples_per_s, summary.first_loss,
       summary.final_loss, summary.skipped_steps));
-  if (info_.world_size > 1) {
-    line(fmt::format("bytes sent per rank and step: {:.0f} inside nodes, {:.0f} across {} node{}",
-                     summary.intra_node_bytes, summary.inter_node_bytes, info_.nodes,
+  if (info_.world_size > 1 && summary.traffic) {
+    line(fmt::format("bytes sent per rank and step: {} inside nodes, {} across {} node{}",
+                     summary.traffic->intra_bytes, summary.traffic->inter_bytes, info_.nodes,
                      info_.nodes == 1 ? "" : "s"));
   }
   if (!summary.dump_path.empty()) {

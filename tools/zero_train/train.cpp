@@ -141,28 +141,26 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   engine_options.kernel_threads = threads;
   // On a GPU the engine's collectives go through NCCL, or, for in-process ranks that share one
   // GPU (which NCCL refuses), DeviceInProcComm; `comm` carries the host-side ones.
-  // The engine's collectives go through a HierarchicalComm: two levels over several nodes, and
-  // on one level the world's own collectives, counted.
+  // On the CPU the engine's collectives go through a HierarchicalComm: two levels over several
+  // nodes, on one level the world's own collectives, counted either way. On a GPU, NCCL follows
+  // its own topology and nothing is counted.
   const NodeTopology topology = resolve_node_topology(comm.size(), options.ranks_per_node);
   std::unique_ptr<Communicator> gpu_comm;
   std::unique_ptr<HierarchicalComm> nodes;
   if (device->gpu_ordinal() >= 0) {
-    if (topology.nodes() > 1 && topology.ranks_per_node > 1) {
+    if (topology.source == "--ranks-per-node" || topology.source == "ZERO_RANKS_PER_NODE") {
       throw Error(fmt::format(
-          "{} = {} ranks per node: two-level collectives run on host memory in this version, "
-          "and this run's engine is on a GPU; drop the setting (NCCL runs its own topology-aware "
-          "collectives) or train on the CPU (--device cpu)",
+          "{} {}: two-level collectives run on host memory in this version, and this run's "
+          "engine is on a GPU; drop it (NCCL follows the real topology) or train on the CPU "
+          "(--device cpu)",
           topology.source, topology.ranks_per_node));
     }
     gpu_comm = make_gpu_communicator(comm, *device);
     engine_options.control_comm = &comm;
-    NodeTopology counted = topology;
-    counted.launcher_local_rank.reset();  // checked on host memory only
-    nodes = HierarchicalComm::create(*gpu_comm, counted);
   } else {
     nodes = HierarchicalComm::create(comm, topology);
   }
-  Communicator& engine_comm = *nodes;
+  Communicator& engine_comm = nodes ? static_cast<Communicator&>(*nodes) : *gpu_comm;
   const InitFn init = [&](std::size_t index, std::span<float> out) {
     models::init_param(shape, index, options.seed, /*stream=*/0, out);
   };
@@ -322,7 +320,8 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
 
   const Clock::time_point train_start = Clock::now();
   const double seconds_before_training = checkpoint_seconds;
-  const NodeTraffic traffic_before = nodes->traffic();
+  auto traffic = [&] { return nodes ? nodes->traffic() : NodeTraffic{}; };
+  const NodeTraffic traffic_before = traffic();
   NodeTraffic save_traffic;  // what periodic saves sent, not training
   std::int64_t trained = 0;
   // The engine's count of optimizer steps: a resumed run continues from the restored one, and
@@ -404,14 +403,14 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     }
     if (!options.save_dir.empty() && options.save_every > 0 &&
         result.global_steps % options.save_every == 0) {
-      const NodeTraffic at_save = nodes->traffic();
+      const NodeTraffic at_save = traffic();
       save();
-      save_traffic.intra_bytes += nodes->traffic().intra_bytes - at_save.intra_bytes;
-      save_traffic.inter_bytes += nodes->traffic().inter_bytes - at_save.inter_bytes;
+      save_traffic.intra_bytes += traffic().intra_bytes - at_save.intra_bytes;
+      save_traffic.inter_bytes += traffic().inter_bytes - at_save.inter_bytes;
     }
   }
-  {
-    const NodeTraffic after = nodes->traffic();
+  if (nodes) {
+    const NodeTraffic after = traffic();
     const double steps_done = static_cast<double>(std::max<std::int64_t>(trained, 1));
     std::array<double, 2> per_step = {
         static_cast<double>(after.intra_bytes - traffic_before.intra_bytes -
@@ -422,8 +421,8 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
             steps_done};
     comm.all_reduce(per_step.data(), per_step.data(), per_step.size(), DType::F64, ReduceOp::Avg)
         .wait();
-    summary.intra_node_bytes = per_step[0];
-    summary.inter_node_bytes = per_step[1];
+    summary.traffic = NodeTraffic{static_cast<std::uint64_t>(std::llround(per_step[0])),
+                                  static_cast<std::uint64_t>(std::llround(per_step[1]))};
   }
   // Periodic saves are not training time.
   summary.train_seconds =

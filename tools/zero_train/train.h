@@ -10,6 +10,7 @@
 #include "config/ds_config.h"
 #include "tools/zero_train/options.h"
 #include "zero/comm/communicator.h"
+#include "zero/comm/hierarchical_comm.h"
 #include "zero/device/memory_ledger.h"
 #include "zero/estimate/estimate.h"
 
@@ -77,9 +78,9 @@ struct RunSummary {
   std::optional<EstimateInput> estimate_input;  // nullopt: the optimizer has no formula
   std::optional<EstimateResult> estimate;
   // Bytes each rank sent per optimizer step inside its node and across nodes (the engine's
-  // collectives, checkpoint saves excluded), averaged over ranks and this run's steps.
-  double intra_node_bytes = 0;
-  double inter_node_bytes = 0;
+  // collectives, checkpoint saves excluded), averaged over ranks and this run's steps and
+  // rounded; nullopt on a GPU (NCCL's collectives are not counted).
+  std::optional<NodeTraffic> traffic;
   std::string dump_path;        // written, or empty
   std::string checkpoint_path;  // the last checkpoint saved (DIR/TAG), or empty
 };

@@ -74,16 +74,7 @@ std::uint64_t ring_bytes(const CollectiveArgs& a, int n, int me) {
 
 CollectiveArgs level_args(Collective kind, const void* send, void* recv, std::size_t elems,
                           DType dtype, ReduceOp op, bool in_place, int root = 0) {
-  CollectiveArgs l;
-  l.kind = kind;
-  l.send = send;
-  l.recv = recv;
-  l.elems = elems;
-  l.dtype = dtype;
-  l.op = op;
-  l.in_place = in_place;
-  l.root = root;
-  return l;
+  return {kind, send, recv, elems, dtype, op, root, in_place};
 }
 
 }  // namespace

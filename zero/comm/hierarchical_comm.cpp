@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <utility>
 
 #include "zero/base/error.h"
 #include "zero/comm/comm_thread.h"
@@ -105,10 +107,17 @@ std::unique_ptr<HierarchicalComm> HierarchicalComm::create(Communicator& world,
 }
 
 HierarchicalComm::HierarchicalComm(Communicator& world, const NodeTopology& topology)
+    : HierarchicalComm(nullptr, world, topology, std::make_shared<Counters>()) {}
+
+HierarchicalComm::HierarchicalComm(std::unique_ptr<Communicator> owned, Communicator& world,
+                                   const NodeTopology& topology,
+                                   std::shared_ptr<Counters> counters)
     : Communicator(CommOptions{world.timeout()}),
+      owned_world_(std::move(owned)),
       world_(world),
       topology_(topology),
-      rank_(world.rank()) {
+      rank_(world.rank()),
+      counters_(std::move(counters)) {
   if (topology_.single_node() || topology_.ranks_per_node == 1) return;
   intra_ = world.split(topology_.node_of(rank_), topology_.local_of(rank_));
   inter_ = world.split(topology_.local_of(rank_), topology_.node_of(rank_));
@@ -133,7 +142,7 @@ bool HierarchicalComm::shares_address_space() const {
 void HierarchicalComm::count(const CollectiveArgs& a, int group_size, int group_rank,
                              bool inter) {
   const std::uint64_t bytes = ring_bytes(a, group_size, group_rank);
-  (inter ? inter_bytes_ : intra_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+  (inter ? counters_->inter : counters_->intra).fetch_add(bytes, std::memory_order_relaxed);
 }
 
 Work HierarchicalComm::start_impl(const CollectiveArgs& args) {
@@ -145,10 +154,54 @@ Work HierarchicalComm::start_impl(const CollectiveArgs& args) {
 }
 
 std::unique_ptr<Communicator> HierarchicalComm::split_impl(int color, int key) {
-  if (!two_level()) return world_.split(color, key);
-  std::unique_ptr<Communicator> result;
-  thread_->submit([&] { result = splitter_->split(color, key); }).wait();
-  return result;
+  // Every rank's (color, key), and the plain split, over a communicator nobody else is using
+  // right now: the world on one level, the private copy on the communication thread otherwise.
+  const int world = size();
+  std::vector<double> all(2 * static_cast<std::size_t>(world));
+  const std::array<double, 2> mine = {static_cast<double>(color), static_cast<double>(key)};
+  std::unique_ptr<Communicator> flat;
+  auto split_plainly = [&](Communicator& base) {
+    base.all_gather(mine.data(), all.data(), mine.size(), DType::F64).wait();
+    flat = base.split(color, key);
+  };
+  if (two_level()) {
+    thread_->submit([&] { split_plainly(*splitter_); }).wait();
+  } else {
+    split_plainly(world_);
+  }
+  if (!flat) return nullptr;
+  // The group's members in its order, and whether they form contiguous equal blocks per node.
+  std::vector<std::pair<double, int>> members;
+  for (int q = 0; q < world; ++q) {
+    if (all[2 * static_cast<std::size_t>(q)] == mine[0]) {
+      members.emplace_back(all[2 * static_cast<std::size_t>(q) + 1], q);
+    }
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> run_lengths;  // members per run of the same node
+  std::vector<int> run_nodes;
+  for (const auto& [k, q] : members) {
+    const int node = topology_.node_of(q);
+    if (!run_nodes.empty() && run_nodes.back() == node) {
+      ++run_lengths.back();
+    } else {
+      run_nodes.push_back(node);
+      run_lengths.push_back(1);
+    }
+  }
+  std::vector<int> distinct = run_nodes;
+  std::sort(distinct.begin(), distinct.end());
+  const bool blocks = std::adjacent_find(distinct.begin(), distinct.end()) == distinct.end() &&
+                      std::all_of(run_lengths.begin(), run_lengths.end(),
+                                  [&](int n) { return n == run_lengths.front(); });
+  NodeTopology t;
+  t.world_size = static_cast<int>(members.size());
+  t.source = topology_.source;
+  // Not blocks: one "node" per member, so every byte counts as inter-node (it may cross one).
+  t.ranks_per_node = blocks ? run_lengths.front() : (run_nodes.size() == 1 ? t.world_size : 1);
+  Communicator& group = *flat;
+  return std::unique_ptr<HierarchicalComm>(
+      new HierarchicalComm(std::move(flat), group, t, counters_));
 }
 
 std::byte* HierarchicalComm::scratch(std::vector<std::byte>& v, std::size_t bytes) {

@@ -27,6 +27,12 @@
 // the root of each level), attributed to the level it ran on: on one node everything is
 // intra-node, with one rank per node everything is inter-node.
 //
+// split() keeps the topology: a group whose members, in the group's order, are contiguous equal
+// blocks per node is again a HierarchicalComm (two levels when it spans several nodes of several
+// members; a MiCS shard group inside a node forwards and counts as intra-node); any other group
+// forwards and counts everything as inter-node when it spans several nodes. A split's bytes are
+// added to its parent's counts, so traffic() covers every group split off it.
+//
 // Failures: a failed level fails the collective (CommError from wait()), and every later one on
 // this communicator fails too, naming the first failure. A lost peer is reported by the level
 // that waits for it (its timeout, or the world's abort), so no rank hangs.
@@ -76,7 +82,7 @@ class HierarchicalComm final : public Communicator {
   // Whether collectives run in two levels (several nodes of several ranks each).
   bool two_level() const { return intra_ != nullptr; }
   // Bytes this rank sent since create(), by level.
-  NodeTraffic traffic() const { return {intra_bytes_.load(), inter_bytes_.load()}; }
+  NodeTraffic traffic() const { return {counters_->intra.load(), counters_->inter.load()}; }
 
  protected:
   Work start_impl(const CollectiveArgs& args) override;
@@ -94,6 +100,15 @@ class HierarchicalComm final : public Communicator {
   void count(const CollectiveArgs& a, int group_size, int group_rank, bool inter);
   std::byte* scratch(std::vector<std::byte>& v, std::size_t bytes);
 
+  struct Counters {
+    std::atomic<std::uint64_t> intra{0};
+    std::atomic<std::uint64_t> inter{0};
+  };
+  // `owned` (null: borrowed) is `world`.
+  HierarchicalComm(std::unique_ptr<Communicator> owned, Communicator& world,
+                   const NodeTopology& topology, std::shared_ptr<Counters> counters);
+
+  std::unique_ptr<Communicator> owned_world_;  // a split's own world (null: borrowed)
   Communicator& world_;
   const NodeTopology topology_;
   const int rank_;
@@ -102,8 +117,7 @@ class HierarchicalComm final : public Communicator {
   std::unique_ptr<Communicator> splitter_;  // a private copy of the world, for split()
   std::vector<std::byte> scratch_a_, scratch_b_;
   std::string failure_;  // the first failure, communication thread only
-  std::atomic<std::uint64_t> intra_bytes_{0};
-  std::atomic<std::uint64_t> inter_bytes_{0};
+  std::shared_ptr<Counters> counters_;  // shared with the groups split off this one
   std::unique_ptr<comm_detail::CommThread> thread_;  // last: stopped first
 };
 

@@ -274,3 +274,64 @@ TEST_CASE("a rank lost before a two-level collective ends every rank with an err
     REQUIRE(later[r].find("an earlier collective failed") != std::string::npos);
   }
 }
+
+TEST_CASE("split keeps the topology: node groups count inside, groups across nodes count across "
+          "or run in two levels, and the parent's counts include them") {
+  struct Seen {
+    bool two_level = false;
+    int size = 0;
+    zero::NodeTraffic before, after;
+    float sum = 0;
+  };
+  // 8 ranks as 4 nodes of 2.
+  std::vector<std::map<std::string, Seen>> seen(8);
+  run_ranks(8, [&](Communicator& comm) {
+    auto nodes = HierarchicalComm::create(comm, topology(8, 2));
+    const int r = comm.rank();
+    auto& mine = seen[static_cast<std::size_t>(r)];
+    auto probe = [&](const std::string& name, int color, int key) {
+      auto group = nodes->split(color, key);
+      auto* h = dynamic_cast<HierarchicalComm*>(group.get());
+      Seen s;
+      s.two_level = h != nullptr && h->two_level();
+      s.size = group->size();
+      s.before = nodes->traffic();
+      std::vector<float> v(64, static_cast<float>(r + 1));
+      group->all_reduce(v.data(), v.data(), v.size(), DType::F32, ReduceOp::Sum).wait();
+      s.after = nodes->traffic();
+      s.sum = v[0];
+      mine[name] = s;
+    };
+    probe("node", r / 2, r % 2);           // {0,1}, {2,3}, ...: inside a node
+    probe("across", r % 2, r / 2);         // {0,2,4,6}: one per node
+    probe("two nodes", r / 4, r % 4);      // {0,1,2,3}: 2 nodes of 2
+    probe("interleaved", r / 4, (r % 2) * 2 + (r % 4) / 2);  // 0,2,1,3: not blocks
+  });
+  for (int r = 0; r < 8; ++r) {
+    INFO("rank " << r);
+    const auto& m = seen[static_cast<std::size_t>(r)];
+    auto delta = [](const Seen& s) {
+      return std::pair{s.after.intra_bytes - s.before.intra_bytes,
+                       s.after.inter_bytes - s.before.inter_bytes};
+    };
+    // A sum over the group of (rank + 1): checks the membership too.
+    const int node = r / 2;
+    REQUIRE(m.at("node").sum == static_cast<float>(2 * node + 1 + 2 * node + 2));
+    REQUIRE_FALSE(m.at("node").two_level);
+    REQUIRE(delta(m.at("node")) == std::pair<std::uint64_t, std::uint64_t>{2 * 1 * 64 * 4 / 2, 0});
+    REQUIRE(m.at("across").sum == static_cast<float>(r % 2 == 0 ? 1 + 3 + 5 + 7 : 2 + 4 + 6 + 8));
+    REQUIRE_FALSE(m.at("across").two_level);
+    REQUIRE(delta(m.at("across")) == std::pair<std::uint64_t, std::uint64_t>{0, 2 * 3 * 64 * 4 / 4});
+    const float half = r < 4 ? 1 + 2 + 3 + 4 : 5 + 6 + 7 + 8;
+    REQUIRE(m.at("two nodes").sum == half);
+    REQUIRE(m.at("two nodes").two_level);
+    REQUIRE(m.at("two nodes").size == 4);
+    // Two levels: 32-element blocks inside (reduce-scatter and all-gather), a 32-element
+    // all-reduce across 2 nodes.
+    REQUIRE(delta(m.at("two nodes")) == std::pair<std::uint64_t, std::uint64_t>{2 * 32 * 4, 32 * 4});
+    REQUIRE(m.at("interleaved").sum == half);
+    REQUIRE_FALSE(m.at("interleaved").two_level);
+    REQUIRE(delta(m.at("interleaved")) ==
+            std::pair<std::uint64_t, std::uint64_t>{0, 2 * 3 * 64 * 4 / 4});
+  }
+}

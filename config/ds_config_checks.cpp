@@ -126,6 +126,19 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
         "DeepSpeed keeps optimizer states in CPU memory for \"nvme\" at stages 1 and 2; zero "
         "swaps them to nvme_path at every stage");
   }
+  // ZeRO++ and MiCS are stage 3 features; DeepSpeed ignores their keys below it without a word.
+  for (const char* key : {"zero_hpz_partition_size", "zero_quantized_weights",
+                          "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
+                          "zeropp_loco_param", "mics_shard_size", "mics_hierarchical_params_gather"}) {
+    const json* v = lookup(out, std::string("zero_optimization.") + key);
+    const bool set = v != nullptr && !v->is_null() &&
+                     !(v->is_boolean() && !v->get<bool>()) &&
+                     !(v->is_number_integer() && v->get<std::int64_t>() <= (key[0] == 'm' ? 0 : 1));
+    if (set && stage < 3) {
+      add(Severity::Warning, std::string("zero_optimization.") + key,
+          fmt::format("ignored below ZeRO stage 3 (stage is {}), as DeepSpeed does", stage));
+    }
+  }
   if (stage == 3 && z.elastic_checkpoint) {
     add(Severity::Warning, "zero_optimization.elastic_checkpoint",
         "DeepSpeed does not support elastic checkpoints with stage 3; zero checkpoints reshard at "

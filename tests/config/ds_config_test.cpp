@@ -670,16 +670,32 @@ TEST_CASE("keys zero does not honour yet are listed as unsupported, never silent
                               "elasticity": {"enabled": true}, "aio": {"use_gds": true}})");
   for (const char* path :
        {"zero_optimization.zero_quantized_weights", "zero_optimization.zero_hpz_partition_size",
-        "zero_optimization.mics_shard_size", "optimizer.type", "torch_autocast.enabled",
-        "elasticity.enabled", "aio.use_gds"}) {
+        "optimizer.type", "torch_autocast.enabled", "elasticity.enabled", "aio.use_gds"}) {
     INFO(path);
     CHECK(has_finding(c.findings, Severity::Unsupported, path));
   }
+  // MiCS is honoured (zero/comm/mics_comm.h).
+  CHECK_FALSE(has_finding(c.findings, Severity::Unsupported, "zero_optimization.mics_shard_size"));
   CHECK(
       has_finding(c.findings, Severity::EngineError, "optimizer.type", "not compatible with ZeRO"));
-  CHECK(c.blockers().size() >= 8);
+  CHECK(c.blockers().size() >= 7);
   CHECK_FALSE(has_finding(load(R"({"zero_optimization": {"zero_hpz_partition_size": 1}})").findings,
                           Severity::Unsupported, "zero_optimization.zero_hpz_partition_size"));
+}
+
+TEST_CASE("ZeRO++ and MiCS keys below stage 3 are ignored with a warning, as DeepSpeed ignores them") {
+  const DsConfig c = load(R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true,
+                                  "zero_quantized_gradients": false, "zero_hpz_partition_size": 2,
+                                  "mics_shard_size": 4}})");
+  for (const char* path : {"zero_optimization.zero_quantized_weights",
+                           "zero_optimization.zero_hpz_partition_size",
+                           "zero_optimization.mics_shard_size"}) {
+    INFO(path);
+    CHECK(has_finding(c.findings, Severity::Warning, path, "ignored below ZeRO stage 3 (stage is 2)"));
+    CHECK_FALSE(has_finding(c.findings, Severity::Unsupported, path));
+  }
+  CHECK_FALSE(has_finding(c.findings, Severity::Warning, "zero_optimization.zero_quantized_gradients"));
+  for (const auto& b : c.blockers()) CHECK(b.path.rfind("zero_optimization", 0) != 0);
 }
 
 TEST_CASE("ZeRO with an untested optimizer is refused by the engine unless allowed") {

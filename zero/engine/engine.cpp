@@ -103,8 +103,9 @@ kernels::CpuExec exec_of(const EngineOptions& options) {
 EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& device,
                        std::span<const ParamSpec> params, const EngineOptions& options)
     : cfg_(cfg),
-      comm_(comm),
-      control_(options.control_comm != nullptr ? *options.control_comm : comm),
+      mics_(make_mics_comm(cfg, comm, options)),
+      comm_(mics_ ? *mics_ : comm),
+      control_(options.control_comm != nullptr ? *options.control_comm : comm_),
       host_memory_(device.host_addressable()),
       device_(device),
       compute_(device.compute()),
@@ -120,7 +121,8 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
              "Engine::create: EngineOptions::control_comm is rank {} of {}, the engine's "
              "communicator rank {} of {}: pass the host communicator of the same ranks",
              control_.rank(), control_.size(), rank_, world_);
-  refuse_blockers(cfg_, world_);
+  // Under MiCS the config's world is every replica's ranks, the engine's the shard group's.
+  refuse_blockers(cfg_, mics_ ? world_ * mics_->replicas() : world_);
   read_options(options);
   refuse_on_device();
   register_specs(options);

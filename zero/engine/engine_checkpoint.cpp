@@ -149,9 +149,8 @@ ckpt::Manifest EngineImpl::describe(const std::string& tag) const {
   return m;
 }
 
-void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
-                                 const nlohmann::json& client_state,
-                                 std::optional<bool> model_16bit) {
+void EngineImpl::save_group(const std::string& dir, const std::string& tag,
+                            const nlohmann::json& client_state, std::optional<bool> model_16bit) {
   check_tag(tag);
   bool mid_window = micro_in_window_ != 0;
   for (const ParamState& p : params_) mid_window = mid_window || p.ready || p.slot_out;

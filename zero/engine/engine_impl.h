@@ -20,6 +20,7 @@
 #include "kernels/compute.h"
 #include "zero/base/error.h"
 #include "zero/checkpoint/checkpoint.h"
+#include "zero/comm/mics_comm.h"
 #include "zero/engine.h"
 #include "zero/engine/gradient_reducer.h"
 #include "zero/engine/host_model_mirror.h"
@@ -37,6 +38,13 @@ namespace zero::engine_detail {
 // Every unit is padded so each rank's slice is a multiple of 16 elements (64 bytes of fp32):
 // slices, and so partitions, start cache-line aligned.
 constexpr std::size_t kSliceAlignElems = 16;
+
+// The MiCS view of `comm` the engine runs over (engine_mics.cpp): null unless the config asks
+// for MiCS at stage 3 with shard groups smaller than the world. Collective over `comm`. Throws
+// ConfigError naming the key for a shard size that does not divide the world size and for what
+// MiCS cannot be combined with here.
+std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicator& comm,
+                                         const EngineOptions& options);
 
 class EngineImpl final : public Engine, private SliceMap {
  public:
@@ -201,6 +209,9 @@ class EngineImpl final : public Engine, private SliceMap {
   // Collective: when any rank's `local_error` is non-empty, every rank throws IoError with the
   // first failing rank's message.
   void agree_on_failure(const std::string& local_error);
+  // save_checkpoint's work on every rank of comm_ (collective over comm_).
+  void save_group(const std::string& dir, const std::string& tag,
+                  const nlohmann::json& client_state, std::optional<bool> model_16bit);
   // save_checkpoint's steps after <dir>/<tag>.tmp exists (collective).
   void save_into(const std::string& dir, const std::string& tag, const nlohmann::json& client_state,
                  bool with_model);
@@ -209,6 +220,9 @@ class EngineImpl final : public Engine, private SliceMap {
   Buffer upload_;  // readable()'s staging memory (devices other than the host's)
 
   const config::DsConfig cfg_;
+  // MiCS (stage 3 with mics_shard_size below the world size): the shard group's view that comm_
+  // and control_ then are (engine_mics.cpp); null otherwise.
+  std::unique_ptr<MicsComm> mics_;
   Communicator& comm_;
   Communicator& control_;  // host-memory collectives (EngineOptions::control_comm)
   // The device's memory is the host's (CpuDevice): host code may read and write engine buffers.

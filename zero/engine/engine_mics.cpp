@@ -1,0 +1,61 @@
+// MiCS in the engine: the shard-group communicator it runs over, and checkpoints saved by one
+// replica (every replica holds the same partitions).
+#include <exception>
+#include <string>
+
+#include "zero/engine/engine_impl.h"
+
+namespace zero::engine_detail {
+
+std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicator& comm,
+                                         const EngineOptions& options) {
+  const auto& z = cfg.zero_optimization;
+  if (z.stage != 3 || z.mics_shard_size <= 0 || z.mics_shard_size == comm.size()) return nullptr;
+  const char* key = "zero_optimization.mics_shard_size";
+  if (options.control_comm != nullptr) {
+    throw ConfigError(key, "MiCS runs on engines whose collectives take host memory (the CPU) in "
+                           "this version; on a GPU drop mics_shard_size");
+  }
+  if (cfg.prescale_gradients || cfg.gradient_predivide_factor != 1.0 ||
+      cfg.gradient_allreduce_sum) {
+    throw ConfigError(key, "MiCS averages over the shard group and then over the replicas; it is "
+                           "not combined with prescale_gradients, gradient_predivide_factor or "
+                           "gradient_allreduce_sum here: drop those");
+  }
+  if (!z.reduce_scatter) {
+    throw ConfigError(key, "MiCS reduces gradients by reduce-scatter; set "
+                           "zero_optimization.reduce_scatter to true");
+  }
+  return MicsComm::create(comm, static_cast<int>(z.mics_shard_size));
+}
+
+// With replicas, replica 0 writes the checkpoint; then every replica learns whether it worked.
+// Replica 0's ranks leave save_group() only after its rank 0 has put the checkpoint in place (the
+// last agreement of a save follows the rename), and the all-reduce across replicas orders the
+// other replicas after that, so a load right after a save reads the new checkpoint everywhere.
+void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
+                                 const nlohmann::json& client_state,
+                                 std::optional<bool> model_16bit) {
+  if (!mics_ || mics_->replicas() == 1) {
+    save_group(dir, tag, client_state, model_16bit);
+    return;
+  }
+  std::exception_ptr failure;
+  if (mics_->replica() == 0) {
+    try {
+      save_group(dir, tag, client_state, model_16bit);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  float failed = failure ? 1.0f : 0.0f;
+  mics_->across_replicas().all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
+  if (failure) std::rethrow_exception(failure);
+  if (failed > 0) {
+    throw IoError(fmt::format("save_checkpoint: replica 0 (ranks 0-{}) failed to save {}/{}; "
+                              "its ranks report why",
+                              comm_.size() - 1, dir, tag));
+  }
+}
+
+}  // namespace zero::engine_detail

@@ -797,8 +797,6 @@ const std::vector<UnsupportedRule> kUnsupported = {
     {"zero_optimization.zero_quantized_gradients", is_true, "ZeRO++ quantized gradients (qgZ)",
      at_stage_3},
     {"zero_optimization.zeropp_loco_param", not_null, "ZeRO++ LoCo error feedback", at_stage_3},
-    {"zero_optimization.zero_hpz_partition_size", above_one,
-     "ZeRO++ hierarchical partitions (hpZ)", at_stage_3},
     {"zero_optimization.zenflow", not_null, "ZenFlow"},
     {"zero_optimization.stage3_module_granularity_threshold", above_zero,
      "module-granularity leaf fetch units (the embedding defines units instead)"},

@@ -24,6 +24,7 @@ struct EngineTimings {
   std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
   std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
   std::int64_t gathered_elems = 0;  // stage 3: elements those all-gathers filled (padded units)
+  std::int64_t secondary_gathers = 0;  // of the gathers, hpZ's inside the secondary group
 };
 
 }  // namespace zero

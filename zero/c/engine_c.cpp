@@ -444,7 +444,8 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
                               {"units_alone", t.units_alone},
                               {"gathers", t.gathers},
                               {"prefetches", t.prefetches},
-                              {"gathered_elems", t.gathered_elems}};
+                              {"gathered_elems", t.gathered_elems},
+                              {"secondary_gathers", t.secondary_gathers}};
     *json = copy_out(j.dump());
   });
 }

@@ -4,20 +4,17 @@
 
 #include "zero/base/error.h"
 #include "zero/comm/comm_thread.h"
+#include "zero/comm/node_topology.h"
 
 namespace zero {
 
 std::unique_ptr<MicsComm> MicsComm::create(Communicator& world, int shard_size) {
   const int w = world.size();
   if (shard_size < 1 || shard_size > w || w % shard_size != 0) {
-    std::string divisors;
-    for (int k = 1; k <= w; ++k) {
-      if (w % k == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(k);
-    }
     throw ConfigError("zero_optimization.mics_shard_size",
                       fmt::format("{} does not divide the world size {}: shard groups hold equal "
                                   "blocks of consecutive ranks; use one of {}",
-                                  shard_size, w, divisors));
+                                  shard_size, w, divisors_of(w)));
   }
   const int r = world.rank();
   auto shard = world.split(r / shard_size, r % shard_size);

@@ -10,7 +10,6 @@
 #include "zero/base/error.h"
 
 namespace zero {
-namespace {
 
 std::string divisors_of(int n) {
   std::vector<int> d;
@@ -23,6 +22,8 @@ std::string divisors_of(int n) {
   }
   return out;
 }
+
+namespace {
 
 // `text` as a positive int, or nullopt.
 std::optional<int> positive_int(const char* text) {

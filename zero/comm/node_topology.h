@@ -34,6 +34,9 @@ struct NodeTopology {
   bool single_node() const { return ranks_per_node == world_size; }
 };
 
+// "1, 2, 4": the divisors of n, for messages that ask for one.
+std::string divisors_of(int n);
+
 // The topology of `world_size` ranks (see above). `ranks_per_node` is the caller's value, if
 // any; `lookup` is a getenv. Throws zero::Error naming the value, where it came from and the fix
 // when it is not a positive divisor of world_size ("ZERO_RANKS_PER_NODE=3 does not divide the

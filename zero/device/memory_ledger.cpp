@@ -47,6 +47,7 @@ std::string_view memory_tag_name(MemoryTag tag) {
     case MemoryTag::OptimizerStates: return "optimizer_states";
     case MemoryTag::Buckets: return "buckets";
     case MemoryTag::GatherBuffers: return "gather_buffers";
+    case MemoryTag::SecondaryParams: return "secondary_params";
     case MemoryTag::Staging: return "staging";
     case MemoryTag::Other: return "other";
   }

@@ -30,13 +30,14 @@ enum class MemoryTag : std::uint8_t {
   GatherBuffers,  // stage 3 gathered units, all-gather destinations
   Staging,        // host<->device and NVMe staging, dtype conversion scratch
   Other,
+  SecondaryParams,  // stage 3 with hpZ: this rank's block of its secondary partitions
 };
-inline constexpr std::size_t kNumMemoryTags = 8;
+inline constexpr std::size_t kNumMemoryTags = 9;
 
 // "device", "pinned_host", "host", "nvme".
 std::string_view memory_kind_name(MemoryKind kind);
 // "low_precision_params", "gradients", "master_params", "optimizer_states", "buckets",
-// "gather_buffers", "staging", "other".
+// "gather_buffers", "staging", "other", "secondary_params".
 std::string_view memory_tag_name(MemoryTag tag);
 
 struct MemoryUsage {

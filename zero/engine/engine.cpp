@@ -137,6 +137,8 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
       source = [this](int unit, std::byte* out) { copy_own_slice(unit, out); };
     FetchOptions fetch = parts_.fetch;
     fetch.control = &control_;
+    hpz_comm_ = make_hpz_comm(cfg_, comm_, mics_ != nullptr);
+    fetch.secondary = hpz_comm_.get();
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
                                               static_cast<const std::byte*>(model_part_.data()),
                                               fetch, timings_, std::move(source));

@@ -46,6 +46,13 @@ constexpr std::size_t kSliceAlignElems = 16;
 std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicator& comm,
                                          const EngineOptions& options);
 
+// hpZ's secondary group (engine_mics.cpp): zero_hpz_partition_size consecutive ranks of `comm`,
+// or null when the config asks for none (or for all ranks, which is plain stage 3). Collective
+// over `comm`. Throws ConfigError naming the key for a size that does not divide the world size,
+// and with MiCS (`mics`).
+std::unique_ptr<Communicator> make_hpz_comm(const config::DsConfig& cfg, Communicator& comm,
+                                            bool mics);
+
 class EngineImpl final : public Engine, private SliceMap {
  public:
   EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& device,
@@ -264,6 +271,7 @@ class EngineImpl final : public Engine, private SliceMap {
   std::unique_ptr<HostModelMirror> mirror_;
   std::unique_ptr<PartitionOptimizer> optimizer_;
   std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<Communicator> hpz_comm_;  // stage 3 with hpZ: the secondary group
   std::unique_ptr<ParamFetcher> fetcher_;  // stage 3
 
   std::vector<GroupOptimizer> groups_;

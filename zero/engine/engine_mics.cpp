@@ -1,8 +1,10 @@
-// MiCS in the engine: the shard-group communicator it runs over, and checkpoints saved by one
-// replica (every replica holds the same partitions).
+// The groups of stage 3's hierarchical partitions: MiCS's shard groups (the communicator the
+// engine runs over, and checkpoints saved by one replica, since every replica holds the same
+// partitions) and hpZ's secondary groups.
 #include <exception>
 #include <string>
 
+#include "zero/comm/node_topology.h"
 #include "zero/engine/engine_impl.h"
 
 namespace zero::engine_detail {
@@ -27,6 +29,28 @@ std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicat
                            "zero_optimization.reduce_scatter to true");
   }
   return MicsComm::create(comm, static_cast<int>(z.mics_shard_size));
+}
+
+std::unique_ptr<Communicator> make_hpz_comm(const config::DsConfig& cfg, Communicator& comm,
+                                            bool mics) {
+  const auto& z = cfg.zero_optimization;
+  const std::int64_t h = z.zero_hpz_partition_size;
+  const int w = comm.size();
+  if (z.stage != 3 || h <= 1) return nullptr;
+  const char* key = "zero_optimization.zero_hpz_partition_size";
+  if (mics) {
+    throw ConfigError(key, "hpZ and MiCS both partition inside groups; use one of them "
+                           "(mics_shard_size or zero_hpz_partition_size)");
+  }
+  if (h == w) return nullptr;  // the primary partition is already inside the group
+  if (h > w || w % h != 0) {
+    throw ConfigError(key, fmt::format("{} does not divide the world size {}: secondary "
+                                       "partitions are groups of consecutive ranks (the ranks of "
+                                       "a node); use one of {}",
+                                       h, w, divisors_of(w)));
+  }
+  const int r = comm.rank();
+  return comm.split(r / static_cast<int>(h), r % static_cast<int>(h));
 }
 
 // With replicas, replica 0 writes the checkpoint; then every replica learns whether it worked.

@@ -76,6 +76,16 @@ void ParamFetcher::start_gather(int unit) {
   u.buffer =
       device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
                        u.persistent ? MemoryTag::LowPrecisionParams : MemoryTag::GatherBuffers);
+  ++timings_.gathers;
+  timings_.gathered_elems += static_cast<std::int64_t>(u.elems);
+  if (!u.persistent) live_elems_ += u.elems;
+  u.state = State::InFlight;
+  if (!u.secondary.empty()) {
+    const std::size_t block = u.elems / static_cast<std::size_t>(options_.secondary->size());
+    u.work = options_.secondary->all_gather(u.secondary.data(), u.buffer.data(), block, dtype_);
+    ++timings_.secondary_gathers;
+    return;
+  }
   const std::byte* slice = nullptr;
   if (!source_) {
     slice = partition_ + ul.partition_offset * dtype_size(dtype_);
@@ -84,10 +94,6 @@ void ParamFetcher::start_gather(int unit) {
     slice = static_cast<const std::byte*>(u.source.data());
   }
   u.work = comm_.all_gather(slice, u.buffer.data(), ul.slice_elems, dtype_);
-  u.state = State::InFlight;
-  ++timings_.gathers;
-  timings_.gathered_elems += static_cast<std::int64_t>(u.elems);
-  if (!u.persistent) live_elems_ += u.elems;
 }
 
 void ParamFetcher::wait(Unit& u) {
@@ -98,6 +104,15 @@ void ParamFetcher::wait(Unit& u) {
   u.source.reset();
   u.state = State::Gathered;
   if (u.prefetched) inflight_elems_ -= u.elems;
+  if (options_.secondary != nullptr && !u.persistent && u.secondary.empty()) {
+    // hpZ: keep this rank's block of the secondary partition for the unit's next gathers.
+    const auto h = static_cast<std::size_t>(options_.secondary->rank());
+    const std::size_t bytes =
+        u.elems / static_cast<std::size_t>(options_.secondary->size()) * dtype_size(dtype_);
+    u.secondary = device_.allocate(bytes, MemoryKind::Device, MemoryTag::SecondaryParams);
+    device_.copy(u.secondary.data(), static_cast<const std::byte*>(u.buffer.data()) + h * bytes,
+                 bytes);
+  }
 }
 
 void ParamFetcher::free(Unit& u) {
@@ -201,6 +216,7 @@ void ParamFetcher::overwrite(int unit, std::size_t offset, const std::byte* src,
                              std::size_t elems) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   wait(u);
+  u.secondary.reset();  // stale now; every rank drops it (set_param is collective)
   if (u.state != State::Gathered || elems == 0) return;
   device_.copy(element_at(u.buffer, dtype_, offset), src, elems * dtype_size(dtype_));
 }
@@ -228,7 +244,10 @@ void ParamFetcher::end_micro_step() {
 }
 
 void ParamFetcher::refresh_after_step() {
-  for (Unit& u : units_) free(u);
+  for (Unit& u : units_) {
+    free(u);
+    u.secondary.reset();
+  }
   for (std::size_t i = 0; i < units_.size(); ++i) {
     if (units_[i].persistent) start_gather(static_cast<int>(i));
   }

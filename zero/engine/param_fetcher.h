@@ -14,6 +14,12 @@
 //     and otherwise fails with an Error naming the units holding the memory.
 //   * release() keeps a unit gathered when the trace uses it again within
 //     stage3_max_reuse_distance elements of other units.
+//   * hpZ (FetchOptions::secondary, a group of H consecutive ranks): the first all-gather of a
+//     unit after a step leaves each rank its block of the unit (1/H of it, in the group's order)
+//     as a secondary partition; later gathers of the unit within the step all-gather those
+//     blocks inside the group instead (the same bytes, so the same values bit for bit). The
+//     secondary partitions are dropped at refresh_after_step() (after every optimizer step and
+//     checkpoint load) and by overwrite() (set_param: GatheredParameters writes).
 //   * At the end of every micro-step all ranks compare the sequence of units they gathered; a
 //     difference is a CommError naming the first differing gather, the units and the ranks.
 //
@@ -44,6 +50,9 @@ struct FetchOptions {
   // The communicator of the order checks (host memory), with the ranks of the fetcher's; null:
   // the fetcher's own.
   Communicator* control = nullptr;
+  // hpZ: the secondary group, H consecutive ranks of the fetcher's communicator (this rank is
+  // its rank() of them), H dividing its size; null: no secondary partitions.
+  Communicator* secondary = nullptr;
 };
 
 class ParamFetcher {
@@ -105,6 +114,7 @@ class ParamFetcher {
     Buffer buffer;
     Buffer source;  // the slice copied out of `source_` while its all-gather runs
     Buffer staged;  // stage_refresh()'s copy of the slice, for the next refresh
+    Buffer secondary;  // hpZ: this rank's block of the gathered unit, until the next step
     Work work;
   };
   enum class Trace { Record, Complete, Invalid };

@@ -58,6 +58,9 @@ struct TrainSpec {
   // is no GPU (a stand-in: DeviceInProcComm), the in-process communicator its control
   // communicator. Always so on a GPU.
   bool device_comm = false;
+  // Stage 3 as a backward that re-gathers: each micro-step releases every unit after reading the
+  // weights once and gathers them again; the re-gathered weights feed forward and backward.
+  bool regather = false;
 };
 
 struct TrainResult {
@@ -169,6 +172,12 @@ inline TrainResult train(const TrainSpec& spec) {
         for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
         for (std::size_t i = 0; i < specs.size(); ++i)
           weights[i] = to_f32(host_bytes(engine->param(i)), dtype);
+        if (spec.regather) {
+          for (std::size_t u = engine->num_units(); u-- > 0;) engine->release(static_cast<int>(u));
+          for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
+          for (std::size_t i = 0; i < specs.size(); ++i)
+            weights[i] = to_f32(host_bytes(engine->param(i)), dtype);
+        }
         const std::uint64_t first = static_cast<std::uint64_t>(r) * micro * gas + k * micro;
         const Batch batch = data.batch(static_cast<std::uint64_t>(t), first, micro);
         std::vector<std::span<const float>> w(weights.begin(), weights.end());

@@ -113,3 +113,54 @@ TEST_CASE("MiCS keys: a shard size that does not divide the world is refused by 
   zt::require_bitwise_equal(zt::train_config(stage3(), 4, 6),
                             zt::train_config(stage3({{"mics_shard_size", 4}}), 4, 6));
 }
+
+TEST_CASE("hpZ: re-gathers come from the secondary partition inside the node, bitwise plain stage "
+          "3, and the secondary copy is dropped after each step") {
+  // 4 ranks as 2 nodes of 2, hpZ groups of 2 (a node); units released after forward and gathered
+  // again (stage3_max_reuse_distance 0), as a backward does.
+  std::vector<std::unique_ptr<HierarchicalComm>> nodes(4);
+  std::vector<zero::EngineTimings> timings(4);
+  zt::TrainSpec spec;
+  spec.world = 4;
+  spec.steps = 10;
+  spec.regather = true;
+  spec.wrap_comm = [&](int r, Communicator& c) -> Communicator& {
+    nodes[static_cast<std::size_t>(r)] = HierarchicalComm::create(
+        c, zero::resolve_node_topology(4, 2, [](const char*) { return nullptr; }));
+    return *nodes[static_cast<std::size_t>(r)];
+  };
+  spec.config = stage3({{"stage3_max_reuse_distance", 0}, {"stage3_prefetch_bucket_size", 0}});
+  const auto plain = zt::train(spec);
+  const auto plain_traffic = nodes[0]->traffic();
+  spec.config["zero_optimization"]["zero_hpz_partition_size"] = 2;
+  const auto hpz = zt::train(spec);
+  const auto hpz_traffic = nodes[0]->traffic();
+  zt::require_bitwise_equal(plain, hpz);
+  // The second gather of each unit stays inside the node: fewer bytes across nodes.
+  INFO("plain inter " << plain_traffic.inter_bytes << ", hpZ inter " << hpz_traffic.inter_bytes);
+  REQUIRE(hpz_traffic.inter_bytes < plain_traffic.inter_bytes);
+  REQUIRE(hpz_traffic.intra_bytes > 0);
+  // The ledger: a secondary copy of about 1/2 of the model while a step runs, none after it.
+  for (const auto& m : hpz.memory) {
+    const auto& u = m.at(zero::MemoryKind::Device, zero::MemoryTag::SecondaryParams);
+    REQUIRE(u.peak_bytes > 0);
+    REQUIRE(u.current_bytes == 0);
+  }
+  for (const auto& m : plain.memory) {
+    REQUIRE(m.at(zero::MemoryKind::Device, zero::MemoryTag::SecondaryParams).peak_bytes == 0);
+  }
+}
+
+TEST_CASE("hpZ keys: a partition size that does not divide the world, or with MiCS, is refused "
+          "by name") {
+  REQUIRE_THROWS_WITH(zt::train_config(stage3({{"zero_hpz_partition_size", 3}}), 4, 1),
+                      Catch::Contains("zero_optimization.zero_hpz_partition_size") &&
+                          Catch::Contains("3 does not divide the world size 4") &&
+                          Catch::Contains("use one of 1, 2, 4"));
+  REQUIRE_THROWS_WITH(
+      zt::train_config(stage3({{"zero_hpz_partition_size", 2}, {"mics_shard_size", 2}}), 4, 1),
+      Catch::Contains("use one of them"));
+  // A group of the whole world is plain stage 3.
+  zt::require_bitwise_equal(zt::train_config(stage3(), 4, 6),
+                            zt::train_config(stage3({{"zero_hpz_partition_size", 4}}), 4, 6));
+}

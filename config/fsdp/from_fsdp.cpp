@@ -72,8 +72,9 @@ struct Builder {
       zero["zero_hpz_partition_size"] = *a.num_processes / machines;
       note(fsdp_key("fsdp_sharding_strategy"),
            fmt::format("HYBRID_SHARD: stage 3 with zero_hpz_partition_size {} (num_processes / "
-                       "num_machines). zero does not implement hpZ yet: `zero-config check` lists "
-                       "it and zero's engine refuses it; remove the key to shard over all ranks",
+                       "num_machines): the primary partition over all ranks, a secondary one "
+                       "inside each machine for the backward gathers (ZeRO++ hpZ); FSDP's "
+                       "replication across machines is closer to mics_shard_size",
                        *a.num_processes / machines));
     } else {
       note(fsdp_key("fsdp_sharding_strategy"),

@@ -669,16 +669,18 @@ TEST_CASE("keys zero does not honour yet are listed as unsupported, never silent
                               "optimizer": {"type": "OneBitAdam"}, "torch_autocast": {"enabled": true},
                               "elasticity": {"enabled": true}, "aio": {"use_gds": true}})");
   for (const char* path :
-       {"zero_optimization.zero_quantized_weights", "zero_optimization.zero_hpz_partition_size",
-        "optimizer.type", "torch_autocast.enabled", "elasticity.enabled", "aio.use_gds"}) {
+       {"zero_optimization.zero_quantized_weights", "optimizer.type", "torch_autocast.enabled",
+        "elasticity.enabled", "aio.use_gds"}) {
     INFO(path);
     CHECK(has_finding(c.findings, Severity::Unsupported, path));
   }
-  // MiCS is honoured (zero/comm/mics_comm.h).
+  // MiCS and hpZ are honoured (zero/comm/mics_comm.h, zero/engine/param_fetcher.h).
   CHECK_FALSE(has_finding(c.findings, Severity::Unsupported, "zero_optimization.mics_shard_size"));
+  CHECK_FALSE(
+      has_finding(c.findings, Severity::Unsupported, "zero_optimization.zero_hpz_partition_size"));
   CHECK(
       has_finding(c.findings, Severity::EngineError, "optimizer.type", "not compatible with ZeRO"));
-  CHECK(c.blockers().size() >= 7);
+  CHECK(c.blockers().size() >= 6);
   CHECK_FALSE(has_finding(load(R"({"zero_optimization": {"zero_hpz_partition_size": 1}})").findings,
                           Severity::Unsupported, "zero_optimization.zero_hpz_partition_size"));
 }

@@ -170,10 +170,10 @@ TEST_CASE("HYBRID_SHARD on two machines is stage 3 with zero_hpz_partition_size 
   INFO(describe(r.notes));
   CHECK(r.ds_config["zero_optimization"]["stage"] == 3);
   CHECK(r.ds_config["zero_optimization"]["zero_hpz_partition_size"] == 8);
-  CHECK(has_note(r.notes, "fsdp_config.fsdp_sharding_strategy", "zero does not implement hpZ"));
+  CHECK(has_note(r.notes, "fsdp_config.fsdp_sharding_strategy", "ZeRO++ hpZ"));
   const DsConfig ds = load_config_json(r.ds_config);
-  CHECK(zero::config::testing::has_finding(ds.findings, Severity::Unsupported,
-                                           "zero_optimization.zero_hpz_partition_size"));
+  CHECK_FALSE(zero::config::testing::has_finding(ds.findings, Severity::Unsupported,
+                                                 "zero_optimization.zero_hpz_partition_size"));
 
   const FromFsdp one_node = from(with_strategy("HYBRID_SHARD"));
   CHECK_FALSE(one_node.ds_config["zero_optimization"].contains("zero_hpz_partition_size"));

@@ -31,7 +31,8 @@ void place(TierBytes& into, OffloadTier tier, double bytes) {
 TierBytes EstimateResult::total() const {
   TierBytes t;
   for (const TierBytes* c :
-       {&lp_params, &gradients, &fp32_master, &optimizer_states, &working_set}) {
+       {&lp_params, &gradients, &fp32_master, &optimizer_states, &working_set,
+        &secondary_params}) {
     t.device += c->device;
     t.host += c->host;
     t.nvme += c->nvme;
@@ -50,7 +51,9 @@ EstimateResult estimate_model_states(const EstimateInput& in) {
              in.gpus_per_node);
 
   const double psi = static_cast<double>(in.params);
-  const double n = static_cast<double>(in.world_size);
+  // MiCS partitions inside its shard groups.
+  const bool mics = in.stage == 3 && in.mics_shard_size > 0 && in.mics_shard_size < in.world_size;
+  const double n = static_cast<double>(mics ? in.mics_shard_size : in.world_size);
   const double lp = in.precision == Precision::Fp32 ? 4.0 : 2.0;
   const double k_states = state_bytes_per_param(in.optimizer);
 
@@ -77,6 +80,9 @@ EstimateResult estimate_model_states(const EstimateInput& in) {
   if (in.stage == 3) {
     // A gathered parameter and its full gradient exist on the device while its unit runs.
     r.working_set.device = 2.0 * lp * static_cast<double>(in.largest_param);
+    if (in.hpz_partition_size > 1 && in.hpz_partition_size < in.world_size) {
+      r.secondary_params.device = lp * psi / static_cast<double>(in.hpz_partition_size);
+    }
   }
   return r;
 }

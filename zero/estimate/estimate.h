@@ -27,6 +27,11 @@ struct EstimateInput {
   EstimateOptimizer optimizer = EstimateOptimizer::Adam;
   OffloadTier offload_optimizer = OffloadTier::None;
   OffloadTier offload_param = OffloadTier::None;  // honoured at stage 3 only, as in DeepSpeed
+  // Stage 3 only. MiCS: the model states are partitioned over shard groups of this many ranks
+  // (0: over the whole world). hpZ: each rank also holds 1/hpz of the low-precision model as its
+  // block of a secondary partition while a step runs (1: none).
+  std::uint64_t mics_shard_size = 0;
+  std::uint64_t hpz_partition_size = 1;
 };
 
 struct TierBytes {
@@ -41,6 +46,7 @@ struct EstimateResult {
   TierBytes fp32_master;       // fp32 master weights
   TierBytes optimizer_states;  // Adam moments etc., fp32
   TierBytes working_set;       // stage 3: the largest parameter gathered, with its gradient
+  TierBytes secondary_params;  // stage 3 with hpZ: the secondary partition's block
   double optimizer_state_bytes_per_param = 0;  // K - 4
   TierBytes total() const;
 };

@@ -24,6 +24,10 @@ bool apply_config_to_estimate(const config::DsConfig& config, EstimateInput& in)
   const auto& z = config.zero_optimization;
   if (z.offload_optimizer) in.offload_optimizer = tier(z.offload_optimizer->device);
   if (z.offload_param) in.offload_param = tier(z.offload_param->device);
+  if (z.mics_shard_size > 0) in.mics_shard_size = static_cast<std::uint64_t>(z.mics_shard_size);
+  if (z.zero_hpz_partition_size > 1) {
+    in.hpz_partition_size = static_cast<std::uint64_t>(z.zero_hpz_partition_size);
+  }
   using config::OptimizerKind;
   switch (config.optimizer ? config.optimizer->kind : OptimizerKind::Adam) {
     case OptimizerKind::Adam:

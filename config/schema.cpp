@@ -790,8 +790,6 @@ const std::vector<UnsupportedRule> kUnsupported = {
     {"managed_gradient_accumulation", is_false, "unmanaged gradient accumulation"},
     {"sequence_parallel_size", above_one, "sequence parallelism"},
     {"fp16.fp16_master_weights_and_grads", is_true, "fp16 master weights and gradients"},
-    {"zero_optimization.zero_quantized_weights", is_true, "ZeRO++ quantized weights (qwZ)",
-     at_stage_3},
     {"zero_optimization.zero_quantized_nontrainable_weights", is_true,
      "ZeRO++ quantized frozen weights", at_stage_3},
     {"zero_optimization.zero_quantized_gradients", is_true, "ZeRO++ quantized gradients (qgZ)",

@@ -139,6 +139,12 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
     fetch.control = &control_;
     hpz_comm_ = make_hpz_comm(cfg_, comm_, mics_ != nullptr);
     fetch.secondary = hpz_comm_.get();
+    fetch.exec = exec_;
+    if (fetch.weight_bits != 0 && !host_memory_) {
+      throw ConfigError("zero_optimization.zero_quantized_weights",
+                        "quantized weight gathers run on engines in host memory (the CPU) in this "
+                        "version; on a GPU set it to false");
+    }
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
                                               static_cast<const std::byte*>(model_part_.data()),
                                               fetch, timings_, std::move(source));

@@ -8,6 +8,7 @@
 
 #include "zero/base/error.h"
 #include "zero/base/timer.h"
+#include "kernels/quantize.h"
 
 namespace zero::engine_detail {
 namespace {
@@ -93,6 +94,20 @@ void ParamFetcher::start_gather(int unit) {
     u.source = u.staged.empty() ? copy_slice(unit) : std::move(u.staged);
     slice = static_cast<const std::byte*>(u.source.data());
   }
+  if (options_.weight_bits != 0 && !u.persistent) {
+    // qwZ: this rank's slice quantized into its place of the gathered payloads (the all-gather
+    // moves whole 4-byte words; quantized_bytes() is a multiple of 4).
+    const std::size_t qbytes = kernels::quantized_bytes(ul.slice_elems, options_.weight_bits);
+    u.quantized = device_.allocate(qbytes * static_cast<std::size_t>(comm_.size()),
+                                   MemoryKind::Device, MemoryTag::Staging);
+    std::byte* mine = static_cast<std::byte*>(u.quantized.data()) +
+                      static_cast<std::size_t>(comm_.rank()) * qbytes;
+    kernels::quantize_cpu(slice, dtype_, ul.slice_elems, options_.weight_bits, mine,
+                          options_.exec);
+    u.source.reset();
+    u.work = comm_.all_gather_in_place(u.quantized.data(), qbytes / 4, DType::F32);
+    return;
+  }
   u.work = comm_.all_gather(slice, u.buffer.data(), ul.slice_elems, dtype_);
 }
 
@@ -104,6 +119,17 @@ void ParamFetcher::wait(Unit& u) {
   u.source.reset();
   u.state = State::Gathered;
   if (u.prefetched) inflight_elems_ -= u.elems;
+  if (!u.quantized.empty()) {
+    const std::size_t slice = u.elems / static_cast<std::size_t>(comm_.size());
+    const std::size_t qbytes = kernels::quantized_bytes(slice, options_.weight_bits);
+    for (std::size_t q = 0; q < static_cast<std::size_t>(comm_.size()); ++q) {
+      kernels::dequantize_cpu(static_cast<const std::byte*>(u.quantized.data()) + q * qbytes,
+                              slice, options_.weight_bits,
+                              static_cast<std::byte*>(u.buffer.data()) + q * slice * dtype_size(dtype_),
+                              dtype_, options_.exec);
+    }
+    u.quantized.reset();
+  }
   if (options_.secondary != nullptr && !u.persistent && u.secondary.empty()) {
     // hpZ: keep this rank's block of the secondary partition for the unit's next gathers.
     const auto h = static_cast<std::size_t>(options_.secondary->rank());

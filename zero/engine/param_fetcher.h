@@ -14,6 +14,11 @@
 //     and otherwise fails with an Error naming the units holding the memory.
 //   * release() keeps a unit gathered when the trace uses it again within
 //     stage3_max_reuse_distance elements of other units.
+//   * qwZ (FetchOptions::weight_bits 8): a non-persistent unit's all-gather carries each rank's
+//     slice quantized to int8 blocks (kernels/quantize.h) from the model dtype, and every rank,
+//     its own slice included, dequantizes all of them into the gathered copy, so the ranks compute
+//     with the same weights. Persistent units and the rank slices themselves stay exact; the
+//     master weights are never quantized. Host memory only (the engine refuses it on a GPU).
 //   * hpZ (FetchOptions::secondary, a group of H consecutive ranks): the first all-gather of a
 //     unit after a step leaves each rank its block of the unit (1/H of it, in the group's order)
 //     as a secondary partition; later gathers of the unit within the step all-gather those
@@ -37,6 +42,7 @@
 #include "zero/comm/communicator.h"
 #include "zero/device/device.h"
 #include "zero/engine_timings.h"
+#include "kernels/isa.h"
 #include "zero/layout/flat_layout.h"
 
 namespace zero::engine_detail {
@@ -53,6 +59,10 @@ struct FetchOptions {
   // hpZ: the secondary group, H consecutive ranks of the fetcher's communicator (this rank is
   // its rank() of them), H dividing its size; null: no secondary partitions.
   Communicator* secondary = nullptr;
+  // qwZ: 8 to all-gather non-persistent units in int8 blocks; 0: exact.
+  int weight_bits = 0;
+  // Kernel threads of the quantization.
+  kernels::CpuExec exec;
 };
 
 class ParamFetcher {
@@ -115,6 +125,7 @@ class ParamFetcher {
     Buffer source;  // the slice copied out of `source_` while its all-gather runs
     Buffer staged;  // stage_refresh()'s copy of the slice, for the next refresh
     Buffer secondary;  // hpZ: this rank's block of the gathered unit, until the next step
+    Buffer quantized;  // qwZ: every rank's quantized slice, while the all-gather runs
     Work work;
   };
   enum class Trace { Record, Complete, Invalid };

@@ -132,6 +132,7 @@ PartOptions part_options(const config::DsConfig& cfg, int rank, int world,
   fo.max_reuse_distance_elems = elems(zo.max_reuse_distance_elems);
   fo.param_persistence_threshold_elems = elems(zo.param_persistence_threshold_elems);
   fo.model_persistence_threshold_elems = elems(zo.model_persistence_threshold_elems);
+  fo.weight_bits = stage == 3 && zo.zero_quantized_weights ? 8 : 0;
   return out;
 }
 

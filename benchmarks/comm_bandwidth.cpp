@@ -15,7 +15,8 @@ double bus_bandwidth_factor(Collective kind, int world_size) {
   const double n = world_size;
   switch (kind) {
     case Collective::ReduceScatter:
-    case Collective::AllGather: return (n - 1) / n;
+    case Collective::AllGather:
+    case Collective::AllToAll: return (n - 1) / n;
     case Collective::AllReduce: return 2 * (n - 1) / n;
     case Collective::Broadcast: return 1;
     case Collective::Barrier: return 0;

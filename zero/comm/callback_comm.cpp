@@ -125,6 +125,21 @@ class CallbackComm final : public Communicator {
       case Collective::Broadcast:
         call(a, [&] { return cb_.broadcast(cb_.user, a.recv, a.elems, dtype, a.root); });
         return;
+      case Collective::AllToAll: {
+        // No all-to-all callback: every rank's whole input is all-gathered (size() times the
+        // bytes of a real all-to-all) and each keeps the blocks addressed to it.
+        const std::size_t world = static_cast<std::size_t>(size());
+        auto* gathered = static_cast<char*>(scratch_for(world * world * chunk_bytes));
+        call(a, [&] {
+          return cb_.all_gather(cb_.user, a.send, gathered, world * a.elems, dtype);
+        });
+        for (std::size_t q = 0; q < world; ++q) {
+          std::memcpy(static_cast<char*>(a.recv) + q * chunk_bytes,
+                      gathered + (q * world + static_cast<std::size_t>(rank())) * chunk_bytes,
+                      chunk_bytes);
+        }
+        return;
+      }
       case Collective::Barrier: return;
     }
   }

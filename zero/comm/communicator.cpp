@@ -31,6 +31,7 @@ std::string_view collective_name(Collective c) {
     case Collective::AllReduce: return "all_reduce";
     case Collective::Broadcast: return "broadcast";
     case Collective::Barrier: return "barrier";
+    case Collective::AllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -40,7 +41,8 @@ std::string describe(const CollectiveArgs& a, int world_size) {
   const auto world = static_cast<std::size_t>(world_size);
   switch (a.kind) {
     case Collective::ReduceScatter:
-    case Collective::AllGather: {
+    case Collective::AllGather:
+    case Collective::AllToAll: {
       const std::string what =
           a.kind == Collective::ReduceScatter
               ? fmt::format("{}, {}", reduce_op_name(a.op), dtype_name(a.dtype))
@@ -87,6 +89,10 @@ Work Communicator::broadcast(void* buffer, std::size_t elems, DType dtype, int r
   return start({Collective::Broadcast, buffer, buffer, elems, dtype, ReduceOp::Sum, root, true});
 }
 
+Work Communicator::all_to_all(const void* send, void* recv, std::size_t elems, DType dtype) {
+  return start({Collective::AllToAll, send, recv, elems, dtype, ReduceOp::Sum, 0, false});
+}
+
 Work Communicator::barrier() {
   return start({});
 }
@@ -94,7 +100,8 @@ Work Communicator::barrier() {
 Work Communicator::start(const CollectiveArgs& args) {
   const auto world = static_cast<std::size_t>(size());
   const std::size_t esz = dtype_size(args.dtype);
-  const bool chunked = args.kind == Collective::ReduceScatter || args.kind == Collective::AllGather;
+  const bool chunked = args.kind == Collective::ReduceScatter ||
+                       args.kind == Collective::AllGather || args.kind == Collective::AllToAll;
   const std::size_t limit = std::numeric_limits<std::size_t>::max() / esz / (chunked ? world : 1);
   ZERO_CHECK_AS(CommError, args.elems <= limit, "{}: {} elements overflow the byte count",
                 collective_name(args.kind), args.elems);
@@ -108,6 +115,8 @@ Work Communicator::start(const CollectiveArgs& args) {
     ZERO_CHECK_AS(CommError, args.send == args.recv, "{}: in place, but send != recv",
                   collective_name(args.kind));
   }
+  ZERO_CHECK_AS(CommError, args.kind != Collective::AllToAll || !args.in_place,
+                "all_to_all is out of place only");
   if (args.kind == Collective::Broadcast) {
     ZERO_CHECK_AS(CommError, args.root >= 0 && args.root < size(),
                   "broadcast: root {} out of range for {} ranks", args.root, size());

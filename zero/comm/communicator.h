@@ -38,7 +38,7 @@ class Device;  // zero/device/device.h
 enum class ReduceOp { Sum, Avg, Max };
 std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 
-enum class Collective { ReduceScatter, AllGather, AllReduce, Broadcast, Barrier };
+enum class Collective { ReduceScatter, AllGather, AllReduce, Broadcast, Barrier, AllToAll };
 std::string_view collective_name(Collective c);  // "reduce_scatter", "all_gather", ...
 
 // One collective call as every backend receives it (after the public method checked it).
@@ -47,7 +47,8 @@ struct CollectiveArgs {
   const void* send = nullptr;
   void* recv = nullptr;
   // ReduceScatter: elements each rank receives; AllGather: elements each rank contributes;
-  // AllReduce, Broadcast: elements of the whole buffer; Barrier: 0.
+  // AllReduce, Broadcast: elements of the whole buffer; Barrier: 0; AllToAll: elements of one
+  // block (each rank sends and receives size() blocks).
   std::size_t elems = 0;
   DType dtype = DType::F32;
   ReduceOp op = ReduceOp::Sum;
@@ -121,6 +122,11 @@ class Communicator {
   Work all_reduce(const void* send, void* recv, std::size_t elems, DType dtype, ReduceOp op);
   // `buffer` on every rank gets root's `buffer`.
   Work broadcast(void* buffer, std::size_t elems, DType dtype, int root);
+  // Out of place: block q of `send` (size() × elems) goes to rank q, and block q of `recv`
+  // (size() × elems) comes from rank q; a copy, no arithmetic. `send` and `recv` do not overlap.
+  // InProcComm, ShmComm, MpiComm and HierarchicalComm carry it; NcclComm, DeviceInProcComm and
+  // CallbackComm fail it with CommError (ZeRO++'s quantized gradients need it, on the CPU).
+  Work all_to_all(const void* send, void* recv, std::size_t elems, DType dtype);
   Work barrier();
 
   // Checks the arguments (null buffers with elements, sizes that overflow, root out of range)

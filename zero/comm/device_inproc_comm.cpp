@@ -233,6 +233,14 @@ class DeviceInProcComm final : public Communicator {
         }
         return;
       }
+      case Collective::AllToAll: {
+        const std::size_t bytes = a.elems * esz;
+        for (int q = 0; q < n; ++q) {
+          copy(bytes_at(a.recv, static_cast<std::size_t>(q) * bytes),
+               bytes_at(peer[static_cast<std::size_t>(q)].send, me * bytes), bytes);
+        }
+        return;
+      }
       case Collective::AllReduce: {
         // Each rank reduces its chunk (every rank's input in rank order) into its output, then
         // copies the other chunks from their owners' outputs.

@@ -66,7 +66,8 @@ std::uint64_t ring_bytes(const CollectiveArgs& a, int n, int me) {
   const auto peers = static_cast<std::uint64_t>(n - 1);
   switch (a.kind) {
     case Collective::ReduceScatter:
-    case Collective::AllGather: return peers * bytes;
+    case Collective::AllGather:
+    case Collective::AllToAll: return peers * bytes;
     case Collective::AllReduce: return 2 * peers * bytes / static_cast<std::uint64_t>(n);
     case Collective::Broadcast: return n > 1 && me == a.root ? bytes : 0;
     case Collective::Barrier: return 0;
@@ -220,6 +221,7 @@ void HierarchicalComm::run(const CollectiveArgs& a) {
       case Collective::AllGather: two_level_all_gather(a); return;
       case Collective::AllReduce: two_level_all_reduce(a); return;
       case Collective::Broadcast: two_level_broadcast(a); return;
+      case Collective::AllToAll: two_level_all_to_all(a); return;
       case Collective::Barrier: {
         const CollectiveArgs b = level_args(Collective::Barrier, nullptr, nullptr, 0, a.dtype,
                                             a.op, false);
@@ -322,6 +324,33 @@ void HierarchicalComm::two_level_all_reduce(const CollectiveArgs& a) {
   count(gather, L, l, false);
   intra_->start(gather).wait();
   from_work(s, a.recv, e, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
+}
+
+void HierarchicalComm::two_level_all_to_all(const CollectiveArgs& a) {
+  const std::size_t c = a.elems;
+  if (c == 0) return;
+  const int L = topology_.ranks_per_node, N = topology_.nodes();
+  const std::size_t esz = dtype_size(a.dtype);
+  auto block = [&](const void* base, int index) { return at(base, static_cast<std::size_t>(index) * c * esz); };
+  // Inside the node: local rank l' gets the blocks for the ranks with local rank l', by node.
+  std::byte* s = scratch(scratch_a_, static_cast<std::size_t>(L * N) * c * esz);
+  std::byte* t = scratch(scratch_b_, static_cast<std::size_t>(L * N) * c * esz);
+  for (int lq = 0; lq < L; ++lq) {
+    for (int nq = 0; nq < N; ++nq) std::memcpy(s + (lq * N + nq) * c * esz, block(a.send, nq * L + lq), c * esz);
+  }
+  const CollectiveArgs in_node = level_args(Collective::AllToAll, s, t,
+                                            static_cast<std::size_t>(N) * c, a.dtype, a.op, false);
+  count(in_node, L, topology_.local_of(rank_), false);
+  intra_->start(in_node).wait();
+  // t[l''][n'] came from local rank l'' for rank (n', this local rank). Across nodes: node n' gets
+  // them by l''; what arrives from node n'' is in source-rank order already.
+  for (int nq = 0; nq < N; ++nq) {
+    for (int lq = 0; lq < L; ++lq) std::memcpy(s + (nq * L + lq) * c * esz, t + (lq * N + nq) * c * esz, c * esz);
+  }
+  const CollectiveArgs across = level_args(Collective::AllToAll, s, a.recv,
+                                           static_cast<std::size_t>(L) * c, a.dtype, a.op, false);
+  count(across, N, topology_.node_of(rank_), true);
+  inter_->start(across).wait();
 }
 
 void HierarchicalComm::two_level_broadcast(const CollectiveArgs& a) {

@@ -13,6 +13,8 @@
 //                   then inside the node, then the chunks are put back in rank order;
 //   all_reduce:     reduce-scatter inside the node, all-reduce across nodes, all-gather inside;
 //   broadcast:      across nodes among the ranks with the root's local rank, then inside nodes;
+//   all_to_all:     inside the node each local rank collects the blocks for the ranks with its
+//                   local rank, then across nodes those ranks exchange them;
 //   barrier:        inside, across, inside.
 //
 // Semantics are communicator.h's with one difference: sums are taken node by node, then over
@@ -97,6 +99,7 @@ class HierarchicalComm final : public Communicator {
   void two_level_all_gather(const CollectiveArgs& a);
   void two_level_all_reduce(const CollectiveArgs& a);
   void two_level_broadcast(const CollectiveArgs& a);
+  void two_level_all_to_all(const CollectiveArgs& a);
   void count(const CollectiveArgs& a, int group_size, int group_rank, bool inter);
   std::byte* scratch(std::vector<std::byte>& v, std::size_t bytes);
 

@@ -321,6 +321,15 @@ class InProcComm final : public Communicator {
           copy_large(a.recv, peer(a.root).recv, a.elems * esz);
         }
         break;
+      case Collective::AllToAll: {
+        // Block q of the output is block `me` of rank q's input.
+        const std::size_t bytes = a.elems * esz;
+        for (int q = 0; q < n && bytes > 0; ++q) {
+          copy_large(bytes_at(a.recv, static_cast<std::size_t>(q) * bytes),
+                     bytes_at(peer(q).send, me * bytes), bytes);
+        }
+        break;
+      }
       case Collective::Barrier: break;
     }
     arrive(op, 2);  // nobody leaves (and reuses its buffers or slot) while a peer still reads them

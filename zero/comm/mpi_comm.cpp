@@ -395,6 +395,14 @@ Work MpiComm::start_impl(const CollectiveArgs& a) {
                               },
                               nullptr});
       break;
+    case Collective::AllToAll:
+      work->rounds.push_back({[a, count, type, sp](std::vector<MPI_Request>& r) {
+                                r.push_back(MPI_REQUEST_NULL);
+                                return MPI_Ialltoall(a.send, count, type, a.recv, count, type,
+                                                     sp->comm, &r[0]);
+                              },
+                              nullptr});
+      break;
     case Collective::Barrier:
       work->rounds.push_back({[sp](std::vector<MPI_Request>& r) {
                                 r.push_back(MPI_REQUEST_NULL);

@@ -309,6 +309,17 @@ Work NcclComm::start_impl(const CollectiveArgs& a) {
       case Collective::Broadcast:
         rc = ncclBroadcast(send, out, count, type, a.root, s.comm, s.stream);
         break;
+      case Collective::AllToAll:
+        // Point to point inside the group: block q to rank q, block q from rank q.
+        for (std::size_t q = 0; q < world && rc == ncclSuccess; ++q) {
+          const std::size_t offset = q * a.elems * esz;
+          rc = ncclSend(static_cast<const char*>(send) + offset, count, type, static_cast<int>(q),
+                        s.comm, s.stream);
+          if (rc == ncclSuccess) {
+            rc = ncclRecv(recv + offset, count, type, static_cast<int>(q), s.comm, s.stream);
+          }
+        }
+        break;
     }
     const ncclResult_t end = ncclGroupEnd();
     if (rc == ncclSuccess) rc = end;

@@ -183,6 +183,20 @@ void cma_collective(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmSc
         cma_copy(g, a.root, call_of(g, a.root).recv, a.recv, a.elems * esz, op, scratch);
       }
       return;
+    case Collective::AllToAll: {
+      // Block q of the output is block `me` of rank q's input.
+      const std::size_t bytes = a.elems * esz;
+      if (bytes == 0) return;
+      for (int q = 0; q < n; ++q) {
+        void* out = bytes_at(a.recv, static_cast<std::size_t>(q) * bytes);
+        if (q == me) {
+          std::memcpy(out, bytes_at(a.send, mine * bytes), bytes);
+        } else {
+          cma_copy(g, q, call_of(g, q).send + mine * bytes, out, bytes, op, scratch);
+        }
+      }
+      return;
+    }
     case Collective::Barrier: return;
   }
 }
@@ -298,6 +312,20 @@ void staged_collective(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op) {
                       }
                     });
       return;
+    case Collective::AllToAll: {
+      // Every rank streams its whole input; each keeps block `me` of every peer's.
+      const std::size_t total = static_cast<std::size_t>(n) * a.elems;
+      const std::size_t lo = mine * a.elems, hi = lo + a.elems;
+      stager.stream(total, a.send, total, true, [&](std::size_t begin, std::size_t len, auto w) {
+        const std::size_t from = std::max(begin, lo), to = std::min(begin + len, hi);
+        if (from >= to) return;
+        for (int q = 0; q < n; ++q) {
+          std::memcpy(bytes_at(a.recv, (static_cast<std::size_t>(q) * a.elems + from - lo) * esz),
+                      w(q) + (from - begin) * esz, (to - from) * esz);
+        }
+      });
+      return;
+    }
     case Collective::Barrier: return;
   }
 }

@@ -188,6 +188,7 @@ inline std::vector<Case> all_cases(int world, const std::vector<std::size_t>& si
         }
         out.push_back({Collective::AllGather, t, ReduceOp::Sum, n, in_place, 0, ++id});
       }
+      out.push_back({Collective::AllToAll, t, ReduceOp::Sum, n, false, 0, ++id});
       out.push_back({Collective::Broadcast, t, ReduceOp::Sum, n, true, world - 1, ++id});
       out.push_back({Collective::Broadcast, t, ReduceOp::Sum, n, true, 0, ++id});
     }
@@ -195,11 +196,11 @@ inline std::vector<Case> all_cases(int world, const std::vector<std::size_t>& si
   return out;
 }
 
-// Elements of a case's output buffer on one rank: world × elems for all_gather and an in-place
-// reduce_scatter (the whole buffer), elems otherwise.
+// Elements of a case's output buffer on one rank: world × elems for all_gather, all_to_all and
+// an in-place reduce_scatter (the whole buffer), elems otherwise.
 inline std::size_t output_elems(const Case& c, int world) {
-  const bool whole =
-      c.kind == Collective::AllGather || (c.kind == Collective::ReduceScatter && c.in_place);
+  const bool whole = c.kind == Collective::AllGather || c.kind == Collective::AllToAll ||
+                     (c.kind == Collective::ReduceScatter && c.in_place);
   return whole ? static_cast<std::size_t>(world) * c.elems : c.elems;
 }
 
@@ -215,7 +216,9 @@ inline Bytes perform_case(Communicator& comm, const Case& c, const Place& place 
   const int me = comm.rank();
   const std::size_t n = c.elems;
   const std::size_t in_elems =
-      c.kind == Collective::ReduceScatter ? static_cast<std::size_t>(world) * n : n;
+      c.kind == Collective::ReduceScatter || c.kind == Collective::AllToAll
+          ? static_cast<std::size_t>(world) * n
+          : n;
   Bytes send = make_input(c.id, c.dtype, me, in_elems);
   Bytes out(c.dtype, output_elems(c, world));
   for (std::size_t i = 0; i < out.elems(); ++i) out.set(i, -99.0);  // sentinel
@@ -251,6 +254,7 @@ inline Bytes perform_case(Communicator& comm, const Case& c, const Place& place 
       work = comm.all_reduce(c.in_place ? result : in, result, n, c.dtype, c.op);
       break;
     case Collective::Broadcast: work = comm.broadcast(result, n, c.dtype, c.root); break;
+    case Collective::AllToAll: work = comm.all_to_all(in, result, n, c.dtype); break;
     case Collective::Barrier: work = comm.barrier(); break;
   }
   work.wait();
@@ -272,7 +276,8 @@ inline void run_case(Communicator& comm, const Case& c, Tally& tally, bool bitwi
   const auto w = static_cast<std::size_t>(world);
   const std::size_t n = c.elems;
   const std::string name = fmt::format("rank {}: {}", me, c.name(world));
-  const std::size_t in_elems = c.kind == Collective::ReduceScatter ? w * n : n;
+  const std::size_t in_elems =
+      c.kind == Collective::ReduceScatter || c.kind == Collective::AllToAll ? w * n : n;
 
   std::vector<Bytes> inputs;
   for (int q = 0; q < world; ++q) inputs.push_back(make_input(c.id, c.dtype, q, in_elems));
@@ -316,6 +321,13 @@ inline void run_case(Communicator& comm, const Case& c, Tally& tally, bool bitwi
     case Collective::Broadcast:
       for (std::size_t i = 0; i < n; ++i)
         good += compare(i, inputs[static_cast<std::size_t>(c.root)], i);
+      break;
+    case Collective::AllToAll:
+      // Block q is block `me` of rank q's input.
+      for (std::size_t q = 0; q < w; ++q) {
+        for (std::size_t i = 0; i < n; ++i)
+          good += compare(q * n + i, inputs[q], static_cast<std::size_t>(me) * n + i);
+      }
       break;
     case Collective::Barrier: break;
   }

@@ -218,14 +218,15 @@ TEST_CASE("ShmComm with default tuning matches InProcComm on buffers of several 
   const std::vector<std::size_t> sizes = {(std::size_t{3} << 20) + 5};
   for (int world : {2, 3}) {
     OutputPlan plan(world, sizes);
-    // Only fp32 and bf16 sums and out-of-place calls: the others share their code paths.
+    // Only fp32 and bf16 sums and out-of-place calls (all_to_all included): the others share
+    // their code paths.
     std::vector<zt::Case> picked;
     for (const auto& c : plan.cases) {
       const bool wanted = (c.dtype == DType::F32 || c.dtype == DType::BF16) && !c.in_place &&
                           c.op == ReduceOp::Sum && c.kind != Collective::Broadcast;
       if (wanted) picked.push_back(c);
     }
-    REQUIRE(picked.size() == 6);
+    REQUIRE(picked.size() == 8);  // reduce_scatter, all_reduce, all_gather, all_to_all × 2 dtypes
     plan = OutputPlan(world, {});
     for (const auto& c : picked) {
       plan.offsets.push_back(plan.bytes_per_rank);

@@ -211,6 +211,9 @@ class Engine {
   virtual MemorySnapshot memory() const = 0;
   virtual EngineTimings timings() const = 0;
   virtual void reset_timings() = 0;
+  // What the engine decided from its config and topology that a user should hear once (a
+  // setting that has no effect here and why), one sentence each, the same on every rank.
+  virtual std::vector<std::string> notes() const { return {}; }
 };
 
 }  // namespace zero

@@ -104,7 +104,9 @@ EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& 
                        std::span<const ParamSpec> params, const EngineOptions& options)
     : cfg_(cfg),
       mics_(make_mics_comm(cfg, comm, options)),
-      comm_(mics_ ? *mics_ : comm),
+      qgz_(make_qgz_comm(cfg, comm, options, mics_ != nullptr, notes_)),
+      comm_(mics_ ? static_cast<Communicator&>(*mics_)
+                  : qgz_ ? static_cast<Communicator&>(*qgz_) : comm),
       control_(options.control_comm != nullptr ? *options.control_comm : comm_),
       host_memory_(device.host_addressable()),
       device_(device),

@@ -4,6 +4,7 @@
 #include <exception>
 #include <string>
 
+#include "zero/comm/hierarchical_comm.h"
 #include "zero/comm/node_topology.h"
 #include "zero/engine/engine_impl.h"
 
@@ -29,6 +30,31 @@ std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicat
                            "zero_optimization.reduce_scatter to true");
   }
   return MicsComm::create(comm, static_cast<int>(z.mics_shard_size));
+}
+
+std::unique_ptr<QuantizedReduceComm> make_qgz_comm(const config::DsConfig& cfg, Communicator& comm,
+                                                   const EngineOptions& options, bool mics,
+                                                   std::vector<std::string>& notes) {
+  const auto& z = cfg.zero_optimization;
+  if (z.stage != 3 || !z.zero_quantized_gradients) return nullptr;
+  const char* key = "zero_optimization.zero_quantized_gradients";
+  if (mics) {
+    throw ConfigError(key, "qgZ and MiCS are not combined here; drop one of them");
+  }
+  if (options.control_comm != nullptr) {
+    throw ConfigError(key, "quantized gradient reductions run on engines in host memory (the "
+                           "CPU) in this version; on a GPU set it to false");
+  }
+  auto* nodes = dynamic_cast<HierarchicalComm*>(&comm);
+  if (nodes == nullptr || nodes->topology().nodes() == 1) {
+    notes.push_back(
+        "zero_quantized_gradients: the ranks are on one node, so there is no slow link to save "
+        "bytes on; gradients are reduced exactly (set --ranks-per-node, ZERO_RANKS_PER_NODE or "
+        "launch across nodes for qgZ)");
+    return nullptr;
+  }
+  // int4 blocks, as ZeRO++ (kernels/quantize.h).
+  return QuantizedReduceComm::create(*nodes, 4);
 }
 
 std::unique_ptr<Communicator> make_hpz_comm(const config::DsConfig& cfg, Communicator& comm,

@@ -160,6 +160,19 @@ json estimate_json(const EstimateInput& in, const EstimateResult& r) {
           {"total_bytes", tier_sum(total)}};
 }
 
+// Rank 0's engine phases per optimizer step: seconds as ms, counts as counts.
+json engine_json(const EngineTimings& t, std::int64_t steps) {
+  const double n = static_cast<double>(std::max<std::int64_t>(steps, 1));
+  auto ms = [n](double s) { return s * 1e3 / n; };
+  auto per = [n](std::int64_t c) { return static_cast<double>(c) / n; };
+  return {{"pack_ms", ms(t.pack_s)},           {"reduce_wait_ms", ms(t.reduce_wait_s)},
+          {"unpack_ms", ms(t.unpack_s)},       {"norm_ms", ms(t.norm_s)},
+          {"optimizer_ms", ms(t.optimizer_s)}, {"all_gather_ms", ms(t.all_gather_s)},
+          {"gather_ms", ms(t.gather_s)},       {"gather_wait_ms", ms(t.gather_wait_s)},
+          {"buckets", per(t.buckets)},         {"units_alone", per(t.units_alone)},
+          {"gathers", per(t.gathers)},         {"secondary_gathers", per(t.secondary_gathers)}};
+}
+
 Reporter::Reporter(ReportStyle style, bool quiet, std::string config_path, std::FILE* out)
     : style_(style), quiet_(quiet), config_path_(std::move(config_path)), out_(out) {}
 
@@ -295,7 +308,9 @@ void Reporter::on_finish(const RunSummary& summary) {
                 {"memory", memory},
                 {"estimate", nullptr},
                 {"dump_params", nullptr},
-                {"checkpoint", nullptr}};
+                {"checkpoint", nullptr},
+                {"engine_per_step", engine_json(summary.timings, summary.steps - info_.start_step)},
+                {"notes", summary.notes}};
     if (summary.traffic) {
       out["intra_node_bytes"] = summary.traffic->intra_bytes;
       out["inter_node_bytes"] = summary.traffic->inter_bytes;
@@ -307,6 +322,7 @@ void Reporter::on_finish(const RunSummary& summary) {
     line(out.dump());
     return;
   }
+  for (const std::string& n : summary.notes) line("note: " + n);
   line(fmt::format(
       "done: {} steps in {:.2f} s ({:.0f} samples/s); loss {:.6g} -> {:.6g}; {} skipped",
       summary.steps, summary.train_seconds, summary.samples_per_s, summary.first_loss,

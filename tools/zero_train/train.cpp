@@ -322,6 +322,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   const double seconds_before_training = checkpoint_seconds;
   auto traffic = [&] { return nodes ? nodes->traffic() : NodeTraffic{}; };
   const NodeTraffic traffic_before = traffic();
+  engine->reset_timings();
   NodeTraffic save_traffic;  // what periodic saves sent, not training
   std::int64_t trained = 0;
   // The engine's count of optimizer steps: a resumed run continues from the restored one, and
@@ -425,6 +426,8 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
                                   static_cast<std::uint64_t>(std::llround(per_step[1]))};
   }
   // Periodic saves are not training time.
+  summary.timings = engine->timings();
+  summary.notes = engine->notes();
   summary.train_seconds =
       seconds_since(train_start) - (checkpoint_seconds - seconds_before_training);
   summary.samples_per_s = summary.train_seconds > 0

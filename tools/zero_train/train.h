@@ -12,6 +12,7 @@
 #include "zero/comm/communicator.h"
 #include "zero/comm/hierarchical_comm.h"
 #include "zero/device/memory_ledger.h"
+#include "zero/engine_timings.h"
 #include "zero/estimate/estimate.h"
 
 namespace zero::train {
@@ -69,6 +70,9 @@ struct StepRecord {
 
 struct RunSummary {
   std::int64_t steps = 0;
+  // Rank 0's engine phases over this run's steps (EngineTimings), and the engine's notes.
+  EngineTimings timings;
+  std::vector<std::string> notes;
   double first_loss = 0;
   double final_loss = 0;
   std::int64_t skipped_steps = 0;

@@ -63,13 +63,15 @@ std::string describe(const CollectiveArgs& a, int world_size) {
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_elems, DType dtype,
-                                  ReduceOp op) {
-  return start({Collective::ReduceScatter, send, recv, recv_elems, dtype, op, 0, false});
+                                  ReduceOp op, int quantize_bits) {
+  return start(
+      {Collective::ReduceScatter, send, recv, recv_elems, dtype, op, 0, false, quantize_bits});
 }
 
 Work Communicator::reduce_scatter_in_place(void* buffer, std::size_t chunk_elems, DType dtype,
-                                           ReduceOp op) {
-  return start({Collective::ReduceScatter, buffer, buffer, chunk_elems, dtype, op, 0, true});
+                                           ReduceOp op, int quantize_bits) {
+  return start(
+      {Collective::ReduceScatter, buffer, buffer, chunk_elems, dtype, op, 0, true, quantize_bits});
 }
 
 Work Communicator::all_gather(const void* send, void* recv, std::size_t send_elems, DType dtype) {
@@ -117,6 +119,12 @@ Work Communicator::start(const CollectiveArgs& args) {
   }
   ZERO_CHECK_AS(CommError, args.kind != Collective::AllToAll || !args.in_place,
                 "all_to_all is out of place only");
+  ZERO_CHECK_AS(CommError,
+                args.quantize_bits == 0 ||
+                    (args.kind == Collective::ReduceScatter &&
+                     (args.quantize_bits == 4 || args.quantize_bits == 8)),
+                "{}: quantize_bits {}: only a reduce_scatter may be quantized, to 4 or 8 bits",
+                collective_name(args.kind), args.quantize_bits);
   if (args.kind == Collective::Broadcast) {
     ZERO_CHECK_AS(CommError, args.root >= 0 && args.root < size(),
                   "broadcast: root {} out of range for {} ranks", args.root, size());

@@ -56,6 +56,11 @@ struct CollectiveArgs {
   // ReduceScatter/AllGather over one buffer of size() × elems (send == recv); AllReduce with
   // send == recv.
   bool in_place = false;
+  // ReduceScatter (Sum or Avg of fp32, bf16 or fp16): a hint that the values may cross the slow
+  // link between nodes quantized to this many bits (4 or 8; 0: exact), as ZeRO++'s qgZ does. A
+  // HierarchicalComm of several nodes of several ranks honours it (hierarchical_comm.h, with its
+  // error bound); every other backend reduces exactly.
+  int quantize_bits = 0;
 };
 
 // "all_reduce (sum, fp32) of 1000 elements, 4000 bytes"; reduce_scatter and all_gather name the
@@ -108,11 +113,12 @@ class Communicator {
   // Out of place: `send` holds size() × recv_elems elements; rank r's `recv` (recv_elems) gets
   // the reduction over ranks of send[r·recv_elems, (r+1)·recv_elems).
   Work reduce_scatter(const void* send, void* recv, std::size_t recv_elems, DType dtype,
-                      ReduceOp op);
+                      ReduceOp op, int quantize_bits = 0);
   // In place over a flat buffer of size() × chunk_elems elements (the flat layout's padded unit):
   // afterwards rank r's chunk [r·chunk, (r+1)·chunk) holds the reduction; the other chunks'
   // contents are unspecified.
-  Work reduce_scatter_in_place(void* buffer, std::size_t chunk_elems, DType dtype, ReduceOp op);
+  Work reduce_scatter_in_place(void* buffer, std::size_t chunk_elems, DType dtype, ReduceOp op,
+                               int quantize_bits = 0);
   // Out of place: `recv` (size() × send_elems) gets rank q's `send` at [q·send_elems, ...).
   Work all_gather(const void* send, void* recv, std::size_t send_elems, DType dtype);
   // In place: rank r's contribution is already at [r·chunk, (r+1)·chunk) of `buffer`

@@ -217,7 +217,13 @@ void HierarchicalComm::run(const CollectiveArgs& a) {
   }
   try {
     switch (a.kind) {
-      case Collective::ReduceScatter: two_level_reduce_scatter(a); return;
+      case Collective::ReduceScatter:
+        if (a.quantize_bits != 0 && a.op != ReduceOp::Max && a.dtype != DType::F64) {
+          two_level_quantized_reduce_scatter(a);
+        } else {
+          two_level_reduce_scatter(a);
+        }
+        return;
       case Collective::AllGather: two_level_all_gather(a); return;
       case Collective::AllReduce: two_level_all_reduce(a); return;
       case Collective::Broadcast: two_level_broadcast(a); return;

@@ -17,6 +17,24 @@
 //                   local rank, then across nodes those ranks exchange them;
 //   barrier:        inside, across, inside.
 //
+// A reduce_scatter with CollectiveArgs::quantize_bits (ZeRO++ qgZ; Sum or Avg of fp32, bf16 or
+// fp16) instead runs, for this rank r = (node n, local rank l) (hierarchical_quantized.cpp):
+//   1. every chunk is quantized (kernels/quantize.h: 4 or 8 bits, one fp32 scale per 256
+//      elements, from the true element type), grouped by the local rank of its destination;
+//   2. an all-to-all inside the node: local rank l receives, from every local peer, the chunks
+//      for the ranks with local rank l (one per node);
+//   3. those are dequantized and summed in fp32 in local-rank order, then requantized;
+//   4. an all-to-all across nodes among the ranks with local rank l: node n receives every node's
+//      partial sum of its own chunk;
+//   5. these are dequantized and summed in fp32 in node order; Avg divides by W; the result is
+//      rounded once to the element type.
+// So the result is the mean (or sum) over all W ranks at any chunk size, odd ones included
+// (nothing is padded away, nothing falls back to an exact reduction), bitwise reproducible run to
+// run, within the two quantizations' error: with s the scale of the block holding an element,
+//   |result − exact sum| ≤ Σ over ranks of s/2 (step 1) + Σ over nodes of s/2 (step 3),
+// divided by W for Avg (a block's s is its max |value| / 7 in 4 bits, / 127 in 8 bits). On one
+// level the hint is ignored: the world reduces exactly.
+//
 // Semantics are communicator.h's with one difference: sums are taken node by node, then over
 // nodes, so a two-level result is bitwise reproducible for a topology but not equal to the flat
 // world's. 16-bit sums (and averages) travel as fp32 through both levels and are rounded once at
@@ -100,6 +118,7 @@ class HierarchicalComm final : public Communicator {
   void two_level_all_reduce(const CollectiveArgs& a);
   void two_level_broadcast(const CollectiveArgs& a);
   void two_level_all_to_all(const CollectiveArgs& a);
+  void two_level_quantized_reduce_scatter(const CollectiveArgs& a);
   void count(const CollectiveArgs& a, int group_size, int group_rank, bool inter);
   std::byte* scratch(std::vector<std::byte>& v, std::size_t bytes);
 
@@ -119,6 +138,7 @@ class HierarchicalComm final : public Communicator {
   std::unique_ptr<Communicator> inter_;
   std::unique_ptr<Communicator> splitter_;  // a private copy of the world, for split()
   std::vector<std::byte> scratch_a_, scratch_b_;
+  std::vector<float> sums_;  // the quantized reduce-scatter's fp32 sums
   std::string failure_;  // the first failure, communication thread only
   std::shared_ptr<Counters> counters_;  // shared with the groups split off this one
   std::unique_ptr<comm_detail::CommThread> thread_;  // last: stopped first

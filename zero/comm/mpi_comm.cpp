@@ -50,7 +50,7 @@ struct MpiState {
   int rank = 0;
   int size = 1;
   std::string broken;  // why the communicator is unusable, empty while it is fine
-  BufferPool pool;     // used only by the thread that issues and waits (MPI_THREAD_SERIALIZED)
+  BufferPool pool;     // used only by the thread that issues and waits (one at a time)
   // Counts the collectives issued, the same on every rank (they issue the same ones in the same
   // order): each message round gets its own tag, so a round posted late (an all_reduce's second)
   // never matches a message of a collective issued after it.
@@ -84,9 +84,18 @@ void ensure_mpi_initialized() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) return;
+  // Several communicators may be driven from different threads at once (a HierarchicalComm's
+  // levels on its communication thread while the rank's thread uses the world): MPI must allow
+  // calls from several threads. Each MpiComm itself is still used by one thread at a time.
   int provided = 0;
-  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+  if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
     throw CommError("MpiComm: MPI_Init_thread failed");
+  }
+  if (provided < MPI_THREAD_MULTIPLE) {
+    throw CommError(
+        "MpiComm: this MPI library does not support MPI_THREAD_MULTIPLE, which zero needs (its "
+        "communicators run collectives from more than one thread); use an MPI built with thread "
+        "support (Open MPI and MPICH are, by default)");
   }
   std::atexit([] {
     int finalized = 0;

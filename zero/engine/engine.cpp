@@ -104,9 +104,7 @@ EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& 
                        std::span<const ParamSpec> params, const EngineOptions& options)
     : cfg_(cfg),
       mics_(make_mics_comm(cfg, comm, options)),
-      qgz_(make_qgz_comm(cfg, comm, options, mics_ != nullptr, notes_)),
-      comm_(mics_ ? static_cast<Communicator&>(*mics_)
-                  : qgz_ ? static_cast<Communicator&>(*qgz_) : comm),
+      comm_(mics_ ? *mics_ : comm),
       control_(options.control_comm != nullptr ? *options.control_comm : comm_),
       host_memory_(device.host_addressable()),
       device_(device),
@@ -162,6 +160,7 @@ void EngineImpl::read_options(const EngineOptions& options) {
   ignore_unused_ = cfg_.zero_optimization.ignore_unused_parameters;
   clip_ = cfg_.gradient_clipping;
   parts_ = part_options(cfg_, rank_, world_, exec_);
+  parts_.reducer.quantize_bits = qgz_bits(cfg_, comm_, options, mics_ != nullptr, notes_);
   PartitionOptions& p = parts_.partition;
   params_offloaded_ = stage_ == 3 && (parts_.param_nvme || parts_.param_kind != MemoryKind::Device);
   host_step_ = !host_memory_ && stage_ >= 1 && (p.store.nvme || p.kind != MemoryKind::Device) &&

@@ -21,7 +21,6 @@
 #include "zero/base/error.h"
 #include "zero/checkpoint/checkpoint.h"
 #include "zero/comm/mics_comm.h"
-#include "zero/comm/quantized_reduce_comm.h"
 #include "zero/engine.h"
 #include "zero/engine/gradient_reducer.h"
 #include "zero/engine/host_model_mirror.h"
@@ -47,13 +46,12 @@ constexpr std::size_t kSliceAlignElems = 16;
 std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicator& comm,
                                          const EngineOptions& options);
 
-// qgZ (engine_mics.cpp): the quantized reduce-scatter over `comm`'s nodes, or null when the config
-// does not ask for it or `comm` is a single node (a HierarchicalComm of several nodes is what
-// carries the topology), with a note in `notes` saying so. Collective over `comm`. Throws
-// ConfigError naming the key with MiCS and on a GPU.
-std::unique_ptr<QuantizedReduceComm> make_qgz_comm(const config::DsConfig& cfg, Communicator& comm,
-                                                   const EngineOptions& options, bool mics,
-                                                   std::vector<std::string>& notes);
+// qgZ (engine_mics.cpp): the bits gradients cross nodes in (4), or 0 when the config does not ask
+// for it or `comm` is not a HierarchicalComm of several nodes of several ranks (what carries the
+// topology), with a note in `notes` saying so. Throws ConfigError naming the key with MiCS and
+// on a GPU.
+int qgz_bits(const config::DsConfig& cfg, Communicator& comm, const EngineOptions& options,
+             bool mics, std::vector<std::string>& notes);
 
 // hpZ's secondary group (engine_mics.cpp): zero_hpz_partition_size consecutive ranks of `comm`,
 // or null when the config asks for none (or for all ranks, which is plain stage 3). Collective
@@ -240,9 +238,7 @@ class EngineImpl final : public Engine, private SliceMap {
   // MiCS (stage 3 with mics_shard_size below the world size): the shard group's view that comm_
   // and control_ then are (engine_mics.cpp); null otherwise.
   std::unique_ptr<MicsComm> mics_;
-  // qgZ over several nodes: the quantized reduce-scatter comm_ then is; null otherwise.
-  std::vector<std::string> notes_;
-  std::unique_ptr<QuantizedReduceComm> qgz_;
+  std::vector<std::string> notes_;  // Engine::notes()
   Communicator& comm_;
   Communicator& control_;  // host-memory collectives (EngineOptions::control_comm)
   // The device's memory is the host's (CpuDevice): host code may read and write engine buffers.

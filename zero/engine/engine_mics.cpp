@@ -32,11 +32,10 @@ std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicat
   return MicsComm::create(comm, static_cast<int>(z.mics_shard_size));
 }
 
-std::unique_ptr<QuantizedReduceComm> make_qgz_comm(const config::DsConfig& cfg, Communicator& comm,
-                                                   const EngineOptions& options, bool mics,
-                                                   std::vector<std::string>& notes) {
+int qgz_bits(const config::DsConfig& cfg, Communicator& comm, const EngineOptions& options,
+             bool mics, std::vector<std::string>& notes) {
   const auto& z = cfg.zero_optimization;
-  if (z.stage != 3 || !z.zero_quantized_gradients) return nullptr;
+  if (z.stage != 3 || !z.zero_quantized_gradients) return 0;
   const char* key = "zero_optimization.zero_quantized_gradients";
   if (mics) {
     throw ConfigError(key, "qgZ and MiCS are not combined here; drop one of them");
@@ -45,16 +44,21 @@ std::unique_ptr<QuantizedReduceComm> make_qgz_comm(const config::DsConfig& cfg, 
     throw ConfigError(key, "quantized gradient reductions run on engines in host memory (the "
                            "CPU) in this version; on a GPU set it to false");
   }
-  auto* nodes = dynamic_cast<HierarchicalComm*>(&comm);
+  const auto* nodes = dynamic_cast<const HierarchicalComm*>(&comm);
   if (nodes == nullptr || nodes->topology().nodes() == 1) {
     notes.push_back(
         "zero_quantized_gradients: the ranks are on one node, so there is no slow link to save "
         "bytes on; gradients are reduced exactly (set --ranks-per-node, ZERO_RANKS_PER_NODE or "
         "launch across nodes for qgZ)");
-    return nullptr;
+    return 0;
   }
-  // int4 blocks, as ZeRO++ (kernels/quantize.h).
-  return QuantizedReduceComm::create(*nodes, 4);
+  if (!nodes->two_level()) {
+    notes.push_back(
+        "zero_quantized_gradients: one rank per node, so there is no reduction inside a node to "
+        "quantize in two levels; gradients are reduced exactly");
+    return 0;
+  }
+  return 4;  // int4 blocks, as ZeRO++ (kernels/quantize.h)
 }
 
 std::unique_ptr<Communicator> make_hpz_comm(const config::DsConfig& cfg, Communicator& comm,

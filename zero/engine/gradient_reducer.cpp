@@ -163,8 +163,10 @@ void GradientReducer::issue(Alone& alone) {
     alone.work = Work();  // the sum over one rank is the staging buffer itself
   } else if (scatters()) {
     alone.work =
-        straight ? comm_.reduce_scatter(staging, straight, ul.slice_elems, dtype, options_.op)
-                 : comm_.reduce_scatter_in_place(staging, ul.slice_elems, dtype, options_.op);
+        straight ? comm_.reduce_scatter(staging, straight, ul.slice_elems, dtype, options_.op,
+                                        options_.quantize_bits)
+                 : comm_.reduce_scatter_in_place(staging, ul.slice_elems, dtype, options_.op,
+                                                 options_.quantize_bits);
   } else {
     alone.work = comm_.all_reduce(staging, straight ? straight : staging, ul.padded_elems, dtype,
                                   options_.op);
@@ -259,7 +261,8 @@ void GradientReducer::flush_bucket() {
     slot.work = Work();  // the sum over one rank is the bucket itself
   } else if (options_.stage != 0 && options_.reduce_scatter) {
     slot.work =
-        comm_.reduce_scatter(slot.send.data(), slot.recv.data(), chunk, comm_dtype, options_.op);
+        comm_.reduce_scatter(slot.send.data(), slot.recv.data(), chunk, comm_dtype, options_.op,
+                             options_.quantize_bits);
   } else {
     slot.work =
         comm_.all_reduce(slot.send.data(), slot.send.data(), W * chunk, comm_dtype, options_.op);

@@ -57,6 +57,9 @@ struct ReducerOptions {
   bool overlap_comm = false;
   bool reduce_scatter = true;  // false: all-reduce, and each rank takes its own chunk
   ReduceOp op = ReduceOp::Avg;
+  // qgZ: reduce-scatters ask the communicator to cross nodes in blocks of this many bits
+  // (CollectiveArgs::quantize_bits; 0: exact).
+  int quantize_bits = 0;
   float pack_scale = 1.0f;
   float consume_scale = 1.0f;
   kernels::CpuExec exec;

@@ -175,6 +175,10 @@ int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spe
       handle->device_comm = zero::make_gpu_communicator(*c, *handle->device);
       placed_options.control_comm = c;
       engine_comm = handle->device_comm.get();
+    } else {
+      handle->nodes = zero::HierarchicalComm::create(
+          *c, zero::resolve_node_topology(c->size(), std::nullopt));
+      engine_comm = handle->nodes.get();
     }
     const zero::InitFn init_fn = [&](std::size_t index, std::span<float> values) {
       const int rc = init(user, index, values.data(), values.size());
@@ -432,7 +436,7 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
   return guarded("zero_engine_timings_json", [&] {
     ZERO_C_REQUIRE(json != nullptr, "json is null");
     const zero::EngineTimings t = checked(engine).timings();
-    const nlohmann::json j = {{"pack_s", t.pack_s},
+    nlohmann::json j = {{"pack_s", t.pack_s},
                               {"reduce_wait_s", t.reduce_wait_s},
                               {"unpack_s", t.unpack_s},
                               {"norm_s", t.norm_s},
@@ -446,12 +450,20 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
                               {"prefetches", t.prefetches},
                               {"gathered_elems", t.gathered_elems},
                               {"secondary_gathers", t.secondary_gathers}};
+    if (engine->nodes) {
+      const zero::NodeTraffic now = engine->nodes->traffic();
+      j["intra_node_bytes"] = now.intra_bytes - engine->traffic_base.intra_bytes;
+      j["inter_node_bytes"] = now.inter_bytes - engine->traffic_base.inter_bytes;
+    }
     *json = copy_out(j.dump());
   });
 }
 
 int zero_engine_reset_timings(zero_engine* engine) {
-  return guarded("zero_engine_reset_timings", [&] { checked(engine).reset_timings(); });
+  return guarded("zero_engine_reset_timings", [&] {
+    checked(engine).reset_timings();
+    if (engine->nodes) engine->traffic_base = engine->nodes->traffic();
+  });
 }
 
 }  // extern "C"

@@ -6,6 +6,8 @@
 
 #include "config/ds_config.h"
 #include "zero/comm/communicator.h"
+#include "zero/comm/hierarchical_comm.h"
+#include "zero/comm/node_topology.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
 
@@ -21,6 +23,11 @@ struct zero_engine {
   std::unique_ptr<zero::Communicator> own_comm;
   std::unique_ptr<zero::Device> device;
   std::unique_ptr<zero::Communicator> device_comm;
+  // On the CPU the engine's collectives go through a HierarchicalComm over the caller's
+  // communicator: nodes from ZERO_RANKS_PER_NODE or the launcher's local world, and the bytes
+  // each rank sends inside and across nodes, counted from `traffic_base` (zero_engine_timings_json).
+  std::unique_ptr<zero::HierarchicalComm> nodes;
+  zero::NodeTraffic traffic_base;
   std::unique_ptr<zero::config::DsConfig> config;
   std::unique_ptr<zero::Engine> engine;
   std::size_t num_groups = 1;

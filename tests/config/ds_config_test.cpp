@@ -664,17 +664,21 @@ TEST_CASE("scheduler params have every default of SPEC §1.8 and accept per-grou
 // ---- not supported yet -------------------------------------------------------------------------
 
 TEST_CASE("keys zero does not honour yet are listed as unsupported, never silently dropped") {
-  const DsConfig c = load(R"({"zero_optimization": {"stage": 3, "zero_quantized_weights": true,
+  const DsConfig c = load(R"({"zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": true,
                                   "zero_hpz_partition_size": 8, "mics_shard_size": 4},
                               "optimizer": {"type": "OneBitAdam"}, "torch_autocast": {"enabled": true},
                               "elasticity": {"enabled": true}, "aio": {"use_gds": true}})");
   for (const char* path :
-       {"zero_optimization.zero_quantized_weights", "optimizer.type", "torch_autocast.enabled",
-        "elasticity.enabled", "aio.use_gds"}) {
+       {"zero_optimization.zero_quantized_nontrainable_weights", "optimizer.type",
+        "torch_autocast.enabled", "elasticity.enabled", "aio.use_gds"}) {
     INFO(path);
     CHECK(has_finding(c.findings, Severity::Unsupported, path));
   }
-  // MiCS and hpZ are honoured (zero/comm/mics_comm.h, zero/engine/param_fetcher.h).
+  // MiCS, hpZ and qwZ are honoured (zero/comm/mics_comm.h, zero/engine/param_fetcher.h).
+  const DsConfig quantized = load(R"({"zero_optimization": {"stage": 3,
+                                       "zero_quantized_weights": true,
+                                       "zero_quantized_gradients": true}})");
+  for (const auto& f : quantized.findings) CHECK(f.severity != Severity::Unsupported);
   CHECK_FALSE(has_finding(c.findings, Severity::Unsupported, "zero_optimization.mics_shard_size"));
   CHECK_FALSE(
       has_finding(c.findings, Severity::Unsupported, "zero_optimization.zero_hpz_partition_size"));

@@ -36,6 +36,36 @@ double relative_diff(const zt::TrainResult& a, const zt::TrainResult& b) {
   return zt::max_abs_diff(a.params, b.params) / scale;
 }
 
+// 4 in-process ranks as 2 simulated nodes of 2: each train() runs its ranks over fresh
+// HierarchicalComms and reports rank 0's bytes of that run.
+class TwoNodes {
+ public:
+  explicit TwoNodes(int steps, const std::string& model = zt::TrainSpec{}.model) {
+    spec_.world = 4;
+    spec_.steps = steps;
+    spec_.model = model;
+    spec_.wrap_comm = [this](int r, Communicator& c) -> Communicator& {
+      nodes_[static_cast<std::size_t>(r)] = HierarchicalComm::create(
+          c, zero::resolve_node_topology(4, 2, [](const char*) { return nullptr; }));
+      return *nodes_[static_cast<std::size_t>(r)];
+    };
+  }
+  TwoNodes(const TwoNodes&) = delete;
+  TwoNodes& operator=(const TwoNodes&) = delete;
+
+  zt::TrainSpec& spec() { return spec_; }
+  zt::TrainResult train(const nlohmann::json& config, zero::NodeTraffic* traffic = nullptr) {
+    spec_.config = config;
+    zt::TrainResult r = zt::train(spec_);
+    if (traffic != nullptr) *traffic = nodes_[0]->traffic();
+    return r;
+  }
+
+ private:
+  std::vector<std::unique_ptr<HierarchicalComm>> nodes_{4};
+  zt::TrainSpec spec_;
+};
+
 }  // namespace
 
 TEST_CASE("MiCS trains within 1e-6 of plain stage 3, bitwise the same run to run") {
@@ -53,21 +83,10 @@ TEST_CASE("MiCS trains within 1e-6 of plain stage 3, bitwise the same run to run
 TEST_CASE("MiCS on simulated nodes: a shard group per node is bitwise plain stage 3 in two levels") {
   // 4 ranks as 2 nodes of 2: plain stage 3 sums (r0 + r1) + (r2 + r3); MiCS sums in the shard
   // group (a node), then across the replicas, the same order.
-  std::vector<std::unique_ptr<HierarchicalComm>> nodes(4);
-  zt::TrainSpec spec;
-  spec.world = 4;
-  spec.steps = 12;
-  spec.wrap_comm = [&](int r, Communicator& c) -> Communicator& {
-    nodes[static_cast<std::size_t>(r)] = HierarchicalComm::create(
-        c, zero::resolve_node_topology(4, 2, [](const char*) { return nullptr; }));
-    return *nodes[static_cast<std::size_t>(r)];
-  };
-  spec.config = stage3();
-  const auto plain = zt::train(spec);
-  const auto plain_traffic = nodes[0]->traffic();
-  spec.config = stage3({{"mics_shard_size", 2}});
-  const auto mics = zt::train(spec);
-  const auto mics_traffic = nodes[0]->traffic();
+  TwoNodes two(12);
+  zero::NodeTraffic plain_traffic, mics_traffic;
+  const auto plain = two.train(stage3(), &plain_traffic);
+  const auto mics = two.train(stage3({{"mics_shard_size", 2}}), &mics_traffic);
   zt::require_bitwise_equal(plain, mics);
   // MiCS gathers inside the node: parameters never cross it, only the gradient all-reduce does.
   REQUIRE(plain_traffic.inter_bytes > 0);
@@ -118,23 +137,15 @@ TEST_CASE("hpZ: re-gathers come from the secondary partition inside the node, bi
           "3, and the secondary copy is dropped after each step") {
   // 4 ranks as 2 nodes of 2, hpZ groups of 2 (a node); units released after forward and gathered
   // again (stage3_max_reuse_distance 0), as a backward does.
-  std::vector<std::unique_ptr<HierarchicalComm>> nodes(4);
-  std::vector<zero::EngineTimings> timings(4);
-  zt::TrainSpec spec;
-  spec.world = 4;
-  spec.steps = 10;
-  spec.regather = true;
-  spec.wrap_comm = [&](int r, Communicator& c) -> Communicator& {
-    nodes[static_cast<std::size_t>(r)] = HierarchicalComm::create(
-        c, zero::resolve_node_topology(4, 2, [](const char*) { return nullptr; }));
-    return *nodes[static_cast<std::size_t>(r)];
-  };
-  spec.config = stage3({{"stage3_max_reuse_distance", 0}, {"stage3_prefetch_bucket_size", 0}});
-  const auto plain = zt::train(spec);
-  const auto plain_traffic = nodes[0]->traffic();
-  spec.config["zero_optimization"]["zero_hpz_partition_size"] = 2;
-  const auto hpz = zt::train(spec);
-  const auto hpz_traffic = nodes[0]->traffic();
+  TwoNodes two(10);
+  two.spec().regather = true;
+  zero::NodeTraffic plain_traffic, hpz_traffic;
+  const auto plain = two.train(
+      stage3({{"stage3_max_reuse_distance", 0}, {"stage3_prefetch_bucket_size", 0}}), &plain_traffic);
+  const auto hpz = two.train(stage3({{"stage3_max_reuse_distance", 0},
+                                     {"stage3_prefetch_bucket_size", 0},
+                                     {"zero_hpz_partition_size", 2}}),
+                             &hpz_traffic);
   zt::require_bitwise_equal(plain, hpz);
   // The second gather of each unit stays inside the node: fewer bytes across nodes.
   INFO("plain inter " << plain_traffic.inter_bytes << ", hpZ inter " << hpz_traffic.inter_bytes);
@@ -195,24 +206,12 @@ void require_close_loss(const zt::TrainResult& plain, const zt::TrainResult& run
 
 TEST_CASE("qwZ: weights gathered in int8 train within 5% of plain stage 3 over 50 steps, "
           "reproducibly, with fewer bytes, and the master weights stay exact") {
-  std::vector<std::unique_ptr<HierarchicalComm>> nodes(4);
-  zt::TrainSpec spec;
-  spec.world = 4;
-  spec.steps = 50;
-  spec.model = "mlp:24,200,100,5";
-  spec.wrap_comm = [&](int r, Communicator& c) -> Communicator& {
-    nodes[static_cast<std::size_t>(r)] = HierarchicalComm::create(
-        c, zero::resolve_node_topology(4, 2, [](const char*) { return nullptr; }));
-    return *nodes[static_cast<std::size_t>(r)];
-  };
-  spec.config = stage3();
-  const auto plain = zt::train(spec);
-  const auto plain_traffic = nodes[0]->traffic();
-  spec.config = stage3({{"zero_quantized_weights", true}});
-  const auto qw = zt::train(spec);
-  const auto qw_traffic = nodes[0]->traffic();
+  TwoNodes two(50, "mlp:24,200,100,5");
+  zero::NodeTraffic plain_traffic, qw_traffic;
+  const auto plain = two.train(stage3(), &plain_traffic);
+  const auto qw = two.train(stage3({{"zero_quantized_weights", true}}), &qw_traffic);
   require_close_loss(plain, qw, 0.05);
-  zt::require_bitwise_equal(qw, zt::train(spec));
+  zt::require_bitwise_equal(qw, two.train(stage3({{"zero_quantized_weights", true}})));
   // The weights differ from plain's (they were computed from quantized copies), yet only by
   // training noise: a broken dequantization would not train at all.
   REQUIRE(zt::max_abs_diff(plain.params, qw.params) > 0);
@@ -222,32 +221,18 @@ TEST_CASE("qwZ: weights gathered in int8 train within 5% of plain stage 3 over 5
 
 TEST_CASE("qgZ, and hpZ+qwZ+qgZ together, train within 5% of plain stage 3 over 50 steps with "
           "no inf or nan, reproducibly, under 0.3x the inter-node bytes") {
-  std::vector<std::unique_ptr<HierarchicalComm>> nodes(4);
-  zt::TrainSpec spec;
-  spec.world = 4;
-  spec.steps = 50;
-  spec.model = "mlp:24,200,100,5";
-  spec.wrap_comm = [&](int r, Communicator& c) -> Communicator& {
-    nodes[static_cast<std::size_t>(r)] = HierarchicalComm::create(
-        c, zero::resolve_node_topology(4, 2, [](const char*) { return nullptr; }));
-    return *nodes[static_cast<std::size_t>(r)];
-  };
-  spec.config = stage3();
-  const auto plain = zt::train(spec);
-  const auto plain_traffic = nodes[0]->traffic();
-
-  spec.config = stage3({{"zero_quantized_gradients", true}});
-  const auto qg = zt::train(spec);
-  const auto qg_traffic = nodes[0]->traffic();
+  TwoNodes two(50, "mlp:24,200,100,5");
+  zero::NodeTraffic plain_traffic, qg_traffic, all_traffic;
+  const auto plain = two.train(stage3(), &plain_traffic);
+  const auto qg = two.train(stage3({{"zero_quantized_gradients", true}}), &qg_traffic);
   require_close_loss(plain, qg, 0.05);
-  zt::require_bitwise_equal(qg, zt::train(spec));
+  zt::require_bitwise_equal(qg, two.train(stage3({{"zero_quantized_gradients", true}})));
   REQUIRE(qg_traffic.inter_bytes < plain_traffic.inter_bytes);
 
-  spec.config = stage3({{"zero_hpz_partition_size", 2},
-                        {"zero_quantized_weights", true},
-                        {"zero_quantized_gradients", true}});
-  const auto all = zt::train(spec);
-  const auto all_traffic = nodes[0]->traffic();
+  const auto all = two.train(stage3({{"zero_hpz_partition_size", 2},
+                                     {"zero_quantized_weights", true},
+                                     {"zero_quantized_gradients", true}}),
+                             &all_traffic);
   require_close_loss(plain, all, 0.05);
   INFO("inter-node bytes: plain " << plain_traffic.inter_bytes << ", hpZ+qwZ+qgZ "
                                   << all_traffic.inter_bytes);

@@ -292,8 +292,9 @@ int zero_engine_load_checkpoint(zero_engine* engine, const char* dir, const char
 /* This rank's memory ledger, as JSON: {"rank":0,"kinds":{"host":{"bytes":..,"peak":..,
  * "tags":{"master_params":{"bytes":..,"peak":..},...}},...}}. Free with zero_free. */
 /* The config's warnings (what `zero-config check` prints as warnings: unknown keys with their
- * did-you-mean, deprecated names, values ignored as DeepSpeed ignores them) as a JSON array of
- * {"path": ..., "message": ...}; free with zero_free. */
+ * did-you-mean, deprecated names, values ignored as DeepSpeed ignores them), then the engine's
+ * notes (Engine::notes(): a setting without effect here and why, with an empty path), as a JSON
+ * array of {"path": ..., "message": ...}; free with zero_free. */
 int zero_engine_config_warnings_json(const zero_engine* engine, char** json);
 int zero_engine_memory_json(const zero_engine* engine, char** json);
 /* EngineTimings (zero/engine_timings.h) as JSON: {"pack_s":..,...,"buckets":..}. */

@@ -47,3 +47,18 @@ def test_accelerates_infinite_steps_per_print_is_taken_and_other_infinities_refu
     bad["optimizer"]["params"]["lr"] = math.nan
     with pytest.raises(zero.ZeroError, match=r"optimizer\.params\.lr' is nan"):
         build(bad)
+
+
+def test_zeropp_keys_below_stage_3_and_qgz_on_one_node_are_warnings():
+    below = dict(base(), zero_optimization={"stage": 2, "mics_shard_size": 2,
+                                            "zero_quantized_weights": True})
+    qgz = dict(base(), zero_optimization={"stage": 3, "zero_quantized_gradients": True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build(below)
+        build(qgz)
+    texts = [str(w.message) for w in caught if issubclass(w.category, zero.ZeroConfigWarning)]
+    for key in ("mics_shard_size", "zero_quantized_weights"):
+        assert any(key in t and "ignored below ZeRO stage 3 (stage is 2)" in t for t in texts), texts
+    assert any("zero_quantized_gradients: the ranks are on one node" in t and "reduced exactly" in t
+               for t in texts), texts

@@ -405,6 +405,11 @@ int zero_engine_config_warnings_json(const zero_engine* engine, char** json) {
       if (f.severity != zero::config::Severity::Warning) continue;
       out.push_back({{"path", f.path}, {"message", f.message}});
     }
+    if (engine->engine != nullptr) {
+      for (const std::string& note : engine->engine->notes()) {
+        out.push_back({{"path", ""}, {"message", note}});
+      }
+    }
     *json = copy_out(out.dump());
   });
 }

@@ -1,5 +1,3 @@
-#include "kernels/quantize.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -8,6 +6,7 @@
 
 #include "kernels/cpu_parallel.h"
 #include "kernels/isa.h"
+#include "kernels/quantize.h"
 #include "zero/base/error.h"
 #include "zero/base/half.h"
 
@@ -16,7 +15,9 @@ namespace {
 
 constexpr std::size_t kTileBlocks = 64;  // blocks per OpenMP tile
 
-int qmax_of(int bits) { return bits == 8 ? 127 : 7; }
+int qmax_of(int bits) {
+  return bits == 8 ? 127 : 7;
+}
 
 std::size_t code_bytes(std::size_t n, int bits) {
   const std::size_t raw = bits == 8 ? n : (n + 1) / 2;
@@ -26,7 +27,9 @@ std::size_t code_bytes(std::size_t n, int bits) {
 // tile[0, n) = src[begin, begin + n) in fp32 (exact widening).
 void widen(const void* src, DType dtype, std::size_t begin, std::size_t n, float* tile) {
   switch (dtype) {
-    case DType::F32: std::memcpy(tile, static_cast<const float*>(src) + begin, n * sizeof(float)); return;
+    case DType::F32:
+      std::memcpy(tile, static_cast<const float*>(src) + begin, n * sizeof(float));
+      return;
     case DType::BF16: {
       const auto* h = static_cast<const std::uint16_t*>(src) + begin;
       for (std::size_t i = 0; i < n; ++i) tile[i] = half::bf16_to_float(h[i]);
@@ -80,8 +83,11 @@ void check_bits(int bits, const char* what) {
 
 // tile[0, n) = the dequantized elements [b, b + n) of block b / kQuantBlock (b block-aligned).
 // Cloned for AVX2 as quantize_tile is.
-__attribute__((target_clones("avx2", "default"))) void dequantize_block(const std::uint8_t* codes, const float* scales, std::size_t b, std::size_t n,
-                      int bits, float* tile) {
+__attribute__((target_clones("avx2", "default"))) void dequantize_block(const std::uint8_t* codes,
+                                                                        const float* scales,
+                                                                        std::size_t b,
+                                                                        std::size_t n, int bits,
+                                                                        float* tile) {
   const float scale = scales[b / kQuantBlock];
   if (bits == 8) {
     const auto* c = reinterpret_cast<const std::int8_t*>(codes) + b;
@@ -120,8 +126,7 @@ void for_each_dequantized(const void* in, std::size_t n, int bits, const CpuExec
 // Cloned for AVX2 (the same IEEE arithmetic, FMA contraction off: the same bits) so its loops
 // use 8-wide vectors where the CPU has them.
 __attribute__((target_clones("avx2", "default"))) float quantize_tile(float* tile, std::size_t m,
-                                                                      float qmax,
-                                                                      std::int8_t* q) {
+                                                                      float qmax, std::int8_t* q) {
   // max |x| on the bits: without the sign, non-negative floats order as their bit patterns,
   // and inf (0x7f800000) and NaN (above it) are the largest (an integer max vectorizes).
   std::uint32_t top = 0;
@@ -168,25 +173,26 @@ void quantize_cpu(const void* src, DType dtype, std::size_t n, int bits, void* o
   std::memset(codes + (bits == 8 ? n : (n + 1) / 2), 0, cb - (bits == 8 ? n : (n + 1) / 2));
   const float qmax = static_cast<float>(qmax_of(bits));
   // Tiles are whole blocks, and in 4 bits whole bytes (kQuantBlock is even).
-  detail::for_each_tile(n, kTileBlocks * kQuantBlock, resolve_threads(exec.threads),
-                        [&](std::size_t begin, std::size_t end) {
-    alignas(64) float tile[kQuantBlock];
-    alignas(64) std::int8_t q[kQuantBlock];
-    for (std::size_t b = begin; b < end; b += kQuantBlock) {
-      const std::size_t m = std::min(end, b + kQuantBlock) - b;
-      widen(src, dtype, b, m, tile);
-      scales[b / kQuantBlock] = quantize_tile(tile, m, qmax, q);
-      if (bits == 8) {
-        std::memcpy(codes + b, q, m);
-      } else {
-        std::uint8_t* packed = codes + b / 2;
-        for (std::size_t i = 0; i + 1 < m; i += 2) {
-          packed[i / 2] = static_cast<std::uint8_t>((q[i] & 0xf) | ((q[i + 1] & 0xf) << 4));
+  detail::for_each_tile(
+      n, kTileBlocks * kQuantBlock, resolve_threads(exec.threads),
+      [&](std::size_t begin, std::size_t end) {
+        alignas(64) float tile[kQuantBlock];
+        alignas(64) std::int8_t q[kQuantBlock];
+        for (std::size_t b = begin; b < end; b += kQuantBlock) {
+          const std::size_t m = std::min(end, b + kQuantBlock) - b;
+          widen(src, dtype, b, m, tile);
+          scales[b / kQuantBlock] = quantize_tile(tile, m, qmax, q);
+          if (bits == 8) {
+            std::memcpy(codes + b, q, m);
+          } else {
+            std::uint8_t* packed = codes + b / 2;
+            for (std::size_t i = 0; i + 1 < m; i += 2) {
+              packed[i / 2] = static_cast<std::uint8_t>((q[i] & 0xf) | ((q[i + 1] & 0xf) << 4));
+            }
+            if (m % 2 == 1) packed[m / 2] = static_cast<std::uint8_t>(q[m - 1] & 0xf);
+          }
         }
-        if (m % 2 == 1) packed[m / 2] = static_cast<std::uint8_t>(q[m - 1] & 0xf);
-      }
-    }
-  });
+      });
 }
 
 void dequantize_cpu(const void* in, std::size_t n, int bits, void* dst, DType dtype,
@@ -197,8 +203,7 @@ void dequantize_cpu(const void* in, std::size_t n, int bits, void* dst, DType dt
   });
 }
 
-void dequantize_add_cpu(const void* in, std::size_t n, int bits, float* acc,
-                        const CpuExec& exec) {
+void dequantize_add_cpu(const void* in, std::size_t n, int bits, float* acc, const CpuExec& exec) {
   check_bits(bits, "dequantize_add");
   for_each_dequantized(in, n, bits, exec, [&](std::size_t b, std::size_t m, const float* tile) {
     for (std::size_t i = 0; i < m; ++i) acc[b + i] += tile[i];

@@ -1,5 +1,7 @@
 // Block quantization (kernels/quantize.h) against a straightforward reference written here, for
 // every dtype, both widths and sizes around the block length.
+#include "kernels/quantize.h"
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -8,7 +10,6 @@
 #include <random>
 #include <vector>
 
-#include "kernels/quantize.h"
 #include "zero/base/half.h"
 
 using zero::DType;
@@ -36,8 +37,9 @@ Input make_input(DType dtype, std::size_t n, std::uint32_t seed, double spread) 
       std::memcpy(in.bytes.data() + 4 * i, &f, 4);
       stored = f;
     } else {
-      const std::uint16_t h = dtype == DType::BF16 ? zero::half::float_to_bf16(static_cast<float>(x))
-                                                   : zero::half::float_to_f16(static_cast<float>(x));
+      const std::uint16_t h = dtype == DType::BF16
+                                  ? zero::half::float_to_bf16(static_cast<float>(x))
+                                  : zero::half::float_to_f16(static_cast<float>(x));
       std::memcpy(in.bytes.data() + 2 * i, &h, 2);
       stored = dtype == DType::BF16 ? zero::half::bf16_to_float(h) : zero::half::f16_to_float(h);
     }
@@ -67,9 +69,11 @@ Reference reference(const std::vector<double>& x, int bits) {
         const float ratio = static_cast<float>(x[i]) / scale;
         const float lower = std::floor(ratio);
         const float frac = ratio - lower;
-        float q = frac > 0.5f ? lower + 1 : frac < 0.5f ? lower
-                                                        : (std::fmod(lower, 2.0f) == 0 ? lower : lower + 1);
-        c = static_cast<int>(std::max(-static_cast<float>(qmax), std::min(static_cast<float>(qmax), q)));
+        float q = frac > 0.5f   ? lower + 1
+                  : frac < 0.5f ? lower
+                                : (std::fmod(lower, 2.0f) == 0 ? lower : lower + 1);
+        c = static_cast<int>(
+            std::max(-static_cast<float>(qmax), std::min(static_cast<float>(qmax), q)));
       }
       r.codes.push_back(c);
     }
@@ -90,9 +94,9 @@ TEST_CASE("quantize matches the reference codes and scales for every dtype, widt
   std::size_t checked = 0, nonzero = 0;
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
     for (int bits : {8, 4}) {
-      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{255},
-                            std::size_t{256}, std::size_t{257}, std::size_t{1000},
-                            std::size_t{40001}}) {
+      for (std::size_t n :
+           {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{255}, std::size_t{256},
+            std::size_t{257}, std::size_t{1000}, std::size_t{40001}}) {
         INFO(zero::dtype_name(dtype) << ", " << bits << " bits, " << n << " elements");
         const Input in = make_input(dtype, n, static_cast<std::uint32_t>(n + bits), 0.7);
         std::vector<std::byte> q(k::quantized_bytes(n, bits));
@@ -144,7 +148,8 @@ TEST_CASE("quantize matches the reference codes and scales for every dtype, widt
         std::vector<float> acc(n, 1.0f);
         k::dequantize_add_cpu(q.data(), n, bits, acc.data());
         for (std::size_t i = 0; i < n; ++i) {
-          REQUIRE(acc[i] == 1.0f + static_cast<float>(ref.codes[i]) * ref.scales[i / k::kQuantBlock]);
+          REQUIRE(acc[i] ==
+                  1.0f + static_cast<float>(ref.codes[i]) * ref.scales[i / k::kQuantBlock]);
         }
       }
     }

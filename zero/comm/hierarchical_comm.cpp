@@ -14,12 +14,16 @@
 namespace zero {
 namespace {
 
-std::byte* at(void* base, std::size_t bytes) { return static_cast<std::byte*>(base) + bytes; }
+std::byte* at(void* base, std::size_t bytes) {
+  return static_cast<std::byte*>(base) + bytes;
+}
 const std::byte* at(const void* base, std::size_t bytes) {
   return static_cast<const std::byte*>(base) + bytes;
 }
 
-bool sixteen_bit(DType t) { return t == DType::BF16 || t == DType::F16; }
+bool sixteen_bit(DType t) {
+  return t == DType::BF16 || t == DType::F16;
+}
 
 // The dtype a reduction travels in through both levels: 16-bit sums and averages in fp32, so
 // that they are rounded once (communicator.h).
@@ -33,30 +37,6 @@ void to_work(const void* src, void* dst, std::size_t elems, DType dtype, DType w
     std::memcpy(dst, src, elems * dtype_size(dtype));
   } else {
     comm_detail::widen_to_f32(src, static_cast<float*>(dst), elems, dtype);
-  }
-}
-
-// dst (element type) = src (work dtype) / divisor, rounded once.
-void from_work(const void* src, void* dst, std::size_t elems, DType dtype, DType work,
-               int divisor) {
-  if (dtype != work) {
-    comm_detail::narrow_from_f32(static_cast<const float*>(src), dst, elems, dtype,
-                                 static_cast<float>(divisor));
-    return;
-  }
-  if (divisor == 1) {
-    if (src != dst) std::memmove(dst, src, elems * dtype_size(dtype));
-    return;
-  }
-  if (dtype == DType::F64) {
-    const auto* s = static_cast<const double*>(src);
-    auto* d = static_cast<double*>(dst);
-    for (std::size_t i = 0; i < elems; ++i) d[i] = s[i] / static_cast<double>(divisor);
-  } else {
-    ZERO_ASSERT(dtype == DType::F32);
-    const auto* s = static_cast<const float*>(src);
-    auto* d = static_cast<float*>(dst);
-    for (std::size_t i = 0; i < elems; ++i) d[i] = s[i] / static_cast<float>(divisor);
   }
 }
 
@@ -111,8 +91,7 @@ HierarchicalComm::HierarchicalComm(Communicator& world, const NodeTopology& topo
     : HierarchicalComm(nullptr, world, topology, std::make_shared<Counters>()) {}
 
 HierarchicalComm::HierarchicalComm(std::unique_ptr<Communicator> owned, Communicator& world,
-                                   const NodeTopology& topology,
-                                   std::shared_ptr<Counters> counters)
+                                   const NodeTopology& topology, std::shared_ptr<Counters> counters)
     : Communicator(CommOptions{world.timeout()}),
       owned_world_(std::move(owned)),
       world_(world),
@@ -140,8 +119,7 @@ bool HierarchicalComm::shares_address_space() const {
   return !two_level() && world_.shares_address_space();
 }
 
-void HierarchicalComm::count(const CollectiveArgs& a, int group_size, int group_rank,
-                             bool inter) {
+void HierarchicalComm::count(const CollectiveArgs& a, int group_size, int group_rank, bool inter) {
   const std::uint64_t bytes = ring_bytes(a, group_size, group_rank);
   (inter ? counters_->inter : counters_->intra).fetch_add(bytes, std::memory_order_relaxed);
 }
@@ -229,8 +207,8 @@ void HierarchicalComm::run(const CollectiveArgs& a) {
       case Collective::Broadcast: two_level_broadcast(a); return;
       case Collective::AllToAll: two_level_all_to_all(a); return;
       case Collective::Barrier: {
-        const CollectiveArgs b = level_args(Collective::Barrier, nullptr, nullptr, 0, a.dtype,
-                                            a.op, false);
+        const CollectiveArgs b =
+            level_args(Collective::Barrier, nullptr, nullptr, 0, a.dtype, a.op, false);
         intra_->start(b).wait();
         inter_->start(b).wait();
         intra_->start(b).wait();
@@ -238,8 +216,8 @@ void HierarchicalComm::run(const CollectiveArgs& a) {
       }
     }
   } catch (const std::exception& e) {
-    failure_ = fmt::format("{} on {} nodes x {} ranks: {}", describe(a, size()),
-                           topology_.nodes(), topology_.ranks_per_node, e.what());
+    failure_ = fmt::format("{} on {} nodes x {} ranks: {}", describe(a, size()), topology_.nodes(),
+                           topology_.ranks_per_node, e.what());
     throw CommError(fmt::format("rank {}: {}", rank_, failure_));
   }
 }
@@ -268,13 +246,13 @@ void HierarchicalComm::two_level_reduce_scatter(const CollectiveArgs& a) {
   count(in_node, L, l, false);
   intra_->start(in_node).wait();
   std::byte* mine = scratch(scratch_b_, c * wsz);
-  const CollectiveArgs across = level_args(Collective::ReduceScatter,
-                                           s + static_cast<std::size_t>(l) * block * wsz, mine, c,
-                                           w, level_op, false);
+  const CollectiveArgs across =
+      level_args(Collective::ReduceScatter, s + static_cast<std::size_t>(l) * block * wsz, mine, c,
+                 w, level_op, false);
   count(across, N, topology_.node_of(rank_), true);
   inter_->start(across).wait();
   void* dst = a.in_place ? at(a.recv, static_cast<std::size_t>(rank_) * c * esz) : a.recv;
-  from_work(mine, dst, c, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
+  comm_detail::finish_reduction(mine, dst, c, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
 }
 
 void HierarchicalComm::two_level_all_gather(const CollectiveArgs& a) {
@@ -329,7 +307,7 @@ void HierarchicalComm::two_level_all_reduce(const CollectiveArgs& a) {
       level_args(Collective::AllGather, s, s, k, w, level_op, /*in_place=*/true);
   count(gather, L, l, false);
   intra_->start(gather).wait();
-  from_work(s, a.recv, e, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
+  comm_detail::finish_reduction(s, a.recv, e, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
 }
 
 void HierarchicalComm::two_level_all_to_all(const CollectiveArgs& a) {
@@ -337,21 +315,25 @@ void HierarchicalComm::two_level_all_to_all(const CollectiveArgs& a) {
   if (c == 0) return;
   const int L = topology_.ranks_per_node, N = topology_.nodes();
   const std::size_t esz = dtype_size(a.dtype);
-  auto block = [&](const void* base, int index) { return at(base, static_cast<std::size_t>(index) * c * esz); };
+  auto block = [&](const void* base, int index) {
+    return at(base, static_cast<std::size_t>(index) * c * esz);
+  };
   // Inside the node: local rank l' gets the blocks for the ranks with local rank l', by node.
   std::byte* s = scratch(scratch_a_, static_cast<std::size_t>(L * N) * c * esz);
   std::byte* t = scratch(scratch_b_, static_cast<std::size_t>(L * N) * c * esz);
   for (int lq = 0; lq < L; ++lq) {
-    for (int nq = 0; nq < N; ++nq) std::memcpy(s + (lq * N + nq) * c * esz, block(a.send, nq * L + lq), c * esz);
+    for (int nq = 0; nq < N; ++nq)
+      std::memcpy(s + (lq * N + nq) * c * esz, block(a.send, nq * L + lq), c * esz);
   }
-  const CollectiveArgs in_node = level_args(Collective::AllToAll, s, t,
-                                            static_cast<std::size_t>(N) * c, a.dtype, a.op, false);
+  const CollectiveArgs in_node =
+      level_args(Collective::AllToAll, s, t, static_cast<std::size_t>(N) * c, a.dtype, a.op, false);
   count(in_node, L, topology_.local_of(rank_), false);
   intra_->start(in_node).wait();
   // t[l''][n'] came from local rank l'' for rank (n', this local rank). Across nodes: node n' gets
   // them by l''; what arrives from node n'' is in source-rank order already.
   for (int nq = 0; nq < N; ++nq) {
-    for (int lq = 0; lq < L; ++lq) std::memcpy(s + (nq * L + lq) * c * esz, t + (lq * N + nq) * c * esz, c * esz);
+    for (int lq = 0; lq < L; ++lq)
+      std::memcpy(s + (nq * L + lq) * c * esz, t + (lq * N + nq) * c * esz, c * esz);
   }
   const CollectiveArgs across = level_args(Collective::AllToAll, s, a.recv,
                                            static_cast<std::size_t>(L) * c, a.dtype, a.op, false);

@@ -138,9 +138,9 @@ class HierarchicalComm final : public Communicator {
   std::unique_ptr<Communicator> inter_;
   std::unique_ptr<Communicator> splitter_;  // a private copy of the world, for split()
   std::vector<std::byte> scratch_a_, scratch_b_;
-  std::vector<float> sums_;  // the quantized reduce-scatter's fp32 sums
-  std::string failure_;  // the first failure, communication thread only
-  std::shared_ptr<Counters> counters_;  // shared with the groups split off this one
+  std::vector<float> sums_;                          // the quantized reduce-scatter's fp32 sums
+  std::string failure_;                              // the first failure, communication thread only
+  std::shared_ptr<Counters> counters_;               // shared with the groups split off this one
   std::unique_ptr<comm_detail::CommThread> thread_;  // last: stopped first
 };
 

@@ -54,15 +54,11 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
     kernels::dequantize_add_cpu(recv + static_cast<std::size_t>(nn) * qb, c, bits, sums_.data(),
                                 serial);
   }
-  void* out = a.in_place ? static_cast<std::byte*>(a.recv) + static_cast<std::size_t>(rank_) * c * esz
-                         : a.recv;
-  const float divisor = a.op == ReduceOp::Avg ? static_cast<float>(W) : 1.0f;
-  if (a.dtype == DType::F32) {
-    auto* o = static_cast<float*>(out);
-    for (std::size_t i = 0; i < c; ++i) o[i] = sums_[i] / divisor;
-  } else {
-    comm_detail::narrow_from_f32(sums_.data(), out, c, a.dtype, divisor);
-  }
+  void* out = a.in_place
+                  ? static_cast<std::byte*>(a.recv) + static_cast<std::size_t>(rank_) * c * esz
+                  : a.recv;
+  comm_detail::finish_reduction(sums_.data(), out, c, a.dtype, DType::F32,
+                                a.op == ReduceOp::Avg ? static_cast<int>(W) : 1);
 }
 
 }  // namespace zero

@@ -32,7 +32,9 @@ MicsComm::MicsComm(std::unique_ptr<Communicator> shard, std::unique_ptr<Communic
       replicas_(replicas),
       thread_(std::make_unique<comm_detail::CommThread>()) {}
 
-MicsComm::~MicsComm() { thread_->join(); }
+MicsComm::~MicsComm() {
+  thread_->join();
+}
 
 std::string MicsComm::backend_name() const {
   return fmt::format("mics({} x {})", shard_->backend_name(), replicas_);
@@ -51,8 +53,8 @@ std::unique_ptr<Communicator> MicsComm::split_impl(int color, int key) {
 void MicsComm::run(const CollectiveArgs& a) {
   shard_->start(a).wait();
   if (a.kind != Collective::ReduceScatter || replicas_ == 1 || a.elems == 0) return;
-  void* chunk = a.in_place ? static_cast<std::byte*>(a.recv) + static_cast<std::size_t>(rank()) *
-                                                                   a.elems * dtype_size(a.dtype)
+  void* chunk = a.in_place ? static_cast<std::byte*>(a.recv) +
+                                 static_cast<std::size_t>(rank()) * a.elems * dtype_size(a.dtype)
                            : a.recv;
   across_->all_reduce(chunk, chunk, a.elems, a.dtype, a.op).wait();
 }

@@ -68,7 +68,8 @@ NodeTopology resolve_node_topology(int world_size, std::optional<int> ranks_per_
           "(one of {}), or unset it",
           text, divisors_of(world_size)));
     }
-    return checked(world_size, *v, "ZERO_RANKS_PER_NODE", fmt::format("ZERO_RANKS_PER_NODE={}", *v));
+    return checked(world_size, *v, "ZERO_RANKS_PER_NODE",
+                   fmt::format("ZERO_RANKS_PER_NODE={}", *v));
   }
   // The launcher's local world, first torchrun's, then Open MPI's, then Hydra's (launcher_env.h).
   struct Pair {

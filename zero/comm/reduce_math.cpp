@@ -1,6 +1,7 @@
 #include "zero/comm/reduce_math.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cast.h"
 #include "kernels/reduce.h"
@@ -68,6 +69,29 @@ void narrow_from_f32(const float* src, void* dst, std::size_t elems, DType dtype
     const std::size_t n = std::min(kBlock, elems - b);
     for (std::size_t i = 0; i < n; ++i) block[i] = src[b + i] / divisor;
     kernels::cast_cpu(block, DType::F32, out + b, dtype, n, {1});
+  }
+}
+
+void finish_reduction(const void* src, void* dst, std::size_t elems, DType dtype, DType work,
+                      int divisor) {
+  if (dtype != work) {
+    narrow_from_f32(static_cast<const float*>(src), dst, elems, dtype,
+                                 static_cast<float>(divisor));
+    return;
+  }
+  if (divisor == 1) {
+    if (src != dst) std::memmove(dst, src, elems * dtype_size(dtype));
+    return;
+  }
+  if (dtype == DType::F64) {
+    const auto* s = static_cast<const double*>(src);
+    auto* d = static_cast<double*>(dst);
+    for (std::size_t i = 0; i < elems; ++i) d[i] = s[i] / static_cast<double>(divisor);
+  } else {
+    ZERO_ASSERT(dtype == DType::F32);
+    const auto* s = static_cast<const float*>(src);
+    auto* d = static_cast<float*>(dst);
+    for (std::size_t i = 0; i < elems; ++i) d[i] = s[i] / static_cast<float>(divisor);
   }
 }
 

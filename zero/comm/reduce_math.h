@@ -36,5 +36,10 @@ inline std::pair<std::size_t, std::size_t> chunk_bounds(std::size_t elems, int n
 void widen_to_f32(const void* src, float* dst, std::size_t elems, DType dtype);
 // dst[i] = round(src[i] / divisor) (divisor 1 for a sum, size() for Avg).
 void narrow_from_f32(const float* src, void* dst, std::size_t elems, DType dtype, float divisor);
+// The end of a reduction taken in `work` (the element type, or fp32 for 16-bit sums):
+// dst (elems of `dtype`) = src / divisor, rounded once to `dtype`. src == dst is allowed when the
+// two dtypes are the same.
+void finish_reduction(const void* src, void* dst, std::size_t elems, DType dtype, DType work,
+                      int divisor);
 
 }  // namespace zero::comm_detail

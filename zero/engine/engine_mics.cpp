@@ -16,18 +16,21 @@ std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicat
   if (z.stage != 3 || z.mics_shard_size <= 0 || z.mics_shard_size == comm.size()) return nullptr;
   const char* key = "zero_optimization.mics_shard_size";
   if (options.control_comm != nullptr) {
-    throw ConfigError(key, "MiCS runs on engines whose collectives take host memory (the CPU) in "
-                           "this version; on a GPU drop mics_shard_size");
+    throw ConfigError(key,
+                      "MiCS runs on engines whose collectives take host memory (the CPU) in "
+                      "this version; on a GPU drop mics_shard_size");
   }
   if (cfg.prescale_gradients || cfg.gradient_predivide_factor != 1.0 ||
       cfg.gradient_allreduce_sum) {
-    throw ConfigError(key, "MiCS averages over the shard group and then over the replicas; it is "
-                           "not combined with prescale_gradients, gradient_predivide_factor or "
-                           "gradient_allreduce_sum here: drop those");
+    throw ConfigError(key,
+                      "MiCS averages over the shard group and then over the replicas; it is "
+                      "not combined with prescale_gradients, gradient_predivide_factor or "
+                      "gradient_allreduce_sum here: drop those");
   }
   if (!z.reduce_scatter) {
-    throw ConfigError(key, "MiCS reduces gradients by reduce-scatter; set "
-                           "zero_optimization.reduce_scatter to true");
+    throw ConfigError(key,
+                      "MiCS reduces gradients by reduce-scatter; set "
+                      "zero_optimization.reduce_scatter to true");
   }
   return MicsComm::create(comm, static_cast<int>(z.mics_shard_size));
 }
@@ -41,8 +44,9 @@ int qgz_bits(const config::DsConfig& cfg, Communicator& comm, const EngineOption
     throw ConfigError(key, "qgZ and MiCS are not combined here; drop one of them");
   }
   if (options.control_comm != nullptr) {
-    throw ConfigError(key, "quantized gradient reductions run on engines in host memory (the "
-                           "CPU) in this version; on a GPU set it to false");
+    throw ConfigError(key,
+                      "quantized gradient reductions run on engines in host memory (the "
+                      "CPU) in this version; on a GPU set it to false");
   }
   const auto* nodes = dynamic_cast<const HierarchicalComm*>(&comm);
   if (nodes == nullptr || nodes->topology().nodes() == 1) {
@@ -69,8 +73,9 @@ std::unique_ptr<Communicator> make_hpz_comm(const config::DsConfig& cfg, Communi
   if (z.stage != 3 || h <= 1) return nullptr;
   const char* key = "zero_optimization.zero_hpz_partition_size";
   if (mics) {
-    throw ConfigError(key, "hpZ and MiCS both partition inside groups; use one of them "
-                           "(mics_shard_size or zero_hpz_partition_size)");
+    throw ConfigError(key,
+                      "hpZ and MiCS both partition inside groups; use one of them "
+                      "(mics_shard_size or zero_hpz_partition_size)");
   }
   if (h == w) return nullptr;  // the primary partition is already inside the group
   if (h > w || w % h != 0) {
@@ -106,9 +111,10 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
   mics_->across_replicas().all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
   if (failure) std::rethrow_exception(failure);
   if (failed > 0) {
-    throw IoError(fmt::format("save_checkpoint: replica 0 (ranks 0-{}) failed to save {}/{}; "
-                              "its ranks report why",
-                              comm_.size() - 1, dir, tag));
+    throw IoError(
+        fmt::format("save_checkpoint: replica 0 (ranks 0-{}) failed to save {}/{}; "
+                    "its ranks report why",
+                    comm_.size() - 1, dir, tag));
   }
 }
 

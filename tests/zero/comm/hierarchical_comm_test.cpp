@@ -1,6 +1,8 @@
 // HierarchicalComm: two-level collectives on simulated nodes of in-process ranks against a
 // reference that sums node by node, the byte counts by level, the topology's sources and errors,
 // and failures that end every rank instead of hanging.
+#include "zero/comm/hierarchical_comm.h"
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -11,11 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "tests/zero/comm/comm_test_util.h"
 #include "kernels/quantize.h"
+#include "tests/zero/comm/comm_test_util.h"
 #include "zero/base/error.h"
 #include "zero/comm/communicator.h"
-#include "zero/comm/hierarchical_comm.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/comm/node_topology.h"
 
@@ -42,7 +43,9 @@ NodeTopology topology(int world, int per_node) {
 zt::ReferenceReduce node_by_node(int per_node) {
   return [per_node](const std::vector<zt::Bytes>& inputs, std::size_t i, DType t, ReduceOp op) {
     const int world = static_cast<int>(inputs.size());
-    auto combine = [op](auto acc, auto x) { return op == ReduceOp::Max ? std::max(acc, x) : acc + x; };
+    auto combine = [op](auto acc, auto x) {
+      return op == ReduceOp::Max ? std::max(acc, x) : acc + x;
+    };
     if (t == DType::F64) {
       double total = 0;
       for (int node = 0; node * per_node < world; ++node) {
@@ -65,11 +68,12 @@ zt::ReferenceReduce node_by_node(int per_node) {
 
 }  // namespace
 
-TEST_CASE("two-level collectives on 4 and 6 ranks as 2 and 3 nodes match a node-by-node "
-          "reference bit for bit") {
+TEST_CASE(
+    "two-level collectives on 4 and 6 ranks as 2 and 3 nodes match a node-by-node "
+    "reference bit for bit") {
   const std::vector<std::size_t> sizes = {0, 1, 7, 1031};
-  for (const auto& [world, per_node] : {std::pair{4, 2}, std::pair{6, 2}, std::pair{6, 3},
-                                       std::pair{8, 4}}) {
+  for (const auto& [world, per_node] :
+       {std::pair{4, 2}, std::pair{6, 2}, std::pair{6, 3}, std::pair{8, 4}}) {
     const auto cases = zt::all_cases(world, sizes);
     INFO("world " << world << " as " << world / per_node << " nodes of " << per_node);
     zt::Tally tally;
@@ -96,8 +100,9 @@ TEST_CASE("two-level collectives on 4 and 6 ranks as 2 and 3 nodes match a node-
   }
 }
 
-TEST_CASE("two-level sums differ from the flat world's order, so the reference above is not "
-          "the flat one") {
+TEST_CASE(
+    "two-level sums differ from the flat world's order, so the reference above is not "
+    "the flat one") {
   // Guards the bitwise test: with these inputs the node-by-node and the rank-order sums differ.
   std::vector<zt::Bytes> inputs;
   for (int q = 0; q < 4; ++q) inputs.push_back(zt::make_input(77, DType::F32, q, 4096));
@@ -109,8 +114,9 @@ TEST_CASE("two-level sums differ from the flat world's order, so the reference a
   REQUIRE(differ > 100);
 }
 
-TEST_CASE("one node or one rank per node forwards to the world: the world's bits, counted on "
-          "one level") {
+TEST_CASE(
+    "one node or one rank per node forwards to the world: the world's bits, counted on "
+    "one level") {
   const std::vector<std::size_t> sizes = {1, 1031};
   for (const int per_node : {1, 4}) {
     const auto cases = zt::all_cases(4, sizes);
@@ -118,9 +124,9 @@ TEST_CASE("one node or one rank per node forwards to the world: the world's bits
     std::vector<zero::NodeTraffic> traffic(4);
     run_ranks(4, [&](Communicator& comm) {
       auto nodes = HierarchicalComm::create(comm, topology(4, per_node));
-      tally.check(!nodes->two_level() && nodes->backend_name() == "inproc" &&
-                      nodes->shares_address_space(),
-                  "forwarding mode");
+      tally.check(
+          !nodes->two_level() && nodes->backend_name() == "inproc" && nodes->shares_address_space(),
+          "forwarding mode");
       for (const auto& c : cases) zt::run_case(*nodes, c, tally, /*bitwise=*/true, 0);
       traffic[static_cast<std::size_t>(comm.rank())] = nodes->traffic();
     });
@@ -172,8 +178,9 @@ TEST_CASE("bytes are counted by level as a ring sends them") {
   }
 }
 
-TEST_CASE("the topology comes from the flag, ZERO_RANKS_PER_NODE or the launcher, and bad "
-          "values name the fix") {
+TEST_CASE(
+    "the topology comes from the flag, ZERO_RANKS_PER_NODE or the launcher, and bad "
+    "values name the fix") {
   std::map<std::string, std::string> env;
   auto lookup = [&env](const char* name) -> const char* {
     auto it = env.find(name);
@@ -238,8 +245,9 @@ TEST_CASE("a launcher that placed ranks round-robin is refused on every rank, na
   }
 }
 
-TEST_CASE("a rank lost before a two-level collective ends every rank with an error, not a "
-          "hang, and later collectives fail at once") {
+TEST_CASE(
+    "a rank lost before a two-level collective ends every rank with an error, not a "
+    "hang, and later collectives fail at once") {
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::string> errors(4);
   std::vector<std::string> later(4);
@@ -276,8 +284,9 @@ TEST_CASE("a rank lost before a two-level collective ends every rank with an err
   }
 }
 
-TEST_CASE("split keeps the topology: node groups count inside, groups across nodes count across "
-          "or run in two levels, and the parent's counts include them") {
+TEST_CASE(
+    "split keeps the topology: node groups count inside, groups across nodes count across "
+    "or run in two levels, and the parent's counts include them") {
   struct Seen {
     bool two_level = false;
     int size = 0;
@@ -303,9 +312,9 @@ TEST_CASE("split keeps the topology: node groups count inside, groups across nod
       s.sum = v[0];
       mine[name] = s;
     };
-    probe("node", r / 2, r % 2);           // {0,1}, {2,3}, ...: inside a node
-    probe("across", r % 2, r / 2);         // {0,2,4,6}: one per node
-    probe("two nodes", r / 4, r % 4);      // {0,1,2,3}: 2 nodes of 2
+    probe("node", r / 2, r % 2);                             // {0,1}, {2,3}, ...: inside a node
+    probe("across", r % 2, r / 2);                           // {0,2,4,6}: one per node
+    probe("two nodes", r / 4, r % 4);                        // {0,1,2,3}: 2 nodes of 2
     probe("interleaved", r / 4, (r % 2) * 2 + (r % 4) / 2);  // 0,2,1,3: not blocks
   });
   for (int r = 0; r < 8; ++r) {
@@ -322,14 +331,16 @@ TEST_CASE("split keeps the topology: node groups count inside, groups across nod
     REQUIRE(delta(m.at("node")) == std::pair<std::uint64_t, std::uint64_t>{2 * 1 * 64 * 4 / 2, 0});
     REQUIRE(m.at("across").sum == static_cast<float>(r % 2 == 0 ? 1 + 3 + 5 + 7 : 2 + 4 + 6 + 8));
     REQUIRE_FALSE(m.at("across").two_level);
-    REQUIRE(delta(m.at("across")) == std::pair<std::uint64_t, std::uint64_t>{0, 2 * 3 * 64 * 4 / 4});
+    REQUIRE(delta(m.at("across")) ==
+            std::pair<std::uint64_t, std::uint64_t>{0, 2 * 3 * 64 * 4 / 4});
     const float half = r < 4 ? 1 + 2 + 3 + 4 : 5 + 6 + 7 + 8;
     REQUIRE(m.at("two nodes").sum == half);
     REQUIRE(m.at("two nodes").two_level);
     REQUIRE(m.at("two nodes").size == 4);
     // Two levels: 32-element blocks inside (reduce-scatter and all-gather), a 32-element
     // all-reduce across 2 nodes.
-    REQUIRE(delta(m.at("two nodes")) == std::pair<std::uint64_t, std::uint64_t>{2 * 32 * 4, 32 * 4});
+    REQUIRE(delta(m.at("two nodes")) ==
+            std::pair<std::uint64_t, std::uint64_t>{2 * 32 * 4, 32 * 4});
     REQUIRE(m.at("interleaved").sum == half);
     REQUIRE_FALSE(m.at("interleaved").two_level);
     REQUIRE(delta(m.at("interleaved")) ==
@@ -337,18 +348,21 @@ TEST_CASE("split keeps the topology: node groups count inside, groups across nod
   }
 }
 
-TEST_CASE("a quantized reduce-scatter (qgZ) is the true mean within its documented bound, at "
-          "every size, reproducibly, and sends fewer bytes") {
+TEST_CASE(
+    "a quantized reduce-scatter (qgZ) is the true mean within its documented bound, at "
+    "every size, reproducibly, and sends fewer bytes") {
   for (const auto& [world, per_node] : {std::pair{4, 2}, std::pair{6, 3}, std::pair{6, 2}}) {
     for (int bits : {4, 8}) {
       for (DType dtype : {DType::F32, DType::BF16}) {
-        for (std::size_t c : {std::size_t{1}, std::size_t{7}, std::size_t{255}, std::size_t{1031}}) {
+        for (std::size_t c :
+             {std::size_t{1}, std::size_t{7}, std::size_t{255}, std::size_t{1031}}) {
           INFO("world " << world << " as nodes of " << per_node << ", " << bits << " bits, "
                         << zero::dtype_name(dtype) << ", chunk " << c);
           const auto w = static_cast<std::size_t>(world);
           // Inputs: rank-dependent values of very different magnitudes per block.
           std::vector<zt::Bytes> inputs;
-          for (int q = 0; q < world; ++q) inputs.push_back(zt::make_input(900 + c, dtype, q, w * c));
+          for (int q = 0; q < world; ++q)
+            inputs.push_back(zt::make_input(900 + c, dtype, q, w * c));
           std::vector<std::vector<double>> got(w), again(w);
           std::vector<zero::NodeTraffic> quantized(w), exact(w);
           run_ranks(world, [&](Communicator& comm) {

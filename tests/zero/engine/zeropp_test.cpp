@@ -80,7 +80,8 @@ TEST_CASE("MiCS trains within 1e-6 of plain stage 3, bitwise the same run to run
   }
 }
 
-TEST_CASE("MiCS on simulated nodes: a shard group per node is bitwise plain stage 3 in two levels") {
+TEST_CASE(
+    "MiCS on simulated nodes: a shard group per node is bitwise plain stage 3 in two levels") {
   // 4 ranks as 2 nodes of 2: plain stage 3 sums (r0 + r1) + (r2 + r3); MiCS sums in the shard
   // group (a node), then across the replicas, the same order.
   TwoNodes two(12);
@@ -115,8 +116,9 @@ TEST_CASE("a MiCS checkpoint is written once and resumes at any world size and s
   REQUIRE(relative_diff(whole, as_stage2) <= 1e-5);
 }
 
-TEST_CASE("MiCS keys: a shard size that does not divide the world is refused by name; below "
-          "stage 3 they are ignored") {
+TEST_CASE(
+    "MiCS keys: a shard size that does not divide the world is refused by name; below "
+    "stage 3 they are ignored") {
   REQUIRE_THROWS_WITH(zt::train_config(stage3({{"mics_shard_size", 3}}), 4, 1),
                       Catch::Contains("zero_optimization.mics_shard_size") &&
                           Catch::Contains("3 does not divide the world size 4") &&
@@ -133,15 +135,17 @@ TEST_CASE("MiCS keys: a shard size that does not divide the world is refused by 
                             zt::train_config(stage3({{"mics_shard_size", 4}}), 4, 6));
 }
 
-TEST_CASE("hpZ: re-gathers come from the secondary partition inside the node, bitwise plain stage "
-          "3, and the secondary copy is dropped after each step") {
+TEST_CASE(
+    "hpZ: re-gathers come from the secondary partition inside the node, bitwise plain stage "
+    "3, and the secondary copy is dropped after each step") {
   // 4 ranks as 2 nodes of 2, hpZ groups of 2 (a node); units released after forward and gathered
   // again (stage3_max_reuse_distance 0), as a backward does.
   TwoNodes two(10);
   two.spec().regather = true;
   zero::NodeTraffic plain_traffic, hpz_traffic;
-  const auto plain = two.train(
-      stage3({{"stage3_max_reuse_distance", 0}, {"stage3_prefetch_bucket_size", 0}}), &plain_traffic);
+  const auto plain =
+      two.train(stage3({{"stage3_max_reuse_distance", 0}, {"stage3_prefetch_bucket_size", 0}}),
+                &plain_traffic);
   const auto hpz = two.train(stage3({{"stage3_max_reuse_distance", 0},
                                      {"stage3_prefetch_bucket_size", 0},
                                      {"zero_hpz_partition_size", 2}}),
@@ -162,8 +166,9 @@ TEST_CASE("hpZ: re-gathers come from the secondary partition inside the node, bi
   }
 }
 
-TEST_CASE("hpZ keys: a partition size that does not divide the world, or with MiCS, is refused "
-          "by name") {
+TEST_CASE(
+    "hpZ keys: a partition size that does not divide the world, or with MiCS, is refused "
+    "by name") {
   REQUIRE_THROWS_WITH(zt::train_config(stage3({{"zero_hpz_partition_size", 3}}), 4, 1),
                       Catch::Contains("zero_optimization.zero_hpz_partition_size") &&
                           Catch::Contains("3 does not divide the world size 4") &&
@@ -198,14 +203,16 @@ void require_close_loss(const zt::TrainResult& plain, const zt::TrainResult& run
   REQUIRE(run.losses.size() == plain.losses.size());
   for (double l : run.losses) REQUIRE(std::isfinite(l));
   INFO("final loss " << final_loss(run) << " against plain " << final_loss(plain));
-  REQUIRE(final_loss(plain) < 0.8 * plain.losses.front());  // it learned: the comparison means something
+  REQUIRE(final_loss(plain) <
+          0.8 * plain.losses.front());  // it learned: the comparison means something
   REQUIRE(std::fabs(final_loss(run) - final_loss(plain)) <= tolerance * final_loss(plain));
 }
 
 }  // namespace
 
-TEST_CASE("qwZ: weights gathered in int8 train within 5% of plain stage 3 over 50 steps, "
-          "reproducibly, with fewer bytes, and the master weights stay exact") {
+TEST_CASE(
+    "qwZ: weights gathered in int8 train within 5% of plain stage 3 over 50 steps, "
+    "reproducibly, with fewer bytes, and the master weights stay exact") {
   TwoNodes two(50, "mlp:24,200,100,5");
   zero::NodeTraffic plain_traffic, qw_traffic;
   const auto plain = two.train(stage3(), &plain_traffic);
@@ -215,12 +222,15 @@ TEST_CASE("qwZ: weights gathered in int8 train within 5% of plain stage 3 over 5
   // The weights differ from plain's (they were computed from quantized copies), yet only by
   // training noise: a broken dequantization would not train at all.
   REQUIRE(zt::max_abs_diff(plain.params, qw.params) > 0);
-  INFO("inter-node bytes: plain " << plain_traffic.inter_bytes << ", qwZ " << qw_traffic.inter_bytes);
-  REQUIRE(static_cast<double>(qw_traffic.inter_bytes) < 0.7 * static_cast<double>(plain_traffic.inter_bytes));
+  INFO("inter-node bytes: plain " << plain_traffic.inter_bytes << ", qwZ "
+                                  << qw_traffic.inter_bytes);
+  REQUIRE(static_cast<double>(qw_traffic.inter_bytes) <
+          0.7 * static_cast<double>(plain_traffic.inter_bytes));
 }
 
-TEST_CASE("qgZ, and hpZ+qwZ+qgZ together, train within 5% of plain stage 3 over 50 steps with "
-          "no inf or nan, reproducibly, under 0.3x the inter-node bytes") {
+TEST_CASE(
+    "qgZ, and hpZ+qwZ+qgZ together, train within 5% of plain stage 3 over 50 steps with "
+    "no inf or nan, reproducibly, under 0.3x the inter-node bytes") {
   TwoNodes two(50, "mlp:24,200,100,5");
   zero::NodeTraffic plain_traffic, qg_traffic, all_traffic;
   const auto plain = two.train(stage3(), &plain_traffic);

@@ -89,6 +89,12 @@ struct RankResult {
   std::size_t memcpy_bytes = 0;
   double probe_s = 0;
   std::size_t probe_bytes_per_elem = 0;
+  // offload_optimizer on a GPU: a pinned cudaMemcpy-style copy of the engine's average landing
+  // (device to host) and upload (host to device) size, through the same Device::copy.
+  double pinned_d2h_s = 0;
+  std::size_t pinned_d2h_bytes = 0;
+  double pinned_h2d_s = 0;
+  std::size_t pinned_h2d_bytes = 0;
   // The engine's bytes sent per counted step, inside this rank's node and across nodes.
   double intra_node_bytes = 0;
   double inter_node_bytes = 0;
@@ -106,6 +112,9 @@ double probe_seconds(Communicator& comm, const kernels::OptimizerTensors& shape,
 // The same in the memory of a device the host cannot address (a GPU): a device-to-device copy,
 // and the device compute table's traffic_probe over device arrays.
 double device_memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes);
+// Seconds for every rank at once to copy `bytes` between pinned host memory and its device's
+// memory, towards the host when `to_host`. Collective over the host communicator `comm`.
+double pinned_copy_seconds(Communicator& comm, Device& device, std::size_t bytes, bool to_host);
 double device_probe_seconds(Communicator& comm, Device& device,
                             const kernels::OptimizerTensors& shape, int state_count,
                             std::size_t numel);
@@ -155,6 +164,15 @@ struct Figure {
   // Bytes each rank sent per step inside its node and across nodes, averaged over ranks.
   double intra_node_bytes = 0;
   double inter_node_bytes = 0;
+  // offload_optimizer on a GPU (EngineTimings::landings > 0), per counted step on rank 0: the
+  // gradient chunks landed in pinned host memory (bytes, seconds inside those copies, their speed
+  // next to a pinned copy of the same size) and the model copy uploaded (bytes, seconds the step
+  // waited for the uploads, the pinned copy's speed, and the time those bytes take at it).
+  struct Offload {
+    double landed_bytes = 0, land_s = 0, land_gbps = 0, pinned_d2h_gbps = 0;
+    double uploaded_bytes = 0, upload_wait_s = 0, pinned_h2d_gbps = 0, upload_limit_s = 0;
+  };
+  std::optional<Offload> offload;
 };
 
 Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload& w,

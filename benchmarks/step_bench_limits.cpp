@@ -129,6 +129,28 @@ double device_memcpy_seconds(Communicator& comm, Device& device, std::size_t byt
   return best_seconds(comm, copy);
 }
 
+double pinned_copy_seconds(Communicator& comm, Device& device, std::size_t bytes, bool to_host) {
+  const Buffer host = device.allocate(bytes, MemoryKind::PinnedHost, MemoryTag::Other);
+  const Buffer dev = device.allocate(bytes, MemoryKind::Device, MemoryTag::Other);
+  const auto fill = static_cast<std::byte>(comm.rank() + 3);
+  std::memset(host.data(), static_cast<int>(fill), bytes);
+  device.copy(dev.data(), host.data(), bytes);  // the device's copy holds the pattern
+  std::vector<std::byte> back(bytes);
+  device.copy(back.data(), dev.data(), bytes);
+  ZERO_CHECK(std::all_of(back.begin(), back.end(), [&](std::byte b) { return b == fill; }),
+             "step bench: a {}-byte pinned copy on {} rank {} gave a wrong result", bytes,
+             device.name(), comm.rank());
+  auto copy = [&] {
+    if (to_host) {
+      device.copy(host.data(), dev.data(), bytes);
+    } else {
+      device.copy(dev.data(), host.data(), bytes);
+    }
+  };
+  copy();
+  return best_seconds(comm, copy);
+}
+
 // kernels' traffic probe through the device's compute table (synchronous, as every entry is) over
 // device arrays of the partition's size and dtypes. Collective over `comm`.
 double device_probe_seconds(Communicator& comm, Device& device,

@@ -83,6 +83,20 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
     f.skipped_steps = std::max(f.skipped_steps, r.skipped_steps);
     f.warmup_steps = std::max(f.warmup_steps, r.warmup_steps);
   }
+  if (t.landings > 0 && r0.pinned_d2h_s > 0) {
+    Figure::Offload o;
+    o.landed_bytes = static_cast<double>(t.landed_bytes) / n;
+    o.land_s = t.land_s / n;
+    o.land_gbps = o.land_s > 0 ? o.landed_bytes / o.land_s / 1e9 : 0;
+    o.pinned_d2h_gbps = static_cast<double>(r0.pinned_d2h_bytes) / r0.pinned_d2h_s / 1e9;
+    o.uploaded_bytes = static_cast<double>(t.uploaded_bytes) / n;
+    o.upload_wait_s = t.upload_wait_s / n;
+    if (r0.pinned_h2d_s > 0) {
+      o.pinned_h2d_gbps = static_cast<double>(r0.pinned_h2d_bytes) / r0.pinned_h2d_s / 1e9;
+      o.upload_limit_s = o.uploaded_bytes / (o.pinned_h2d_gbps * 1e9);
+    }
+    f.offload = o;
+  }
   EstimateInput in;
   in.params = w.params;
   in.largest_param = w.largest_param;
@@ -183,6 +197,22 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
       }
     }
     j["peak_bytes_by_tag"] = tags;
+    if (f.offload) {
+      const Figure::Offload& o = *f.offload;
+      nlohmann::ordered_json off;
+      off["landed_bytes_per_step"] = o.landed_bytes;
+      off["land_s"] = sig4(o.land_s);
+      off["land_gb_per_s"] = sig4(o.land_gbps);
+      off["pinned_d2h_gb_per_s"] = sig4(o.pinned_d2h_gbps);
+      off["land_ratio"] = sig4(o.land_gbps / o.pinned_d2h_gbps);
+      off["uploaded_bytes_per_step"] = o.uploaded_bytes;
+      off["upload_wait_s"] = sig4(o.upload_wait_s);
+      if (o.pinned_h2d_gbps > 0) {
+        off["pinned_h2d_gb_per_s"] = sig4(o.pinned_h2d_gbps);
+        off["upload_limit_s"] = sig4(o.upload_limit_s);
+      }
+      j["offload"] = off;
+    }
     j["zero_formula_bytes_per_rank"] = f.formula_bytes;
     std::printf("%s\n", j.dump().c_str());
   } else {

@@ -399,6 +399,20 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
     out.memcpy_s = device_memcpy_seconds(comm, *device, out.memcpy_bytes);
     out.probe_s = device_probe_seconds(comm, *device, shape, state_count, out.optimizer_elems);
   }
+  // Offloaded on a GPU: pinned copies of the ranks' average landing and upload sizes (every rank
+  // takes part, whatever its own counts).
+  const EngineTimings& t = out.timings;
+  double counts[4] = {static_cast<double>(t.landings), static_cast<double>(t.landed_bytes),
+                      static_cast<double>(t.uploads), static_cast<double>(t.uploaded_bytes)};
+  comm.all_reduce(counts, counts, 4, DType::F64, ReduceOp::Sum).wait();
+  if (!device->host_addressable() && counts[0] > 0) {
+    out.pinned_d2h_bytes = static_cast<std::size_t>(counts[1] / counts[0]);
+    out.pinned_d2h_s = pinned_copy_seconds(comm, *device, out.pinned_d2h_bytes, true);
+    if (counts[2] > 0) {
+      out.pinned_h2d_bytes = static_cast<std::size_t>(counts[3] / counts[2]);
+      out.pinned_h2d_s = pinned_copy_seconds(comm, *device, out.pinned_h2d_bytes, false);
+    }
+  }
 }
 
 }  // namespace zero::bench::step_bench

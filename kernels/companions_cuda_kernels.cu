@@ -56,42 +56,53 @@ __global__ void __launch_bounds__(kCudaElementwiseThreads)
   if (nonfinite) *flag = 1;  // every writer writes the same value
 }
 
+// Norm block blockIdx.x into shared memory as fp32 (the value each lane converts to double), zeros
+// past numel: adding +0.0 leaves a non-negative double sum's bits alone, so the tail needs no
+// second loop. Every thread's kNormBlockElems / kCudaNormThreads loads are issued before any is
+// stored.
+template <DType kType>
+__device__ __forceinline__ void stage_norm_block(const void* data, long long numel, float* tile) {
+  constexpr int kPerThread = static_cast<int>(kNormBlockElems) / kCudaNormThreads;
+  const long long begin =
+      static_cast<long long>(blockIdx.x) * static_cast<long long>(kNormBlockElems);
+  float x[kPerThread];
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const long long i = begin + k * kCudaNormThreads + threadIdx.x;
+    x[k] = i < numel ? load_elem(data, kType, i) : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) tile[k * kCudaNormThreads + threadIdx.x] = x[k];
+}
+
 __global__ void __launch_bounds__(kCudaNormThreads)
-    squared_norm_blocks_kernel(const void* data, DType dtype, long long numel,
-                               long long norm_blocks, double* block_sums) {
-  const long long block = static_cast<long long>(blockIdx.x) * kCudaNormBlocksPerCudaBlock +
-                          threadIdx.x / kCudaNormLanes;
-  const int lane = static_cast<int>(threadIdx.x % kCudaNormLanes);
+    squared_norm_blocks_kernel(const void* data, DType dtype, long long numel, double* block_sums) {
+  __shared__ float tile[kNormBlockElems];
+  if (dtype == DType::F32) {
+    stage_norm_block<DType::F32>(data, numel, tile);
+  } else if (dtype == DType::BF16) {
+    stage_norm_block<DType::BF16>(data, numel, tile);
+  } else {
+    stage_norm_block<DType::F16>(data, numel, tile);
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  // Lane l sums elements l, l + 8, ... in order, as the CPU's lane does (the other threads of
+  // the warp keep 0 and only take part in the shuffles).
+  const int lane = static_cast<int>(threadIdx.x);
   double acc = 0.0;
-  if (block < norm_blocks) {
-    const long long begin = block * static_cast<long long>(kNormBlockElems);
-    const long long end = min(begin + static_cast<long long>(kNormBlockElems), numel);
-    // The lane's elements in the CPU's order, kNormUnroll loads in flight before they are added
-    // one by one (one load at a time left the kernel waiting on memory at a twentieth of HBM's
-    // bandwidth).
-    constexpr int kNormUnroll = 16;
-    long long i = begin + lane;
-    for (; i + (kNormUnroll - 1) * kCudaNormLanes < end; i += kNormUnroll * kCudaNormLanes) {
-      float x[kNormUnroll];
-#pragma unroll
-      for (int k = 0; k < kNormUnroll; ++k) x[k] = load_elem(data, dtype, i + k * kCudaNormLanes);
-#pragma unroll
-      for (int k = 0; k < kNormUnroll; ++k) {
-        const double d = static_cast<double>(x[k]);
-        acc = acc + d * d;
-      }
-    }
-    for (; i < end; i += kCudaNormLanes) {
-      const double d = static_cast<double>(load_elem(data, dtype, i));
+  if (lane < kCudaNormLanes) {
+#pragma unroll 16
+    for (int r = 0; r < static_cast<int>(kNormBlockElems) / kCudaNormLanes; ++r) {
+      const double d = static_cast<double>(tile[r * kCudaNormLanes + lane]);
       acc = acc + d * d;
     }
   }
-  // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), the CPU's tree. Every thread of the warp
-  // takes part in the shuffles, in range or not.
+  // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), the CPU's tree.
   acc = acc + __shfl_down_sync(0xffffffffu, acc, 1, kCudaNormLanes);
   acc = acc + __shfl_down_sync(0xffffffffu, acc, 2, kCudaNormLanes);
   acc = acc + __shfl_down_sync(0xffffffffu, acc, 4, kCudaNormLanes);
-  if (lane == 0 && block < norm_blocks) block_sums[block] = acc;
+  if (lane == 0) block_sums[blockIdx.x] = acc;
 }
 
 __global__ void __launch_bounds__(kCudaElementwiseThreads)
@@ -157,8 +168,7 @@ CudaLaunchStatus launch_squared_norm_blocks(const void* data, DType dtype, long 
   clear_stale_error();
   const NormGeometry g = norm_geometry(static_cast<std::size_t>(numel), kNormBlockElems);
   squared_norm_blocks_kernel<<<static_cast<unsigned>(g.cuda_blocks), kCudaNormThreads, 0,
-                               static_cast<cudaStream_t>(stream)>>>(
-      data, dtype, numel, static_cast<long long>(g.norm_blocks), block_sums);
+                               static_cast<cudaStream_t>(stream)>>>(data, dtype, numel, block_sums);
   return status_of("squared_norm_blocks_kernel");
 }
 

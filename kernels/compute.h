@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string_view>
 
 #include "kernels/isa.h"
@@ -21,15 +22,37 @@
 
 namespace zero::kernels {
 
+// One array of an entry that takes several (the `_many` entries): data in the backend's memory.
+struct ArrayRef {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  std::size_t numel = 0;
+};
+
 struct ComputeKernels {
   std::string_view backend;  // "cpu", "cuda"
+  // True when every call ends with a wait for a device: callers then gather work into the
+  // `_many` entries. (On the CPU a `_many` entry is the single calls in turn, and a caller that
+  // hands each piece on as soon as it is done, e.g. to a copy engine, keeps that overlap.)
+  bool waits_per_call = false;
   void (*optimizer_step)(const OptimizerHyper& hyper, const StepScalars& scalars,
                          const OptimizerTensors& tensors, const CpuExec& exec);
+  // optimizer_step over several tensors of the same dtypes with one hyper and scalars: one
+  // multi-tensor launch and one wait on a device backend; the same bits as one call per tensor.
+  void (*optimizer_step_many)(const OptimizerHyper& hyper, const StepScalars& scalars,
+                              std::span<const OptimizerTensors> tensors, const CpuExec& exec);
   // data[i] ← data[i]·scale in place; true when a result is ±inf or NaN.
   bool (*unscale_and_check)(void* data, DType dtype, std::size_t numel, float scale,
                             const CpuExec& exec);
   // Σ data[i]² in double, in a fixed order.
   double (*squared_l2_norm)(const void* data, DType dtype, std::size_t numel, const CpuExec& exec);
+  // The two above over several arrays at once, with one wait on a device backend (the engine's
+  // per-step checks over every unit's gradient slice). unscale_and_check_many: each array in
+  // place, true when any result is ±inf or NaN. squared_l2_norm_many: each array's
+  // squared_l2_norm added to a sum from 0.0 in array order, bitwise what the single calls give.
+  bool (*unscale_and_check_many)(std::span<const ArrayRef> arrays, float scale,
+                                 const CpuExec& exec);
+  double (*squared_l2_norm_many)(std::span<const ArrayRef> arrays, const CpuExec& exec);
   // dst ← src·scale (+ dst with accumulate), rounded once to dst's dtype.
   void (*combine)(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t numel,
                   float scale, bool accumulate, const CpuExec& exec);

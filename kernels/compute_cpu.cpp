@@ -1,5 +1,11 @@
+#include <algorithm>
+#include <vector>
+
+#include "kernels/array_checks.h"
 #include "kernels/combine.h"
 #include "kernels/compute.h"
+#include "kernels/cpu_kernels.h"
+#include "kernels/cpu_parallel.h"
 #include "kernels/norm.h"
 #include "kernels/reduce.h"
 #include "kernels/traffic_probe.h"
@@ -16,14 +22,60 @@ void reduce(void* dst, const void* const* srcs, int nsrc, std::size_t numel, DTy
   reduce_cpu(dst, srcs, nsrc, numel, dtype, kind, divisor, exec.isa);
 }
 
+void optimizer_step_many(const OptimizerHyper& hyper, const StepScalars& scalars,
+                         std::span<const OptimizerTensors> tensors, const CpuExec& exec) {
+  for (const OptimizerTensors& t : tensors) optimizer_step_cpu(hyper, scalars, t, exec);
+}
+
+bool unscale_and_check_many(std::span<const ArrayRef> arrays, float scale, const CpuExec& exec) {
+  bool nonfinite = false;
+  for (const ArrayRef& a : arrays) {
+    nonfinite = unscale_and_check_cpu(a.data, a.dtype, a.numel, scale, exec) || nonfinite;
+  }
+  return nonfinite;
+}
+
+// Every array's norm blocks in one parallel loop (one fork for a step's many small slices), the
+// block sums then added as squared_l2_norm_cpu adds them, array by array.
+double squared_l2_norm_many(std::span<const ArrayRef> arrays, const CpuExec& exec) {
+  std::vector<std::size_t> first(arrays.size() + 1, 0);
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    detail::check_float_array("squared_l2_norm", "data", arrays[a].data, arrays[a].dtype,
+                              arrays[a].numel);
+    first[a + 1] =
+        first[a] + (arrays[a].numel + detail::kNormBlockElems - 1) / detail::kNormBlockElems;
+  }
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  std::vector<double> block_sums(first.back());
+  detail::for_each_tile(
+      block_sums.size(), 1, resolve_threads(exec.threads), [&](std::size_t b, std::size_t) {
+        const auto a = static_cast<std::size_t>(std::upper_bound(first.begin(), first.end(), b) -
+                                                first.begin() - 1);
+        const std::size_t begin = (b - first[a]) * detail::kNormBlockElems;
+        const std::size_t end = std::min(arrays[a].numel, begin + detail::kNormBlockElems);
+        block_sums[b] = kernels.squared_norm_block(arrays[a].data, arrays[a].dtype, begin, end);
+      });
+  double sum = 0.0;
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    double array_sum = 0.0;
+    for (std::size_t b = first[a]; b < first[a + 1]; ++b) array_sum += block_sums[b];
+    sum += array_sum;
+  }
+  return sum;
+}
+
 }  // namespace
 
 const ComputeKernels& cpu_compute_kernels() {
   static const ComputeKernels table{
       .backend = "cpu",
+      .waits_per_call = false,
       .optimizer_step = &optimizer_step_cpu,
+      .optimizer_step_many = &optimizer_step_many,
       .unscale_and_check = &unscale_and_check_cpu,
       .squared_l2_norm = &squared_l2_norm_cpu,
+      .unscale_and_check_many = &unscale_and_check_many,
+      .squared_l2_norm_many = &squared_l2_norm_many,
       .combine = &combine_cpu,
       .fill_zero = &fill_zero_cpu,
       .reduce = &reduce,

@@ -46,13 +46,22 @@ void optimizer_step(const OptimizerHyper& hyper, const StepScalars& scalars,
   synchronize(exec);
 }
 
-bool unscale_and_check(void* data, DType dtype, std::size_t numel, float scale,
-                       const CpuExec& exec) {
-  if (numel == 0) return false;
+void optimizer_step_many(const OptimizerHyper& hyper, const StepScalars& scalars,
+                         std::span<const OptimizerTensors> tensors, const CpuExec& exec) {
+  if (tensors.empty()) return;
+  optimizer_step_cuda(hyper, scalars, tensors, CudaExec{exec.cuda_stream});
+  synchronize(exec);
+}
+
+bool unscale_and_check_many(std::span<const ArrayRef> arrays, float scale, const CpuExec& exec) {
   StreamScratch flag(sizeof(int), stream_of(exec));
   auto* device_flag = static_cast<int*>(flag.data());
   ZERO_CUDA_CHECK(cudaMemsetAsync(device_flag, 0, sizeof(int), stream_of(exec)));
-  unscale_and_check_cuda_async(data, dtype, numel, scale, device_flag, exec.cuda_stream);
+  for (const ArrayRef& a : arrays) {
+    if (a.numel > 0) {
+      unscale_and_check_cuda_async(a.data, a.dtype, a.numel, scale, device_flag, exec.cuda_stream);
+    }
+  }
   int host_flag = 0;
   ZERO_CUDA_CHECK(cudaMemcpyAsync(&host_flag, device_flag, sizeof(int), cudaMemcpyDeviceToHost,
                                   stream_of(exec)));
@@ -60,19 +69,47 @@ bool unscale_and_check(void* data, DType dtype, std::size_t numel, float scale,
   return host_flag != 0;
 }
 
-double squared_l2_norm(const void* data, DType dtype, std::size_t numel, const CpuExec& exec) {
-  if (numel == 0) return 0.0;
-  const std::size_t blocks = squared_norm_cuda_block_count(numel);
+bool unscale_and_check(void* data, DType dtype, std::size_t numel, float scale,
+                       const CpuExec& exec) {
+  if (numel == 0) return false;
+  const ArrayRef array{data, dtype, numel};
+  return unscale_and_check_many(std::span(&array, 1), scale, exec);
+}
+
+// Every array's block sums into one scratch, then one copy back and one wait; the sums are added
+// on the host in squared_l2_norm_cpu's order (block sums in index order per array, arrays in
+// order).
+double squared_l2_norm_many(std::span<const ArrayRef> arrays, const CpuExec& exec) {
+  std::vector<std::size_t> first(arrays.size() + 1, 0);
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    first[a + 1] = first[a] + squared_norm_cuda_block_count(arrays[a].numel);
+  }
+  const std::size_t blocks = first.back();
+  if (blocks == 0) return 0.0;
   StreamScratch sums(blocks * sizeof(double), stream_of(exec));
   auto* device_sums = static_cast<double*>(sums.data());
-  squared_norm_blocks_cuda_async(data, dtype, numel, device_sums, exec.cuda_stream);
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    if (arrays[a].numel > 0) {
+      squared_norm_blocks_cuda_async(arrays[a].data, arrays[a].dtype, arrays[a].numel,
+                                     device_sums + first[a], exec.cuda_stream);
+    }
+  }
   std::vector<double> host_sums(blocks);
   ZERO_CUDA_CHECK(cudaMemcpyAsync(host_sums.data(), device_sums, blocks * sizeof(double),
                                   cudaMemcpyDeviceToHost, stream_of(exec)));
   synchronize(exec);
-  double sum = 0.0;  // squared_l2_norm_cpu's order: block sums in index order
-  for (double s : host_sums) sum += s;
+  double sum = 0.0;
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    double array_sum = 0.0;
+    for (std::size_t b = first[a]; b < first[a + 1]; ++b) array_sum += host_sums[b];
+    sum += array_sum;
+  }
   return sum;
+}
+
+double squared_l2_norm(const void* data, DType dtype, std::size_t numel, const CpuExec& exec) {
+  const ArrayRef array{const_cast<void*>(data), dtype, numel};
+  return squared_l2_norm_many(std::span(&array, 1), exec);
 }
 
 void combine(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t numel,
@@ -102,9 +139,13 @@ void traffic_probe(const OptimizerTensors& tensors, int state_count, const CpuEx
 const ComputeKernels& cuda_compute_kernels() {
   static const ComputeKernels table{
       .backend = "cuda",
+      .waits_per_call = true,
       .optimizer_step = &optimizer_step,
+      .optimizer_step_many = &optimizer_step_many,
       .unscale_and_check = &unscale_and_check,
       .squared_l2_norm = &squared_l2_norm,
+      .unscale_and_check_many = &unscale_and_check_many,
+      .squared_l2_norm_many = &squared_l2_norm_many,
       .combine = &combine,
       .fill_zero = &fill_zero,
       .reduce = &reduce,

@@ -19,12 +19,14 @@ constexpr std::size_t elementwise_blocks(std::size_t numel) {
   return std::min(wanted, kCudaElementwiseMaxBlocks);
 }
 
-// The squared norm: eight threads per norm block, thread `lane` summing elements lane, lane + 8,
-// ... of it in double (the CPU's lane k % 8), then the eight lanes added in the CPU's tree by
-// warp shuffles. Norm blocks never straddle a warp: 32 threads hold 4 whole norm blocks.
+// The squared norm: one CUDA block per norm block. Its kCudaNormThreads threads stage the block's
+// elements in shared memory with coalesced loads, kNormBlockElems / kCudaNormThreads each in
+// flight; then threads 0..7 sum elements lane, lane + 8, ... of it in double (the CPU's lane
+// k % 8) and the eight lanes are added in the CPU's tree by warp shuffles. (Eight threads per norm
+// block reading straight from memory left too few loads in flight: the H200 summed an 8M-element
+// bf16 array at about a twentieth of its bandwidth.)
 inline constexpr int kCudaNormLanes = 8;
-inline constexpr int kCudaNormThreads = 256;
-inline constexpr int kCudaNormBlocksPerCudaBlock = kCudaNormThreads / kCudaNormLanes;
+inline constexpr int kCudaNormThreads = 128;
 static_assert(32 % kCudaNormLanes == 0, "a norm block's lanes must lie in one warp");
 
 struct NormGeometry {
@@ -35,7 +37,7 @@ struct NormGeometry {
 constexpr NormGeometry norm_geometry(std::size_t numel, std::size_t norm_block_elems) {
   NormGeometry g;
   g.norm_blocks = (numel + norm_block_elems - 1) / norm_block_elems;
-  g.cuda_blocks = (g.norm_blocks + kCudaNormBlocksPerCudaBlock - 1) / kCudaNormBlocksPerCudaBlock;
+  g.cuda_blocks = g.norm_blocks;
   return g;
 }
 

@@ -7,7 +7,9 @@
 #      CUDA_ARCHS or 90) and build only what runs below (the target gpu-check-targets);
 #   3. every test labelled gpu, one at a time — a skip (exit 77) is a FAILURE here;
 #   4. python/tests/gpu with pytest against the built libzero.so, where that folder exists;
-#   5. zero-bench kernels --device cuda, zero-bench step --device cuda --params 64M;
+#   5. zero-bench kernels --device cuda, zero-bench step --device cuda --params 64M, the same
+#      with examples/configs/zero2_offload_cpu.json (PCIe copies), zero-bench offload (the host's
+#      AdamW against its traffic probe);
 #   6. zero-train --device cuda with examples/configs/zero2_bf16_warmup.json and
 #      zero2_offload_cpu.json;
 #   7. benchmarks/peers/cuda_optimizer_peers.py: zero's AdamW (64M and 1G parameters in 100
@@ -218,6 +220,7 @@ summarise() {
 peers_part="AdamW against torch fused (peers/cuda_optimizer_peers.py)"
 planned_parts=("build (gpu-check-targets)" "gpu tests (ctest -L gpu)" "python tests (python/tests/gpu)"
                "zero-bench kernels --device cuda" "zero-bench step --device cuda"
+               "zero-bench step --device cuda (zero2_offload_cpu)" "zero-bench offload (host CPU Adam)"
                "zero-train --device cuda (zero2_bf16_warmup)" "zero-train --device cuda (zero2_offload_cpu)"
                "zero-train --device cuda --world-size 2 on GPU 0 (zero2_bf16_warmup)"
                "$peers_part")
@@ -378,6 +381,15 @@ tool_part "zero-bench kernels --device cuda" bench-kernels zero-bench \
   "$bench" kernels --device cuda --json
 tool_part "zero-bench step --device cuda" bench-step zero-bench \
   "$bench" step --device cuda --json --world-size 1 --params 64M
+# ZeRO-Offload over PCIe: the landed gradients' and uploaded parameters' copies next to pinned
+# copies of the same size ("offload" in each record), and the host's AdamW on this machine's cores
+# against its traffic probe.
+tool_part "zero-bench step --device cuda (zero2_offload_cpu)" bench-step-offload zero-bench \
+  "$bench" step --device cuda --json --world-size 1 --params 64M --stages 2 --precision bf16 \
+  --config "$root/examples/configs/zero2_offload_cpu.json"
+mkdir -p "$build/offload-nvme"
+tool_part "zero-bench offload (host CPU Adam)" bench-offload zero-bench \
+  "$bench" offload --json --elems 64M --repeats 5 --nvme-path "$build/offload-nvme"
 for config in zero2_bf16_warmup zero2_offload_cpu; do
   tool_part "zero-train --device cuda ($config)" "train-$config" zero-train \
     "$train" --device cuda --config "$root/examples/configs/$config.json" \

@@ -25,6 +25,16 @@ struct EngineTimings {
   std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
   std::int64_t gathered_elems = 0;  // stage 3: elements those all-gathers filled (padded units)
   std::int64_t secondary_gathers = 0;  // of the gathers, hpZ's inside the secondary group
+  // offload_optimizer on a GPU (the partition stepped on the host): each reduced gradient chunk is
+  // copied to pinned host memory (synchronous; the time is part of unpack_s), and each stretch of
+  // the updated model copy is uploaded to the device on a stream of its own while the next one is
+  // stepped; upload_wait_s is the time the step then waited for those uploads.
+  std::int64_t landings = 0;
+  std::int64_t landed_bytes = 0;
+  double land_s = 0;
+  std::int64_t uploads = 0;
+  std::int64_t uploaded_bytes = 0;
+  double upload_wait_s = 0;
 };
 
 }  // namespace zero

@@ -97,6 +97,41 @@ TEST_CASE("the squared norm on the GPU equals the CPU's bitwise") {
   }
 }
 
+TEST_CASE("the _many entries on the GPU give the CPU's bits with one wait for every array") {
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    INFO(zero::dtype_name(dtype));
+    std::vector<std::vector<std::byte>> host;
+    std::vector<std::unique_ptr<DeviceBytes>> device;
+    std::vector<zk::ArrayRef> host_refs;
+    std::vector<zk::ArrayRef> device_refs;
+    const std::vector<std::size_t> sizes = {4099, 0, 1, 256 * 4096 + 4099, 4096, 7};
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      host.push_back(
+          random_array(sizes[k], dtype, static_cast<std::uint32_t>(20 + k), -2.0f, 2.0f));
+      device.push_back(std::make_unique<DeviceBytes>(host.back()));
+    }
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      host_refs.push_back({host[k].data(), dtype, sizes[k]});
+      device_refs.push_back({device[k]->ptr, dtype, sizes[k]});
+    }
+    const double expected = cpu().squared_l2_norm_many(host_refs, {});
+    REQUIRE(expected > 0.0);  // not vacuous
+    const double got = gpu().squared_l2_norm_many(device_refs, {});
+    REQUIRE(std::memcmp(&got, &expected, sizeof got) == 0);
+
+    REQUIRE_FALSE(gpu().unscale_and_check_many(device_refs, 0.25f, {}));
+    REQUIRE_FALSE(cpu().unscale_and_check_many(host_refs, 0.25f, {}));
+    const float inf = std::numeric_limits<float>::infinity();
+    cpu().combine(host[4].data() + 100 * zero::dtype_size(dtype), dtype, &inf, DType::F32, 1, 1.0f,
+                  false, {});
+    REQUIRE(cudaMemcpy(device[4]->ptr, host[4].data(), host[4].size(), cudaMemcpyHostToDevice) ==
+            cudaSuccess);
+    REQUIRE(gpu().unscale_and_check_many(device_refs, 0.5f, {}));
+    REQUIRE(cpu().unscale_and_check_many(host_refs, 0.5f, {}));
+    for (std::size_t k = 0; k < sizes.size(); ++k) REQUIRE(device[k]->download() == host[k]);
+  }
+}
+
 TEST_CASE("combine on the GPU equals the CPU's for every dtype pair, scale and accumulate") {
   const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
   const std::size_t n = 256 * 4096 + 4099;

@@ -2,9 +2,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/cast.h"
+#include "kernels/compute.h"
 #include "kernels/norm.h"
 #include "kernels/unscale.h"
 #include "tests/kernels/test_util.h"
@@ -86,6 +88,42 @@ TEST_CASE("squared norm is accurate and bitwise independent of ISA and thread co
   with_inf[57] = INFINITY;
   REQUIRE(std::isinf(zk::squared_l2_norm_cpu(with_inf.data(), DType::F32, with_inf.size())));
   REQUIRE(zk::squared_l2_norm_cpu(nullptr, DType::F32, 0) == 0.0);
+}
+
+TEST_CASE("the compute table's _many entries equal the single calls, array by array") {
+  const zk::ComputeKernels& cpu = zk::cpu_compute_kernels();
+  // Sizes across the norm block (4096), an empty array, and more blocks than threads.
+  const std::vector<std::size_t> sizes = {7, 0, 4096, 3 * 4096 + 5, 1, kNumel};
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (int threads : {1, 3}) {
+      INFO(zero::dtype_name(dtype) << " threads " << threads);
+      std::vector<std::vector<std::byte>> arrays;
+      std::vector<zk::ArrayRef> refs;
+      double expected = 0.0;
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        arrays.push_back(encode(
+            zk::test::random_floats(sizes[k], static_cast<std::uint32_t>(11 + k), -3.0f, 3.0f),
+            dtype));
+        expected += cpu.squared_l2_norm(arrays[k].data(), dtype, sizes[k], {threads});
+      }
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        refs.push_back({arrays[k].data(), dtype, sizes[k]});
+      REQUIRE(expected > 0.0);  // not vacuous
+      const double got = cpu.squared_l2_norm_many(refs, {threads});
+      REQUIRE(std::memcmp(&got, &expected, sizeof got) == 0);
+      REQUIRE(cpu.squared_l2_norm_many({}, {threads}) == 0.0);
+
+      REQUIRE_FALSE(cpu.unscale_and_check_many(refs, 1.0f, {threads}));
+      const float inf = std::numeric_limits<float>::infinity();
+      cpu.combine(arrays[3].data() + 9 * zero::dtype_size(dtype), dtype, &inf, DType::F32, 1, 1.0f,
+                  false, {});
+      REQUIRE(cpu.unscale_and_check_many(refs, 1.0f, {threads}));
+      // Every array is scaled, the ones after an overflowing one too.
+      const std::vector<std::byte> last_before = arrays.back();
+      REQUIRE(cpu.unscale_and_check_many(refs, 0.5f, {threads}));
+      REQUIRE(decode(arrays.back(), dtype)[5] == decode(last_before, dtype)[5] * 0.5f);
+    }
+  }
 }
 
 TEST_CASE(

@@ -24,16 +24,18 @@ TEST_CASE("element-wise grids cover every element once per pass and cap their bl
   }
 }
 
-TEST_CASE("the norm's fixed blocks map onto eight lanes each, whole blocks per warp") {
+TEST_CASE("the norm takes one CUDA block per fixed block, its lanes inside one warp") {
   const std::size_t b = zd::kNormBlockElems;
   REQUIRE(zd::norm_geometry(0, b).norm_blocks == 0);
   REQUIRE(zd::norm_geometry(0, b).cuda_blocks == 0);
   REQUIRE(zd::norm_geometry(1, b).norm_blocks == 1);
   REQUIRE(zd::norm_geometry(1, b).cuda_blocks == 1);
-  REQUIRE(zd::norm_geometry(b * 32, b).cuda_blocks == 1);
+  REQUIRE(zd::norm_geometry(b * 32, b).cuda_blocks == 32);
   REQUIRE(zd::norm_geometry(b * 32 + 1, b).norm_blocks == 33);
-  REQUIRE(zd::norm_geometry(b * 32 + 1, b).cuda_blocks == 2);
-  // Every norm block's lanes are threads [8k, 8k + 8) of one CUDA block, inside one warp.
-  REQUIRE(zd::kCudaNormBlocksPerCudaBlock * zd::kCudaNormLanes == zd::kCudaNormThreads);
+  REQUIRE(zd::norm_geometry(b * 32 + 1, b).cuda_blocks == 33);
+  // Staging: every thread loads the same number of elements, and the lanes are threads [0, 8).
+  REQUIRE(b % zd::kCudaNormThreads == 0);
+  REQUIRE(b % zd::kCudaNormLanes == 0);
+  REQUIRE(zd::kCudaNormThreads >= 32);
   REQUIRE(32 % zd::kCudaNormLanes == 0);
 }

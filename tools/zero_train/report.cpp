@@ -165,12 +165,22 @@ json engine_json(const EngineTimings& t, std::int64_t steps) {
   const double n = static_cast<double>(std::max<std::int64_t>(steps, 1));
   auto ms = [n](double s) { return s * 1e3 / n; };
   auto per = [n](std::int64_t c) { return static_cast<double>(c) / n; };
-  return {{"pack_ms", ms(t.pack_s)},           {"reduce_wait_ms", ms(t.reduce_wait_s)},
-          {"unpack_ms", ms(t.unpack_s)},       {"norm_ms", ms(t.norm_s)},
-          {"optimizer_ms", ms(t.optimizer_s)}, {"all_gather_ms", ms(t.all_gather_s)},
-          {"gather_ms", ms(t.gather_s)},       {"gather_wait_ms", ms(t.gather_wait_s)},
-          {"buckets", per(t.buckets)},         {"units_alone", per(t.units_alone)},
-          {"gathers", per(t.gathers)},         {"secondary_gathers", per(t.secondary_gathers)}};
+  return {{"pack_ms", ms(t.pack_s)},
+          {"reduce_wait_ms", ms(t.reduce_wait_s)},
+          {"unpack_ms", ms(t.unpack_s)},
+          {"norm_ms", ms(t.norm_s)},
+          {"optimizer_ms", ms(t.optimizer_s)},
+          {"all_gather_ms", ms(t.all_gather_s)},
+          {"gather_ms", ms(t.gather_s)},
+          {"gather_wait_ms", ms(t.gather_wait_s)},
+          {"buckets", per(t.buckets)},
+          {"units_alone", per(t.units_alone)},
+          {"gathers", per(t.gathers)},
+          {"secondary_gathers", per(t.secondary_gathers)},
+          {"landed_bytes", per(t.landed_bytes)},
+          {"land_ms", ms(t.land_s)},
+          {"uploaded_bytes", per(t.uploaded_bytes)},
+          {"upload_wait_ms", ms(t.upload_wait_s)}};
 }
 
 Reporter::Reporter(ReportStyle style, bool quiet, std::string config_path, std::FILE* out)

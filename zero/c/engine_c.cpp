@@ -442,19 +442,25 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
     ZERO_C_REQUIRE(json != nullptr, "json is null");
     const zero::EngineTimings t = checked(engine).timings();
     nlohmann::json j = {{"pack_s", t.pack_s},
-                              {"reduce_wait_s", t.reduce_wait_s},
-                              {"unpack_s", t.unpack_s},
-                              {"norm_s", t.norm_s},
-                              {"optimizer_s", t.optimizer_s},
-                              {"all_gather_s", t.all_gather_s},
-                              {"gather_s", t.gather_s},
-                              {"gather_wait_s", t.gather_wait_s},
-                              {"buckets", t.buckets},
-                              {"units_alone", t.units_alone},
-                              {"gathers", t.gathers},
-                              {"prefetches", t.prefetches},
-                              {"gathered_elems", t.gathered_elems},
-                              {"secondary_gathers", t.secondary_gathers}};
+                        {"reduce_wait_s", t.reduce_wait_s},
+                        {"unpack_s", t.unpack_s},
+                        {"norm_s", t.norm_s},
+                        {"optimizer_s", t.optimizer_s},
+                        {"all_gather_s", t.all_gather_s},
+                        {"gather_s", t.gather_s},
+                        {"gather_wait_s", t.gather_wait_s},
+                        {"buckets", t.buckets},
+                        {"units_alone", t.units_alone},
+                        {"gathers", t.gathers},
+                        {"prefetches", t.prefetches},
+                        {"gathered_elems", t.gathered_elems},
+                        {"secondary_gathers", t.secondary_gathers},
+                        {"landings", t.landings},
+                        {"landed_bytes", t.landed_bytes},
+                        {"land_s", t.land_s},
+                        {"uploads", t.uploads},
+                        {"uploaded_bytes", t.uploaded_bytes},
+                        {"upload_wait_s", t.upload_wait_s}};
     if (engine->nodes) {
       const zero::NodeTraffic now = engine->nodes->traffic();
       j["intra_node_bytes"] = now.intra_bytes - engine->traffic_base.intra_bytes;

@@ -227,7 +227,7 @@ void EngineImpl::init_state(const InitFn& init) {
   SliceMap& slices = *this;
   if (host_step_ && !params_offloaded_) {  // the model copy is the device's: write a mirror
     mirror_ = std::make_unique<HostModelMirror>(
-        device_, *layout_, Domains{rank_, world_, stage_ == 0}, model_dtype_, slices);
+        device_, *layout_, Domains{rank_, world_, stage_ == 0}, model_dtype_, slices, timings_);
   }
   optimizer_ = std::make_unique<PartitionOptimizer>(
       device_, host_step_ ? kernels::cpu_compute_kernels() : compute_, *layout_, parts_.partition,

@@ -294,7 +294,12 @@ void GradientReducer::finish(Slot& slot) {
         landing_ = device_.allocate(chunk_capacity_ * dtype_size(comm_dtype),
                                     MemoryKind::PinnedHost, MemoryTag::Buckets);
       }
-      device_.copy(landing_.data(), chunk, bytes);
+      {
+        ScopedTimer landing_timer(timings_.land_s);
+        device_.copy(landing_.data(), chunk, bytes);
+      }
+      ++timings_.landings;
+      timings_.landed_bytes += static_cast<std::int64_t>(bytes);
       chunk = static_cast<const std::byte*>(landing_.data());
     }
     std::size_t off = 0;

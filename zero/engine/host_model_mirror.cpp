@@ -2,16 +2,18 @@
 
 #include "zero/base/error.h"
 #include "zero/base/log.h"
+#include "zero/base/timer.h"
 
 namespace zero::engine_detail {
 
 HostModelMirror::HostModelMirror(Device& device, const FlatLayout& layout, Domains domains,
-                                 DType model_dtype, SliceMap& device_map)
+                                 DType model_dtype, SliceMap& device_map, EngineTimings& timings)
     : device_(device),
       layout_(layout),
       domains_(domains),
       model_dtype_(model_dtype),
       device_map_(device_map),
+      timings_(timings),
       mirror_(device.allocate(static_cast<std::size_t>(domains.count()) * layout.partition_elems() *
                                   dtype_size(model_dtype),
                               MemoryKind::PinnedHost, MemoryTag::LowPrecisionParams)),
@@ -39,12 +41,15 @@ void HostModelMirror::model_written(int domain, int unit, std::size_t slice_offs
   ZERO_ASSERT(slice_offset + count <= layout_.unit(unit).slice_elems);
   device_.copy_async(device_map_.model(domain, unit, slice_offset),
                      model(domain, unit, slice_offset), count * dtype_size(model_dtype_), *stream_);
+  ++timings_.uploads;
+  timings_.uploaded_bytes += static_cast<std::int64_t>(count * dtype_size(model_dtype_));
   pending_ = true;
 }
 
 void HostModelMirror::model_settled() {
   if (!pending_) return;
   pending_ = false;
+  ScopedTimer wait(timings_.upload_wait_s);
   stream_->synchronize();
 }
 

@@ -8,7 +8,8 @@
 // its host-to-device copy at once on the mirror's own stream, so the copy of one run overlaps the
 // step of the next; model_settled() waits for them all. The device's model copy — what the
 // all-gathers and the stage-3 fetcher read — is the engine's SliceMap, passed in as `device_map`,
-// which also still answers gradient().
+// which also still answers gradient(). The bytes uploaded and the time model_settled() waits go to
+// the engine's timings (uploaded_bytes, upload_wait_s).
 // Thread safety: the rank's thread only.
 #pragma once
 
@@ -18,15 +19,16 @@
 #include "zero/base/dtype.h"
 #include "zero/device/device.h"
 #include "zero/engine/slice_map.h"
+#include "zero/engine_timings.h"
 #include "zero/layout/flat_layout.h"
 
 namespace zero::engine_detail {
 
 class HostModelMirror final : public SliceMap {
  public:
-  // REQUIRES: device, layout and device_map outlive the mirror.
+  // REQUIRES: device, layout, device_map and timings outlive the mirror.
   HostModelMirror(Device& device, const FlatLayout& layout, Domains domains, DType model_dtype,
-                  SliceMap& device_map);
+                  SliceMap& device_map, EngineTimings& timings);
   ~HostModelMirror() override;  // waits for copies in flight
   HostModelMirror(const HostModelMirror&) = delete;
   HostModelMirror& operator=(const HostModelMirror&) = delete;
@@ -46,6 +48,7 @@ class HostModelMirror final : public SliceMap {
   const Domains domains_;
   const DType model_dtype_;
   SliceMap& device_map_;
+  EngineTimings& timings_;
   Buffer mirror_;
   std::unique_ptr<Stream> stream_;
   bool pending_ = false;

@@ -111,27 +111,25 @@ std::byte* PartitionOptimizer::gradient(int unit, std::size_t slice_offset) cons
                     layout_.unit(unit).partition_offset + slice_offset);
 }
 
-bool PartitionOptimizer::has_overflow() const {
-  for (std::size_t u = 0; u < layout_.num_units(); ++u) {
-    const std::size_t S = layout_.unit(static_cast<int>(u)).slice_elems;
-    if (S > 0 && compute_.unscale_and_check(slices_.gradient(own_domain(), static_cast<int>(u), 0),
-                                            options_.grad_dtype, S, 1.0f, options_.exec)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-double PartitionOptimizer::squared_norm() const {
-  double sum = 0.0;
+std::vector<kernels::ArrayRef> PartitionOptimizer::gradient_slices() const {
+  std::vector<kernels::ArrayRef> slices;
+  slices.reserve(layout_.num_units());
   for (std::size_t u = 0; u < layout_.num_units(); ++u) {
     const std::size_t S = layout_.unit(static_cast<int>(u)).slice_elems;
     if (S > 0) {
-      sum += compute_.squared_l2_norm(slices_.gradient(own_domain(), static_cast<int>(u), 0),
-                                      options_.grad_dtype, S, options_.exec);
+      slices.push_back(
+          {slices_.gradient(own_domain(), static_cast<int>(u), 0), options_.grad_dtype, S});
     }
   }
-  return sum;
+  return slices;
+}
+
+bool PartitionOptimizer::has_overflow() const {
+  return compute_.unscale_and_check_many(gradient_slices(), 1.0f, options_.exec);
+}
+
+double PartitionOptimizer::squared_norm() const {
+  return compute_.squared_l2_norm_many(gradient_slices(), options_.exec);
 }
 
 void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
@@ -154,11 +152,16 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
   // the agreement without a model write (StateOnly), so nothing after it can fail on I/O.
   const bool preview = model_store != nullptr && store_->nvme_count() < store_->count();
   auto each_run = [&](const offload::SubgroupStore::View& view, PartMode mode) {
+    StepBatch batch;
+    StepBatch* batching = compute_.waits_per_call ? &batch : nullptr;
     for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
       const auto g = static_cast<std::size_t>(run.group);
       ZERO_ASSERT(g < hypers.size() && g < scalars.size());
-      step_part(run, first, last, view, hypers[g], scalars[g], mode);
+      if (batch.group != run.group) flush(batch, hypers, scalars);
+      batch.group = run.group;
+      step_part(run, first, last, view, hypers[g], scalars[g], mode, batching);
     });
+    flush(batch, hypers, scalars);  // the view's memory is valid only inside this callback
   };
   std::function<void()> before_agree;
   if (model_store != nullptr) {
@@ -206,10 +209,24 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
   slices_.model_settled();
 }
 
+void PartitionOptimizer::flush(StepBatch& batch, std::span<const kernels::OptimizerHyper> hypers,
+                               std::span<const kernels::StepScalars> scalars) {
+  if (!batch.tensors.empty()) {
+    const auto g = static_cast<std::size_t>(batch.group);
+    compute_.optimizer_step_many(hypers[g], scalars[g], batch.tensors, options_.exec);
+  }
+  for (const StepBatch::Written& w : batch.written) {
+    slices_.model_written(w.domain, w.unit, w.first, w.count);
+  }
+  batch.tensors.clear();
+  batch.written.clear();
+}
+
 void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_t last,
                                    const offload::SubgroupStore::View& view,
                                    const kernels::OptimizerHyper& hyper,
-                                   const kernels::StepScalars& scalars, PartMode mode) {
+                                   const kernels::StepScalars& scalars, PartMode mode,
+                                   StepBatch* batch) {
   const DType master_dtype = options_.master_dtype;
   const DType model_dtype = options_.model_dtype;
   const std::size_t off = run.flat + (first - run.begin) - view.begin;  // inside the sub-group
@@ -256,6 +273,11 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
     t.state1 = state[1];
     if (write_model) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
+    if (batch != nullptr && master_dtype == DType::F32 && !on_copies) {
+      batch->tensors.push_back(t);  // one tile: the whole run, stepped in place
+      if (write_model) batch->written.push_back({run.domain, run.unit, first, n});
+      return;
+    }
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
     if (master_dtype != DType::F32 && !on_copies) {
       // The master keeps what the model copy got: the update rounded once to bf16.

@@ -84,7 +84,8 @@ class PartitionOptimizer {
   // Stages 1–3: the reduced gradient of this rank's slice of `unit` from `slice_offset` on.
   std::byte* gradient(int unit, std::size_t slice_offset) const;
 
-  // True when a gradient of the rank's own slices is ±inf or NaN (stops at the first).
+  // True when a gradient of the rank's own slices is ±inf or NaN. Both checks take every slice
+  // in one call of the compute table (one wait on a device).
   bool has_overflow() const;
   // Σ g² over the rank's own slices, unit by unit in unit order, in double.
   double squared_norm() const;
@@ -149,6 +150,8 @@ class PartitionOptimizer {
   void adopt(std::vector<Replacement>&& all);
 
  private:
+  // The rank's own gradient slice of every unit that has one, in unit order.
+  std::vector<kernels::ArrayRef> gradient_slices() const;
   struct Run {
     int domain = 0;
     int unit = 0;
@@ -166,9 +169,24 @@ class PartitionOptimizer {
   // Full: master, states and model copy. StateOnly: master and states, not the model copy.
   // ModelOnly: the model copy, from a step on copies of master and states (left as they are).
   enum class PartMode { Full, StateOnly, ModelOnly };
+  // Runs of one param group stepped by one call of the compute table (optimizer_step_many), on a
+  // table that waits for a device per call: their model copies are announced after that call.
+  struct StepBatch {
+    int group = -1;
+    std::vector<kernels::OptimizerTensors> tensors;
+    struct Written {
+      int domain, unit;
+      std::size_t first, count;
+    };
+    std::vector<Written> written;
+  };
+  // Steps [first, last) of `run`, or adds it to `batch` when the step is one kernel call in place
+  // (an fp32 master, not on copies) and `batch` is given.
   void step_part(const Run& run, std::size_t first, std::size_t last,
                  const offload::SubgroupStore::View& view, const kernels::OptimizerHyper& hyper,
-                 const kernels::StepScalars& scalars, PartMode mode);
+                 const kernels::StepScalars& scalars, PartMode mode, StepBatch* batch);
+  void flush(StepBatch& batch, std::span<const kernels::OptimizerHyper> hypers,
+             std::span<const kernels::StepScalars> scalars);
 
   Device& device_;
   const kernels::ComputeKernels& compute_;

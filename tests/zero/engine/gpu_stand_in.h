@@ -1,14 +1,16 @@
 // A CpuDevice that says it is not the host: the engine then treats its memory as a GPU's (moves
 // every value between host code and engine memory with Device::copy, steps an offloaded partition
 // on the host through a mirror) while the kernels still run on the CPU, so those paths can be
-// checked bitwise against the CPU engine on a machine without a GPU. Counts the copies made
-// through it when given a counter.
+// checked bitwise against the CPU engine on a machine without a GPU. Its kernel table is the CPU's
+// marked as a GPU's is (waits_per_call), so the engine gathers work into the `_many` entries as it
+// does on a GPU. Counts the copies made through it when given a counter.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <string_view>
 
+#include "kernels/compute.h"
 #include "zero/device/cpu_device.h"
 
 namespace zero::test {
@@ -18,6 +20,14 @@ class GpuStandIn final : public CpuDevice {
   GpuStandIn(int rank, const DeviceOptions& options, std::atomic<std::size_t>* copies = nullptr)
       : CpuDevice(rank, options), copies_(copies) {}
   std::string_view name() const override { return "gpu-stand-in"; }
+  const kernels::ComputeKernels& compute() const override {
+    static const kernels::ComputeKernels table = [] {
+      kernels::ComputeKernels t = kernels::cpu_compute_kernels();
+      t.waits_per_call = true;
+      return t;
+    }();
+    return table;
+  }
 
  protected:
   void copy_impl(void* dst, const void* src, std::size_t bytes) override {

@@ -33,8 +33,8 @@
 #   GPU_CHECK_BUILD_TIMEOUT=300       seconds for the build
 #   GPU_CHECK_PYTEST_TIMEOUT=240      seconds for the Python checks
 #   GPU_CHECK_PEERS_TIMEOUT=150       seconds for the torch comparison (part 7)
-#   ZERO_COMMIT=SHA                   the commit, where the copy is no git checkout (else the
-#                                     first line of a COMMIT file at its root)
+#   ZERO_COMMIT=SHA                   the commit the tree is (before git's answer: a copied tree may
+#                                     carry an older .git; else the first line of a COMMIT file)
 #   GPU_CHECK_PYTHON_TESTS=python/tests/gpu   the pytest folder
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -172,14 +172,15 @@ fi
 # --- the commit and the toolchain ----------------------------------------------------------------
 commit=unknown
 commit_source=unknown
-if [ "$(git -C "$root" rev-parse --show-toplevel 2>/dev/null)" = "$root" ]; then
+# ZERO_COMMIT first: a copy of the tree may carry a .git older than its files.
+if [ -n "${ZERO_COMMIT:-}" ]; then
+  commit=$ZERO_COMMIT
+  commit_source=ZERO_COMMIT
+elif [ "$(git -C "$root" rev-parse --show-toplevel 2>/dev/null)" = "$root" ]; then
   commit=$(git -C "$root" rev-parse HEAD)
   commit_source=git
   [ -z "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] ||
     commit_source="git, with uncommitted changes"
-elif [ -n "${ZERO_COMMIT:-}" ]; then
-  commit=$ZERO_COMMIT
-  commit_source=ZERO_COMMIT
 elif [ -f "$root/COMMIT" ]; then
   commit=$(head -n 1 "$root/COMMIT")
   commit_source="COMMIT file"

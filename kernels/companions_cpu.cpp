@@ -45,6 +45,17 @@ double squared_l2_norm_cpu(const void* data, DType dtype, std::size_t numel, con
   return sum;
 }
 
+double sum_norm_blocks(std::span<const double> block_sums, std::span<const std::size_t> first) {
+  ZERO_ASSERT(!first.empty() && first.back() <= block_sums.size());
+  double sum = 0.0;
+  for (std::size_t a = 0; a + 1 < first.size(); ++a) {
+    double array_sum = 0.0;
+    for (std::size_t b = first[a]; b < first[a + 1]; ++b) array_sum += block_sums[b];
+    sum += array_sum;
+  }
+  return sum;
+}
+
 void cast_cpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t numel,
               const CpuExec& exec) {
   detail::check_float_array("cast", "src", src, src_dtype, numel);

@@ -55,13 +55,7 @@ double squared_l2_norm_many(std::span<const ArrayRef> arrays, const CpuExec& exe
         const std::size_t end = std::min(arrays[a].numel, begin + detail::kNormBlockElems);
         block_sums[b] = kernels.squared_norm_block(arrays[a].data, arrays[a].dtype, begin, end);
       });
-  double sum = 0.0;
-  for (std::size_t a = 0; a < arrays.size(); ++a) {
-    double array_sum = 0.0;
-    for (std::size_t b = first[a]; b < first[a + 1]; ++b) array_sum += block_sums[b];
-    sum += array_sum;
-  }
-  return sum;
+  return sum_norm_blocks(block_sums, first);
 }
 
 }  // namespace

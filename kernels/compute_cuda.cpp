@@ -9,6 +9,7 @@
 
 #include "kernels/companions_cuda.h"
 #include "kernels/compute.h"
+#include "kernels/norm.h"
 #include "kernels/optimizer_cuda.h"
 #include "zero/base/cuda_error.h"
 
@@ -154,13 +155,7 @@ double squared_l2_norm_many(std::span<const ArrayRef> arrays, const CpuExec& exe
   ZERO_CUDA_CHECK(cudaMemcpyAsync(host_sums, device_sums, blocks * sizeof(double),
                                   cudaMemcpyDeviceToHost, stream_of(exec)));
   synchronize(exec);
-  double sum = 0.0;
-  for (std::size_t a = 0; a < arrays.size(); ++a) {
-    double array_sum = 0.0;
-    for (std::size_t b = first[a]; b < first[a + 1]; ++b) array_sum += host_sums[b];
-    sum += array_sum;
-  }
-  return sum;
+  return sum_norm_blocks(std::span<const double>(host_sums, blocks), first);
 }
 
 double squared_l2_norm(const void* data, DType dtype, std::size_t numel, const CpuExec& exec) {

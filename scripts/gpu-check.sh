@@ -12,7 +12,10 @@
 #      AdamW against its traffic probe);
 #   6. zero-train --device cuda with examples/configs/zero2_bf16_warmup.json and
 #      zero2_offload_cpu.json;
-#   7. benchmarks/peers/cuda_optimizer_peers.py: zero's AdamW (64M and 1G parameters in 100
+#   7. benchmarks/peers/cuda_train_peers.py: zero.initialize at stages 0-3 against plain PyTorch
+#      (fused AdamW, autocast bf16) and a bare forward+backward, training the same 110M-parameter
+#      GPT on this GPU; PASS when every peer ran and the losses agree;
+#   8. benchmarks/peers/cuda_optimizer_peers.py: zero's AdamW (64M and 1G parameters in 100
 #      tensors) against its traffic probe and torch.optim.AdamW(fused=True) on this GPU; PASS only
 #      when it exits 0 (every target met), NOT RUN where python3 has no torch.
 # Every part runs and is reported even when an earlier one failed (only a failed configure stops
@@ -32,7 +35,8 @@
 #   GPU_CHECK_PART_TIMEOUT=120        seconds per test, benchmark or training run
 #   GPU_CHECK_BUILD_TIMEOUT=300       seconds for the build
 #   GPU_CHECK_PYTEST_TIMEOUT=240      seconds for the Python checks
-#   GPU_CHECK_PEERS_TIMEOUT=150       seconds for the torch comparison (part 7)
+#   GPU_CHECK_PEERS_TIMEOUT=150       seconds for the torch comparison (part 8)
+#   GPU_CHECK_TRAIN_PEERS_TIMEOUT=150 seconds for the training comparison (part 7)
 #   ZERO_COMMIT=SHA                   the commit the tree is (before git's answer: a copied tree may
 #                                     carry an older .git; else the first line of a COMMIT file)
 #   GPU_CHECK_PYTHON_TESTS=python/tests/gpu   the pytest folder
@@ -46,6 +50,7 @@ part_timeout=${GPU_CHECK_PART_TIMEOUT:-120}
 build_timeout=${GPU_CHECK_BUILD_TIMEOUT:-300}
 pytest_timeout=${GPU_CHECK_PYTEST_TIMEOUT:-240}
 peers_timeout=${GPU_CHECK_PEERS_TIMEOUT:-150}
+train_peers_timeout=${GPU_CHECK_TRAIN_PEERS_TIMEOUT:-150}
 started=$(date +%s)
 deadline=$((started + ${GPU_CHECK_BUDGET:-420}))
 
@@ -219,12 +224,13 @@ summarise() {
 }
 
 peers_part="AdamW against torch fused (peers/cuda_optimizer_peers.py)"
+train_peers_part="training against torch on the GPU (peers/cuda_train_peers.py)"
 planned_parts=("build (gpu-check-targets)" "gpu tests (ctest -L gpu)" "python tests (python/tests/gpu)"
                "zero-bench kernels --device cuda" "zero-bench step --device cuda"
                "zero-bench step --device cuda (zero2_offload_cpu)" "zero-bench offload (host CPU Adam)"
                "zero-train --device cuda (zero2_bf16_warmup)" "zero-train --device cuda (zero2_offload_cpu)"
                "zero-train --device cuda --world-size 2 on GPU 0 (zero2_bf16_warmup)"
-               "$peers_part")
+               "$train_peers_part" "$peers_part")
 
 # --- configure -----------------------------------------------------------------------------------
 cmake_args=(-S "$root" -B "$build" -G "$generator" -DCMAKE_BUILD_TYPE=Release
@@ -400,6 +406,31 @@ done
 tool_part "zero-train --device cuda --world-size 2 on GPU 0 (zero2_bf16_warmup)" train-two-ranks \
   zero-train "$train" --device cuda --config "$root/examples/configs/zero2_bf16_warmup.json" \
   --world-size 2 --steps 50 --json
+
+# --- zero.initialize against plain PyTorch training the same transformer on this GPU ----------
+name=$train_peers_part
+if ! built zero_shared; then
+  record "$name" FAIL 0 "libzero.so not built (see build.log)"
+elif ! python3 -c 'import torch' 2>/dev/null; then
+  record "$name" "NOT RUN" 0 "python3 has no torch"
+elif [ "$(limit_for "$train_peers_timeout")" -eq 0 ]; then
+  record "$name" "NOT RUN" 0 "no time left in the budget"
+else
+  limit=$(limit_for "$train_peers_timeout")
+  run_timed "$limit" "$out/peers-cuda-train.log" - env -C "$root" ZERO_LIBRARY="$library" \
+    PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" python3 \
+    "$root/benchmarks/peers/cuda_train_peers.py" --json "$out/peers-cuda-train.json"
+  files=(peers-cuda-train.log)
+  [ -f "$out/peers-cuda-train.json" ] && files+=(peers-cuda-train.json)
+  if [ $rc -eq 0 ]; then
+    record "$name" PASS "$seconds" "$(grep -E '^\| zero-s' "$out/peers-cuda-train.log" |
+      awk -F'|' '{gsub(/ /, "", $2); gsub(/ /, "", $9); printf "%s %sx torch; ", $2, $9}')" \
+      "${files[@]}"
+  else
+    record "$name" FAIL "$seconds" \
+      "$(failure_detail $rc "$limit" "$out/peers-cuda-train.log")" "${files[@]}"
+  fi
+fi
 
 # --- zero's AdamW against torch's fused AdamW on the same GPU (issue 31 item 4) ---------------
 # Last: it needs zero-bench and torch, and a run cut short by the budget has no figures.

@@ -29,6 +29,15 @@ struct ArrayRef {
   std::size_t numel = 0;
 };
 
+// One pair of a combine_many call: dst ← src (see combine below), both in the backend's memory.
+struct CombineRef {
+  void* dst = nullptr;
+  DType dst_dtype = DType::F32;
+  const void* src = nullptr;
+  DType src_dtype = DType::F32;
+  std::size_t numel = 0;
+};
+
 struct ComputeKernels {
   std::string_view backend;  // "cpu", "cuda"
   // True when every call ends with a wait for a device: callers then gather work into the
@@ -56,6 +65,10 @@ struct ComputeKernels {
   // dst ← src·scale (+ dst with accumulate), rounded once to dst's dtype.
   void (*combine)(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::size_t numel,
                   float scale, bool accumulate, const CpuExec& exec);
+  // combine over several pairs with one scale and accumulate flag (a bucket's pieces): one wait
+  // on a device backend; the same bits as one call per pair.
+  void (*combine_many)(std::span<const CombineRef> pairs, float scale, bool accumulate,
+                       const CpuExec& exec);
   void (*fill_zero)(void* dst, DType dtype, std::size_t numel, const CpuExec& exec);
   // The communicators' reduction (reduce.h): dst[i] ← srcs[0][i] ⊕ … ⊕ srcs[nsrc-1][i] left to
   // right in fp32, divided by `divisor` unless it is 0, rounded once to `dtype`. `srcs` is a host

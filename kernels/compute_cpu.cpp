@@ -27,6 +27,13 @@ void optimizer_step_many(const OptimizerHyper& hyper, const StepScalars& scalars
   for (const OptimizerTensors& t : tensors) optimizer_step_cpu(hyper, scalars, t, exec);
 }
 
+void combine_many(std::span<const CombineRef> pairs, float scale, bool accumulate,
+                  const CpuExec& exec) {
+  for (const CombineRef& p : pairs) {
+    combine_cpu(p.dst, p.dst_dtype, p.src, p.src_dtype, p.numel, scale, accumulate, exec);
+  }
+}
+
 bool unscale_and_check_many(std::span<const ArrayRef> arrays, float scale, const CpuExec& exec) {
   bool nonfinite = false;
   for (const ArrayRef& a : arrays) {
@@ -71,6 +78,7 @@ const ComputeKernels& cpu_compute_kernels() {
       .unscale_and_check_many = &unscale_and_check_many,
       .squared_l2_norm_many = &squared_l2_norm_many,
       .combine = &combine_cpu,
+      .combine_many = &combine_many,
       .fill_zero = &fill_zero_cpu,
       .reduce = &reduce,
       .traffic_probe = &traffic_probe_cpu,

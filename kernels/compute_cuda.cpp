@@ -169,6 +169,16 @@ void combine(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::
   synchronize(exec);
 }
 
+void combine_many(std::span<const CombineRef> pairs, float scale, bool accumulate,
+                  const CpuExec& exec) {
+  if (pairs.empty()) return;
+  for (const CombineRef& p : pairs) {
+    combine_cuda_async(p.dst, p.dst_dtype, p.src, p.src_dtype, p.numel, scale, accumulate,
+                       exec.cuda_stream);
+  }
+  synchronize(exec);
+}
+
 void fill_zero(void* dst, DType dtype, std::size_t numel, const CpuExec& exec) {
   fill_zero_cuda_async(dst, dtype, numel, exec.cuda_stream);
   synchronize(exec);
@@ -198,6 +208,7 @@ const ComputeKernels& cuda_compute_kernels() {
       .unscale_and_check_many = &unscale_and_check_many,
       .squared_l2_norm_many = &squared_l2_norm_many,
       .combine = &combine,
+      .combine_many = &combine_many,
       .fill_zero = &fill_zero,
       .reduce = &reduce,
       .traffic_probe = &traffic_probe,

@@ -129,6 +129,26 @@ TEST_CASE("the _many entries on the GPU give the CPU's bits with one wait for ev
     REQUIRE(gpu().unscale_and_check_many(device_refs, 0.5f, {}));
     REQUIRE(cpu().unscale_and_check_many(host_refs, 0.5f, {}));
     for (std::size_t k = 0; k < sizes.size(); ++k) REQUIRE(device[k]->download() == host[k]);
+
+    // combine_many into fp32 buffers, accumulating: each pair as the CPU's combine.
+    std::vector<std::vector<std::byte>> dst_host;
+    std::vector<std::unique_ptr<DeviceBytes>> dst_device;
+    std::vector<zk::CombineRef> host_pairs, device_pairs;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      dst_host.push_back(
+          random_array(sizes[k], DType::F32, static_cast<std::uint32_t>(60 + k), -1.0f, 1.0f));
+      dst_device.push_back(std::make_unique<DeviceBytes>(dst_host.back()));
+    }
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      host_pairs.push_back({dst_host[k].data(), DType::F32, host[k].data(), dtype, sizes[k]});
+      device_pairs.push_back({dst_device[k]->ptr, DType::F32, device[k]->ptr, dtype, sizes[k]});
+    }
+    const std::vector<std::byte> before = dst_host[3];
+    cpu().combine_many(host_pairs, 0.75f, true, {});
+    REQUIRE(dst_host[3] != before);  // not vacuous
+    gpu().combine_many(device_pairs, 0.75f, true, {});
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      REQUIRE(dst_device[k]->download() == dst_host[k]);
   }
 }
 

@@ -122,6 +122,24 @@ TEST_CASE("the compute table's _many entries equal the single calls, array by ar
       const std::vector<std::byte> last_before = arrays.back();
       REQUIRE(cpu.unscale_and_check_many(refs, 0.5f, {threads}));
       REQUIRE(decode(arrays.back(), dtype)[5] == decode(last_before, dtype)[5] * 0.5f);
+
+      // combine_many: each pair as its own combine call, into fp32 and into `dtype`, accumulating.
+      for (DType dst_dtype : {DType::F32, dtype}) {
+        std::vector<std::vector<std::byte>> want(sizes.size()), have(sizes.size());
+        std::vector<zk::CombineRef> pairs;
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          want[k] = encode(
+              zk::test::random_floats(sizes[k], static_cast<std::uint32_t>(40 + k), -1.0f, 1.0f),
+              dst_dtype);
+          have[k] = want[k];
+          cpu.combine(want[k].data(), dst_dtype, arrays[k].data(), dtype, sizes[k], 0.75f, true,
+                      {threads});
+          pairs.push_back({have[k].data(), dst_dtype, arrays[k].data(), dtype, sizes[k]});
+        }
+        REQUIRE(want.back() != have.back());  // the call has something to do
+        cpu.combine_many(pairs, 0.75f, true, {threads});
+        REQUIRE(have == want);
+      }
     }
   }
 }

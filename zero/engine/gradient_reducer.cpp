@@ -183,12 +183,14 @@ void GradientReducer::finish(Alone& alone) {
   if (!alone.landed) {
     ScopedTimer timer(timings_.unpack_s);
     const std::size_t S = layout_.unit(alone.unit).slice_elems;
+    std::vector<kernels::CombineRef> unpack;
     for (int d = 0; d < domains_.count(); ++d) {
       const auto q = static_cast<std::size_t>(domains_.rank_of(d));
-      compute_.combine(target_.gradient(d, alone.unit, 0), options_.accum_dtype,
-                       element_at(ub.staging, options_.comm_dtype, q * S), options_.comm_dtype, S,
-                       options_.consume_scale, alone.accumulate, options_.exec);
+      unpack.push_back({target_.gradient(d, alone.unit, 0), options_.accum_dtype,
+                        element_at(ub.staging, options_.comm_dtype, q * S), options_.comm_dtype,
+                        S});
     }
+    compute_.combine_many(unpack, options_.consume_scale, alone.accumulate, options_.exec);
   }
   ub.staging.reset();
 }
@@ -238,17 +240,21 @@ void GradientReducer::flush_bucket() {
     }
   }
   slot.pieces.clear();
+  // Every piece of every rank's chunk in one call (one wait on a GPU).
+  std::vector<kernels::CombineRef> pack;
+  pack.reserve(W * open_.size());
   for (std::size_t q = 0; q < W; ++q) {
     std::size_t off = q * chunk;
     for (const Source& s : open_) {
       const std::size_t S = layout_.unit(s.piece.unit).slice_elems;
       const auto* src = static_cast<const std::byte*>(s.unit_buffer) +
                         (q * S + s.piece.begin) * dtype_size(s.dtype);
-      compute_.combine(element_at(slot.send, comm_dtype, off), comm_dtype, src, s.dtype,
-                       s.piece.size(), options_.pack_scale, false, options_.exec);
+      pack.push_back(
+          {element_at(slot.send, comm_dtype, off), comm_dtype, src, s.dtype, s.piece.size()});
       off += s.piece.size();
     }
   }
+  compute_.combine_many(pack, options_.pack_scale, false, options_.exec);
   for (const Source& s : open_) {
     slot.pieces.push_back(s.piece);
     UnitBuffers& ub = units_[static_cast<std::size_t>(s.piece.unit)];
@@ -283,6 +289,7 @@ void GradientReducer::finish(Slot& slot) {
   ScopedTimer timer(timings_.unpack_s);
   const DType comm_dtype = options_.comm_dtype;
   const kernels::ComputeKernels& land = options_.host_landing ? *options_.host_landing : compute_;
+  std::vector<kernels::CombineRef> unpack;
   for (int d = 0; d < domains_.count(); ++d) {
     const auto q = static_cast<std::size_t>(domains_.rank_of(d));
     const std::byte* chunk = scatters() ? static_cast<const std::byte*>(slot.recv.data())
@@ -302,13 +309,15 @@ void GradientReducer::finish(Slot& slot) {
       timings_.landed_bytes += static_cast<std::int64_t>(bytes);
       chunk = static_cast<const std::byte*>(landing_.data());
     }
+    // A domain's pieces in one call (the landing buffer is reused by the next domain).
+    unpack.clear();
     std::size_t off = 0;
     for (const Piece& p : slot.pieces) {
-      land.combine(target_.gradient(d, p.unit, p.begin), options_.accum_dtype,
-                   chunk + off * dtype_size(comm_dtype), comm_dtype, p.size(),
-                   options_.consume_scale, slot.accumulate, options_.exec);
+      unpack.push_back({target_.gradient(d, p.unit, p.begin), options_.accum_dtype,
+                        chunk + off * dtype_size(comm_dtype), comm_dtype, p.size()});
       off += p.size();
     }
+    land.combine_many(unpack, options_.consume_scale, slot.accumulate, options_.exec);
   }
 }
 

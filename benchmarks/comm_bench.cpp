@@ -25,6 +25,8 @@
 // The figure the issue quotes: OpenMPI 4.1's reduce_scatter_block (MPI_Ireduce_scatter_block,
 // which MpiComm uses) reached about 0.4 GB/s bus bandwidth on this machine for 64 MB per rank
 // between 2 processes; a shared-memory collective should be an order of magnitude faster.
+#include "benchmarks/comm_bench.h"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -55,27 +57,20 @@
 #include "zero/base/timer.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/hierarchical_comm.h"
-#include "zero/comm/node_topology.h"
 #include "zero/comm/inproc_comm.h"
+#include "zero/comm/node_topology.h"
 #include "zero/comm/shm_comm.h"
 #include "zero/device/device.h"
 
 namespace zero::bench {
 
+using comm_bench::BackendChoice;
+using comm_bench::CommArgs;
+using comm_bench::Figure;
+using comm_bench::measure;
+using comm_bench::measure_shm;
+
 namespace {
-
-enum class BackendChoice { Inproc, Shm, Mpi, Nccl, All };
-
-struct CommArgs {
-  bool json = false;
-  int world_size = 2;  // inproc, shm and nccl (one GPU per rank); under mpirun the job's size
-  std::vector<std::size_t> sizes_bytes = {std::size_t{1} << 20, std::size_t{16} << 20,
-                                          std::size_t{64} << 20};
-  BackendChoice backend = BackendChoice::All;
-  int repetitions = 5;
-  int rounds = 3;  // of inproc and shm, alternating
-  std::optional<int> ranks_per_node;  // also measure two-level collectives over simulated nodes
-};
 
 constexpr std::string_view kUsage =
     "usage: zero-bench comm [--json] [--world-size N] [--sizes LIST] [--backend "
@@ -212,24 +207,6 @@ double memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes, int
   return best;
 }
 
-struct Figure {
-  std::string backend;
-  Collective op = Collective::ReduceScatter;
-  DType dtype = DType::F32;
-  int world_size = 0;
-  CollectiveTiming timing;
-  double memcpy_gbps = 0;
-  std::optional<ShmTransport> transport;  // ShmComm's
-  double inproc_bus_gbps = 0;  // InProcComm's figure for the same op, dtype and size, 0 if none
-  // ShmComm: of the bytes read from peers, the share read in place from their shared host
-  // arenas (the rest through process_vm_readv); negative when not counted.
-  double direct_fraction = -1;
-  // Two-level rows (--ranks-per-node): one op's bytes per rank inside and across nodes; -1 for
-  // flat rows.
-  double intra_node_bytes = -1;
-  double inter_node_bytes = -1;
-};
-
 // `rounds`: how many rounds the printed figures are the best of (1 under mpirun).
 void print_header(const CommArgs& args, int rounds) {
   if (args.json) return;
@@ -329,45 +306,6 @@ void measure_two_level(Communicator& comm, const CommArgs& args, Device& device,
   }
 }
 
-// Every figure for one backend, in a fixed order (size, dtype, op). Collective over `comm`; every
-// rank returns the same timings. Buffers live in host memory, or with `gpu` in that GPU's memory,
-// `control` then carrying the host-memory timing reductions.
-std::vector<Figure> measure(Communicator& comm, const CommArgs& args, Device* gpu = nullptr,
-                            Communicator* control = nullptr) {
-  check_sizes(args, comm.size());
-  std::unique_ptr<Device> cpu;
-  if (gpu == nullptr) cpu = make_device("cpu", comm.rank());
-  Device* const device = gpu != nullptr ? gpu : cpu.get();
-  Communicator& host = control != nullptr ? *control : comm;
-  const std::optional<ShmTransport> transport = shm_transport(comm);
-  std::vector<Figure> figures;
-  for (std::size_t bytes : args.sizes_bytes) {
-    const double memcpy_gbps = static_cast<double>(bytes) /
-                               memcpy_seconds(comm, *device, bytes, args.repetitions, host) / 1e9;
-    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-      for (Collective op :
-           {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
-        // Single ops, each after its own validated warm-up run; every rank gets the same
-        // figures, so every rank keeps the same best.
-        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, transport, 0};
-        const std::optional<ShmReadStats> before = shm_read_stats(comm);
-        for (int r = 0; r < args.repetitions; ++r) {
-          const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype, &host);
-          if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
-        }
-        if (const std::optional<ShmReadStats> after = shm_read_stats(comm)) {
-          const auto direct = static_cast<double>(after->direct_bytes - before->direct_bytes);
-          const auto kernel = static_cast<double>(after->kernel_bytes - before->kernel_bytes);
-          if (direct + kernel > 0) f.direct_fraction = direct / (direct + kernel);
-        }
-        figures.push_back(f);
-      }
-    }
-  }
-  if (gpu == nullptr && args.ranks_per_node) measure_two_level(comm, args, *device, figures);
-  return figures;
-}
-
 // In-process ranks, one GPU each, over NCCL (the in-process communicator carries the host-side
 // reductions). The limit is the GPU's own copy between two buffers of its memory.
 void check_nccl(const CommArgs& args) {
@@ -401,130 +339,6 @@ std::vector<Figure> measure_inproc(const CommArgs& args) {
     auto mine = measure(comm, args);
     if (comm.rank() == 0) figures = std::move(mine);
   });
-  return figures;
-}
-
-// What a forked shm rank 0 hands back to the parent through a pipe, one record per figure in
-// measure()'s order (the parent knows each row's op, dtype and size from that order).
-struct FigureRecord {
-  CollectiveTiming timing;
-  double memcpy_gbps = 0;
-  double direct_fraction = -1;
-  int transport = -1;  // ShmTransport, or -1 for none
-  double intra_node_bytes = -1;
-  double inter_node_bytes = -1;
-};
-
-void write_all(int fd, const void* data, std::size_t bytes) {
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    ZERO_CHECK(n > 0, "zero-bench comm: writing figures to the parent failed: {}",
-               std::strerror(errno));
-    p += n;
-    bytes -= static_cast<std::size_t>(n);
-  }
-}
-
-// Reads until end of file.
-std::string read_all(int fd) {
-  std::string out;
-  char chunk[4096];
-  for (;;) {
-    const ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0 && errno == EINTR) continue;
-    ZERO_CHECK(n >= 0, "zero-bench comm: reading the shm ranks' figures failed: {}",
-               std::strerror(errno));
-    if (n == 0) return out;
-    out.append(chunk, static_cast<std::size_t>(n));
-  }
-}
-
-// Forks --world-size processes, each a ShmComm rank measuring the same figures; rank 0 sends
-// them back to this process.
-std::vector<Figure> measure_shm(const CommArgs& args) {
-  const std::string name = fmt::format("zero-bench-comm-{}-{}", ::getpid(),
-                                       std::chrono::steady_clock::now().time_since_epoch().count());
-  int pipe_fds[2];
-  ZERO_CHECK(::pipe2(pipe_fds, O_CLOEXEC) == 0, "zero-bench comm: pipe failed: {}",
-             std::strerror(errno));
-  std::fflush(nullptr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < args.world_size; ++r) {
-    const pid_t pid = ::fork();
-    ZERO_CHECK(pid >= 0, "zero-bench comm: fork of shm rank {} failed", r);
-    if (pid == 0) {
-      ::close(pipe_fds[0]);
-      int code = 0;
-      try {
-        const auto comm =
-            make_shm_communicator(name, r, args.world_size, CommOptions{std::chrono::minutes(10)});
-        const std::vector<Figure> figures = measure(*comm, args);
-        if (r == 0) {
-          for (const Figure& f : figures) {
-            const FigureRecord rec{f.timing,
-                                   f.memcpy_gbps,
-                                   f.direct_fraction,
-                                   f.transport ? static_cast<int>(*f.transport) : -1,
-                                   f.intra_node_bytes,
-                                   f.inter_node_bytes};
-            write_all(pipe_fds[1], &rec, sizeof rec);
-          }
-        }
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "zero-bench comm: shm rank %d: %s\n", r, e.what());
-        code = 1;
-      }
-      std::fflush(nullptr);
-      ::_exit(code);  // never return into the parent's stack
-    }
-    pids.push_back(pid);
-  }
-  ::close(pipe_fds[1]);
-  const std::string records = read_all(pipe_fds[0]);
-  ::close(pipe_fds[0]);
-  std::vector<std::string> failed;
-  for (int r = 0; r < args.world_size; ++r) {
-    int status = 0;
-    ::waitpid(pids[static_cast<std::size_t>(r)], &status, 0);
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    failed.push_back(WIFSIGNALED(status)
-                         ? fmt::format("rank {} killed by signal {}", r, WTERMSIG(status))
-                         : fmt::format("rank {} exited with status {}", r, WEXITSTATUS(status)));
-  }
-  ZERO_CHECK(failed.empty(), "zero-bench comm: the shm ranks failed: {}",
-             fmt::format("{}", fmt::join(failed, "; ")));
-
-  // measure()'s order: the flat rows, then (--ranks-per-node) the same rows in two levels.
-  std::vector<Figure> figures;
-  const std::size_t count = records.size() / sizeof(FigureRecord);
-  const std::string two_level =
-      args.ranks_per_node
-          ? fmt::format("shm/{}x{}", args.world_size / *args.ranks_per_node, *args.ranks_per_node)
-          : "";
-  for (const std::string& backend : {std::string("shm"), two_level}) {
-    if (backend.empty()) continue;
-    for (std::size_t size_index = 0; size_index < args.sizes_bytes.size(); ++size_index) {
-      for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-        for (Collective op :
-             {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
-          ZERO_CHECK(figures.size() < count && records.size() % sizeof(FigureRecord) == 0,
-                     "zero-bench comm: the shm ranks sent {} bytes of figures, not {} records",
-                     records.size(), figures.size() + 1);
-          FigureRecord rec;
-          std::memcpy(&rec, records.data() + figures.size() * sizeof rec, sizeof rec);
-          Figure f{backend, op, dtype, args.world_size, rec.timing, rec.memcpy_gbps, std::nullopt,
-                   0};
-          if (rec.transport >= 0) f.transport = static_cast<ShmTransport>(rec.transport);
-          f.direct_fraction = rec.direct_fraction;
-          f.intra_node_bytes = rec.intra_node_bytes;
-          f.inter_node_bytes = rec.inter_node_bytes;
-          figures.push_back(f);
-        }
-      }
-    }
-  }
   return figures;
 }
 
@@ -562,6 +376,43 @@ void measure_local(const CommArgs& args, bool run_inproc, bool run_shm) {
 }
 
 }  // namespace
+
+// comm_bench.h
+std::vector<Figure> comm_bench::measure(Communicator& comm, const CommArgs& args, Device* gpu,
+                                        Communicator* control) {
+  check_sizes(args, comm.size());
+  std::unique_ptr<Device> cpu;
+  if (gpu == nullptr) cpu = make_device("cpu", comm.rank());
+  Device* const device = gpu != nullptr ? gpu : cpu.get();
+  Communicator& host = control != nullptr ? *control : comm;
+  const std::optional<ShmTransport> transport = shm_transport(comm);
+  std::vector<Figure> figures;
+  for (std::size_t bytes : args.sizes_bytes) {
+    const double memcpy_gbps = static_cast<double>(bytes) /
+                               memcpy_seconds(comm, *device, bytes, args.repetitions, host) / 1e9;
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      for (Collective op :
+           {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
+        // Single ops, each after its own validated warm-up run; every rank gets the same
+        // figures, so every rank keeps the same best.
+        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, transport, 0};
+        const std::optional<ShmReadStats> before = shm_read_stats(comm);
+        for (int r = 0; r < args.repetitions; ++r) {
+          const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype, &host);
+          if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
+        }
+        if (const std::optional<ShmReadStats> after = shm_read_stats(comm)) {
+          const auto direct = static_cast<double>(after->direct_bytes - before->direct_bytes);
+          const auto kernel = static_cast<double>(after->kernel_bytes - before->kernel_bytes);
+          if (direct + kernel > 0) f.direct_fraction = direct / (direct + kernel);
+        }
+        figures.push_back(f);
+      }
+    }
+  }
+  if (gpu == nullptr && args.ranks_per_node) measure_two_level(comm, args, *device, figures);
+  return figures;
+}
 
 int run_comm(std::span<const std::string> argv) {
   const CommArgs args = parse_args(argv);

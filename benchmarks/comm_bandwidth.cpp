@@ -114,6 +114,7 @@ CollectiveTiming time_collective(Communicator& comm, Device& device, Collective 
   CollectiveTiming t;
   t.bytes_per_rank = bytes_per_rank;
   t.iterations = iterations;
+  t.ops = 1 + iterations;
   t.seconds_per_op = seconds[0] / iterations;
   t.algorithm_gbps = static_cast<double>(bytes_per_rank) / t.seconds_per_op / 1e9;
   t.bus_gbps = t.algorithm_gbps * bus_bandwidth_factor(kind, comm.size());

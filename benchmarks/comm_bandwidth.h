@@ -19,6 +19,7 @@ double bus_bandwidth_factor(Collective kind, int world_size);
 struct CollectiveTiming {
   std::size_t bytes_per_rank = 0;  // S above
   int iterations = 0;
+  int ops = 0;                // collectives issued on `comm`: the checked one, then the timed ones
   double seconds_per_op = 0;  // slowest rank's average
   double algorithm_gbps = 0;  // 1e9 bytes per second
   double bus_gbps = 0;

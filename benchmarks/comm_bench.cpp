@@ -296,12 +296,13 @@ void measure_two_level(Communicator& comm, const CommArgs& args, Device& device,
                                                  f.dtype, &comm);
       if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
     }
+    // One op's bytes per level: a further call's traffic over the ops it issued.
     const NodeTraffic before = nodes->traffic();
-    time_collective(*nodes, device, f.op, f.timing.bytes_per_rank, 1, f.dtype, &comm);
+    const CollectiveTiming counted =
+        time_collective(*nodes, device, f.op, f.timing.bytes_per_rank, 1, f.dtype, &comm);
     const NodeTraffic after = nodes->traffic();
-    // time_collective runs the op 1 + iterations times: the checked run, then the timed ones.
-    f.intra_node_bytes = static_cast<double>(after.intra_bytes - before.intra_bytes) / 2;
-    f.inter_node_bytes = static_cast<double>(after.inter_bytes - before.inter_bytes) / 2;
+    f.intra_node_bytes = static_cast<double>(after.intra_bytes - before.intra_bytes) / counted.ops;
+    f.inter_node_bytes = static_cast<double>(after.inter_bytes - before.inter_bytes) / counted.ops;
     figures.push_back(f);
   }
 }

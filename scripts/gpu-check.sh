@@ -407,15 +407,24 @@ tool_part "zero-train --device cuda --world-size 2 on GPU 0 (zero2_bf16_warmup)"
   zero-train "$train" --device cuda --config "$root/examples/configs/zero2_bf16_warmup.json" \
   --world-size 2 --steps 50 --json
 
+# torch_part_runs NAME TARGET FILE TIMEOUT: whether a part that runs a torch script can run
+# (TARGET, whose file is FILE, built; python3 with torch; time left); records why not when not.
+torch_part_runs() {
+  if ! built "$2"; then
+    record "$1" FAIL 0 "$3 not built (see build.log)"
+  elif ! python3 -c 'import torch' 2>/dev/null; then
+    record "$1" "NOT RUN" 0 "python3 has no torch (nor has $offline/root/python)"
+  elif [ "$(limit_for "$4")" -eq 0 ]; then
+    record "$1" "NOT RUN" 0 "no time left in the budget"
+  else
+    return 0
+  fi
+  return 1
+}
+
 # --- zero.initialize against plain PyTorch training the same transformer on this GPU ----------
 name=$train_peers_part
-if ! built zero_shared; then
-  record "$name" FAIL 0 "libzero.so not built (see build.log)"
-elif ! python3 -c 'import torch' 2>/dev/null; then
-  record "$name" "NOT RUN" 0 "python3 has no torch"
-elif [ "$(limit_for "$train_peers_timeout")" -eq 0 ]; then
-  record "$name" "NOT RUN" 0 "no time left in the budget"
-else
+if torch_part_runs "$name" zero_shared libzero.so "$train_peers_timeout"; then
   limit=$(limit_for "$train_peers_timeout")
   run_timed "$limit" "$out/peers-cuda-train.log" - env -C "$root" ZERO_LIBRARY="$library" \
     PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" python3 \
@@ -435,13 +444,7 @@ fi
 # --- zero's AdamW against torch's fused AdamW on the same GPU (issue 31 item 4) ---------------
 # Last: it needs zero-bench and torch, and a run cut short by the budget has no figures.
 name=$peers_part
-if ! built zero-bench; then
-  record "$name" FAIL 0 "zero-bench not built (see build.log)"
-elif ! python3 -c 'import torch' 2>/dev/null; then
-  record "$name" "NOT RUN" 0 "python3 has no torch (nor has $offline/root/python)"
-elif [ "$(limit_for "$peers_timeout")" -eq 0 ]; then
-  record "$name" "NOT RUN" 0 "no time left in the budget"
-else
+if torch_part_runs "$name" zero-bench zero-bench "$peers_timeout"; then
   limit=$(limit_for "$peers_timeout")
   run_timed "$limit" "$out/peers-cuda-optimizer.log" - python3 \
     "$root/benchmarks/peers/cuda_optimizer_peers.py" --zero-bench "$bench" \

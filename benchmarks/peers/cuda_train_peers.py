@@ -37,8 +37,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
-LOSS_SPREAD = {"fp32": 1e-4, "bf16": 3e-2}
 DATA_SEED, MODEL_SEED = 1, 0
 
 
@@ -52,20 +50,10 @@ def models():
     return {"gpt-110m": Gpt110M, "transformer": torch_peers.Transformer}
 
 
-def zero_config(stage, micro_batch, dtype):
-    config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
-              "gradient_clipping": 0.0,  # torch's peer does not clip either
-              "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
-                                                        "weight_decay": WEIGHT_DECAY}},
-              "zero_optimization": {"stage": stage}}
-    if dtype == "bf16":
-        config["bf16"] = {"enabled": True}
-    return config
-
-
 def run_peer(peer, cls, args):
     """Trains one peer; returns its figures."""
     import torch
+    from torch_peers import BETAS, EPS, LR, WEIGHT_DECAY, zero_config
 
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -188,6 +176,8 @@ def main():
         except Exception:  # noqa: BLE001 - reported, then the next peer
             failed.append(peer)
             print(f"{peer} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    from torch_peers import LOSS_SPREAD
+
     bare = results.get("bare", {}).get("ms_step")
     ref = results.get("torch")
     lines = ["| peer | ms/step | forward | backward | outside | engine share | peak GPU MiB | "

@@ -139,7 +139,15 @@ struct ZeroOptimization {
   // ZeRO++: frozen weights stored quantized; default false
   bool zero_quantized_nontrainable_weights = false;
   bool zero_quantized_gradients = false;  // ZeRO++ qgZ quantized gradients; default false
-  std::int64_t mics_shard_size = -1;      // > 0: MiCS shard group size; default -1 (off)
+  // zeropp_loco_param {err_beta, reset_T}: LoCo error feedback on qgZ's quantizations (the share
+  // of the old error kept, in [0, 1); the optimizer steps between resets of the errors, >= 1);
+  // default null (off). Both keys are required.
+  struct Loco {
+    double err_beta = 0.8;
+    std::int64_t reset_T = 1024;
+  };
+  std::optional<Loco> zeropp_loco_param;
+  std::int64_t mics_shard_size = -1;  // > 0: MiCS shard group size; default -1 (off)
 };
 
 struct Fp16 {

@@ -119,6 +119,12 @@ DsConfig Loader::build(const json& out) const {
   z.zero_quantized_weights = zb("zero_quantized_weights", false);
   z.zero_quantized_nontrainable_weights = zb("zero_quantized_nontrainable_weights", false);
   z.zero_quantized_gradients = zb("zero_quantized_gradients", false);
+  if (const json* l = lookup(out, "zero_optimization.zeropp_loco_param"); l && l->is_object()) {
+    ZeroOptimization::Loco loco;
+    loco.err_beta = number_at(*l, "err_beta", loco.err_beta);
+    loco.reset_T = int_at(*l, "reset_T", loco.reset_T);
+    z.zeropp_loco_param = loco;
+  }
   z.mics_shard_size = zi("mics_shard_size", -1);
   if (const json* p = lookup(out, "zero_optimization.offload_param"); p && p->is_object()) {
     OffloadParam o;

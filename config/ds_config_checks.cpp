@@ -139,6 +139,8 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
           fmt::format("ignored below ZeRO stage 3 (stage is {}), as DeepSpeed does", stage));
     }
   }
+  check_loco(lookup(out, "zero_optimization.zeropp_loco_param"), stage,
+             z.zero_quantized_gradients);
   if (stage == 3 && z.elastic_checkpoint) {
     add(Severity::Warning, "zero_optimization.elastic_checkpoint",
         "DeepSpeed does not support elastic checkpoints with stage 3; zero checkpoints reshard at "
@@ -198,6 +200,43 @@ void Loader::check_cross_fields(const DsConfig& c, json& out) {
   if (const json* v = lookup(out, "communication_data_type"); v && v->is_null()) {
     out["communication_data_type"] = std::string(dtype_name(c.communication_data_type));
     provenance["communication_data_type"] = {Source::Derived, "null: the model dtype"};
+  }
+}
+
+// zeropp_loco_param: an object with exactly err_beta in [0, 1) and an integer reset_T >= 1
+// (DeepSpeed's own code reads both without defaults); it works through qgZ only.
+void Loader::check_loco(const json* v, int stage, bool qgz) {
+  if (v == nullptr || v->is_null() || stage < 3) return;
+  const std::string key = "zero_optimization.zeropp_loco_param";
+  const std::string example = R"(for example {"err_beta": 0.8, "reset_T": 1024})";
+  if (!v->is_object()) {
+    error(key, fmt::format("{} is not an object; give err_beta and reset_T, {}", show(*v),
+                           example));
+    return;
+  }
+  for (const auto& [name, value] : v->items()) {
+    if (name != "err_beta" && name != "reset_T") {
+      error(key + "." + name, "unknown LoCo parameter; zeropp_loco_param takes err_beta and reset_T");
+    }
+  }
+  const json* beta = lookup(*v, "err_beta");
+  if (beta == nullptr || !beta->is_number() || beta->get<double>() < 0.0 ||
+      beta->get<double>() >= 1.0) {
+    error(key + ".err_beta",
+          fmt::format("{}: needs a number in [0, 1), the share of the previous error kept ({})",
+                      beta ? show(*beta) : "missing", example));
+  }
+  const json* reset = lookup(*v, "reset_T");
+  if (reset == nullptr || !reset->is_number_integer() || reset->get<std::int64_t>() < 1) {
+    error(key + ".reset_T",
+          fmt::format("{}: needs an integer >= 1, the optimizer steps between resets of the "
+                      "errors ({})",
+                      reset ? show(*reset) : "missing", example));
+  }
+  if (!qgz) {
+    add(Severity::Warning, key,
+        "LoCo corrects qgZ's quantized gradients, and zero_quantized_gradients is false: it has "
+        "no effect");
   }
 }
 

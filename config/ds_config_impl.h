@@ -92,6 +92,7 @@ struct Loader {
   DsConfig build(const json& out) const;
   void check_cross_fields(const DsConfig& c, json& out);
   void check_unsupported(const json& out);
+  void check_loco(const json* v, int stage, bool qgz);
   void resolve_batch(DsConfig& c, json& out);
   DsConfig run(json doc);
 };

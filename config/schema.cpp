@@ -120,10 +120,6 @@ const std::vector<UnsupportedRule> kUnsupported = {
     {"fp16.fp16_master_weights_and_grads", is_true, "fp16 master weights and gradients"},
     {"zero_optimization.zero_quantized_nontrainable_weights", is_true,
      "ZeRO++ quantized frozen weights", at_stage_3},
-    {"zero_optimization.zeropp_loco_param", not_null,
-     "ZeRO++ LoCo error feedback (DeepSpeed 0.19 removed it and refuses the key as well); remove "
-     "the key to run qgZ (zero_quantized_gradients) without error feedback",
-     at_stage_3},
     {"zero_optimization.zenflow", not_null, "ZenFlow"},
     {"zero_optimization.stage3_module_granularity_threshold", above_zero,
      "module-granularity leaf fetch units (the embedding defines units instead)"},

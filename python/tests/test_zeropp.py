@@ -1,7 +1,8 @@
 """ZeRO++ and MiCS through zero.initialize under torchrun: 4 processes as 2 nodes
 (ZERO_RANKS_PER_NODE=2), stage 3 fp32, every variant against plain stage 3 on the same topology
 (worker_zeropp.py). hpZ is bitwise plain; MiCS within 1e-6; qwZ, qgZ and all three train to
-within 5% of plain's final loss with every loss finite and fewer bytes across nodes."""
+within 5% of plain's final loss with every loss finite and fewer bytes across nodes, and so does
+qgZ with LoCo's error feedback, whose weights differ from qgZ's."""
 import json
 import math
 
@@ -18,6 +19,8 @@ VARIANTS = {
     "qg": {"zero_quantized_gradients": True},
     "all": {"zero_hpz_partition_size": 2, "zero_quantized_weights": True,
             "zero_quantized_gradients": True},
+    "loco": {"zero_quantized_gradients": True,
+             "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024}},
 }
 
 
@@ -59,7 +62,7 @@ def test_mics_is_within_1e6_of_plain_stage3(zeropp):
                          atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["qw", "qg", "all"])
+@pytest.mark.parametrize("name", ["qw", "qg", "all", "loco"])
 def test_quantized_variants_train_close_to_plain_and_send_fewer_bytes(zeropp, name):
     run, plain = info(zeropp, name), info(zeropp, "plain")
     assert all(math.isfinite(l) for r in run for l in r["losses"])
@@ -70,3 +73,9 @@ def test_quantized_variants_train_close_to_plain_and_send_fewer_bytes(zeropp, na
     assert ratio < (0.3 if name == "all" else 0.8), ratio
     weights = module(zeropp, name)
     assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_loco_feeds_the_errors_back(zeropp):
+    loco, qg = module(zeropp, "loco"), module(zeropp, "qg")
+    assert loco.keys() == qg.keys()
+    assert any(not torch.equal(loco[k], qg[k]) for k in loco), "LoCo changed nothing"

@@ -760,3 +760,36 @@ TEST_CASE("each invalid example file is rejected and each valid one accepted") {
     CHECK_THROWS_AS(load_config_file(kDir + name), zero::ConfigError);
   }
 }
+
+TEST_CASE("zeropp_loco_param: LoCo's err_beta and reset_T are read, and bad ones named") {
+  const DsConfig c = load(R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true,
+                                "zeropp_loco_param": {"err_beta": 0.5, "reset_T": 64}}})");
+  REQUIRE(c.zero_optimization.zeropp_loco_param.has_value());
+  CHECK(c.zero_optimization.zeropp_loco_param->err_beta == 0.5);
+  CHECK(c.zero_optimization.zeropp_loco_param->reset_T == 64);
+  for (const auto& f : c.findings) CHECK(f.severity != Severity::Unsupported);
+  CHECK_FALSE(load(R"({"zero_optimization": {"stage": 3}})").zero_optimization.zeropp_loco_param);
+
+  const std::string head = R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true,
+                               "zeropp_loco_param": )";
+  const auto problems = [&](const std::string& loco) { return problems_of(head + loco + "}}"); };
+  CHECK(has_problem(problems(R"({"err_beta": 1.0, "reset_T": 8})"),
+                    "zero_optimization.zeropp_loco_param.err_beta", "[0, 1)"));
+  CHECK(has_problem(problems(R"({"reset_T": 8})"),
+                    "zero_optimization.zeropp_loco_param.err_beta", "missing"));
+  CHECK(has_problem(problems(R"({"err_beta": 0.8, "reset_T": 0})"),
+                    "zero_optimization.zeropp_loco_param.reset_T", ">= 1"));
+  CHECK(has_problem(problems(R"({"err_beta": 0.8, "reset_T": 8, "beta": 1})"),
+                    "zero_optimization.zeropp_loco_param.beta", "err_beta and reset_T"));
+  CHECK(has_problem(problems("true"), "zero_optimization.zeropp_loco_param", "not an object"));
+
+  // Without qgZ it does nothing (a warning); below stage 3 DeepSpeed ignores it (a warning).
+  CHECK(has_finding(load(R"({"zero_optimization": {"stage": 3,
+                             "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 8}}})")
+                        .findings,
+                    Severity::Warning, "zero_optimization.zeropp_loco_param", "no effect"));
+  CHECK(has_finding(load(R"({"zero_optimization": {"stage": 2,
+                             "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 8}}})")
+                        .findings,
+                    Severity::Warning, "zero_optimization.zeropp_loco_param", "below ZeRO stage 3"));
+}

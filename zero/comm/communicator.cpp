@@ -63,15 +63,16 @@ std::string describe(const CollectiveArgs& a, int world_size) {
 }
 
 Work Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_elems, DType dtype,
-                                  ReduceOp op, int quantize_bits) {
-  return start(
-      {Collective::ReduceScatter, send, recv, recv_elems, dtype, op, 0, false, quantize_bits});
+                                  ReduceOp op, int quantize_bits, QuantizationFeedback* feedback) {
+  return start({Collective::ReduceScatter, send, recv, recv_elems, dtype, op, 0, false,
+                quantize_bits, feedback});
 }
 
 Work Communicator::reduce_scatter_in_place(void* buffer, std::size_t chunk_elems, DType dtype,
-                                           ReduceOp op, int quantize_bits) {
-  return start(
-      {Collective::ReduceScatter, buffer, buffer, chunk_elems, dtype, op, 0, true, quantize_bits});
+                                           ReduceOp op, int quantize_bits,
+                                           QuantizationFeedback* feedback) {
+  return start({Collective::ReduceScatter, buffer, buffer, chunk_elems, dtype, op, 0, true,
+                quantize_bits, feedback});
 }
 
 Work Communicator::all_gather(const void* send, void* recv, std::size_t send_elems, DType dtype) {
@@ -125,6 +126,14 @@ Work Communicator::start(const CollectiveArgs& args) {
                      (args.quantize_bits == 4 || args.quantize_bits == 8)),
                 "{}: quantize_bits {}: only a reduce_scatter may be quantized, to 4 or 8 bits",
                 collective_name(args.kind), args.quantize_bits);
+  if (args.feedback != nullptr) {
+    ZERO_CHECK_AS(CommError, args.quantize_bits != 0,
+                  "{}: error feedback without quantize_bits (nothing is quantized)",
+                  collective_name(args.kind));
+    ZERO_CHECK_AS(CommError, args.feedback->beta >= 0.0f && args.feedback->beta < 1.0f,
+                  "{}: error feedback beta {} is outside [0, 1)", collective_name(args.kind),
+                  args.feedback->beta);
+  }
   if (args.kind == Collective::Broadcast) {
     ZERO_CHECK_AS(CommError, args.root >= 0 && args.root < size(),
                   "broadcast: root {} out of range for {} ranks", args.root, size());

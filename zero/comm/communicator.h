@@ -41,6 +41,26 @@ std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 enum class Collective { ReduceScatter, AllGather, AllReduce, Broadcast, Barrier, AllToAll };
 std::string_view collective_name(Collective c);  // "reduce_scatter", "all_gather", ...
 
+// LoCo error feedback for a quantized reduce-scatter (ZeRO++'s zeropp_loco_param, arXiv
+// 2407.04480): at each point where values are quantized, the error left by the last call at that
+// point is added back before quantizing, and the new error is blended into it:
+//   x' = x + e;  q = Q(x');  e = beta · e + (1 − beta) · (x' − deQ(q))
+// so errors that would repeat step after step cancel over steps instead of accumulating. `state`
+// holds every point's e between calls (8-bit blocks, kernels/quantize.h): the caller keeps one per
+// tensor it reduces (the same tensor, the same shape, call after call), sized and interpreted by
+// the backend; an empty state, or one of another size, means e = 0. clear() forgets the errors;
+// rescale() multiplies them (the loss scale changed). Only a backend that quantizes reads it.
+struct QuantizationFeedback {
+  float beta = 0.0f;  // in [0, 1): the share of the old error kept
+  std::vector<std::byte> state;
+  float multiplier = 1.0f;  // the stored errors are multiplier · state (reset when written)
+  void clear() {
+    state.clear();
+    multiplier = 1.0f;
+  }
+  void rescale(float factor) { multiplier *= factor; }
+};
+
 // One collective call as every backend receives it (after the public method checked it).
 struct CollectiveArgs {
   Collective kind = Collective::Barrier;
@@ -61,6 +81,9 @@ struct CollectiveArgs {
   // HierarchicalComm of several nodes of several ranks honours it (hierarchical_comm.h, with its
   // error bound); every other backend reduces exactly.
   int quantize_bits = 0;
+  // With quantize_bits: LoCo error feedback (above), or null for none. The caller must not touch
+  // it until the collective completes.
+  QuantizationFeedback* feedback = nullptr;
 };
 
 // "all_reduce (sum, fp32) of 1000 elements, 4000 bytes"; reduce_scatter and all_gather name the
@@ -113,12 +136,13 @@ class Communicator {
   // Out of place: `send` holds size() × recv_elems elements; rank r's `recv` (recv_elems) gets
   // the reduction over ranks of send[r·recv_elems, (r+1)·recv_elems).
   Work reduce_scatter(const void* send, void* recv, std::size_t recv_elems, DType dtype,
-                      ReduceOp op, int quantize_bits = 0);
+                      ReduceOp op, int quantize_bits = 0,
+                      QuantizationFeedback* feedback = nullptr);
   // In place over a flat buffer of size() × chunk_elems elements (the flat layout's padded unit):
   // afterwards rank r's chunk [r·chunk, (r+1)·chunk) holds the reduction; the other chunks'
   // contents are unspecified.
   Work reduce_scatter_in_place(void* buffer, std::size_t chunk_elems, DType dtype, ReduceOp op,
-                               int quantize_bits = 0);
+                               int quantize_bits = 0, QuantizationFeedback* feedback = nullptr);
   // Out of place: `recv` (size() × send_elems) gets rank q's `send` at [q·send_elems, ...).
   Work all_gather(const void* send, void* recv, std::size_t send_elems, DType dtype);
   // In place: rank r's contribution is already at [r·chunk, (r+1)·chunk) of `buffer`

@@ -34,6 +34,11 @@
 //   |result − exact sum| ≤ Σ over ranks of s/2 (step 1) + Σ over nodes of s/2 (step 3),
 // divided by W for Avg (a block's s is its max |value| / 7 in 4 bits, / 127 in 8 bits). On one
 // level the hint is ignored: the world reduces exactly.
+// With CollectiveArgs::feedback (LoCo, communicator.h), steps 1 and 3 add back the error their
+// quantization left at the same point in the last call and keep the blended new error: the state
+// is W + N errors of one chunk, in 8-bit blocks, (W + N) · quantized_bytes(chunk, 8) bytes. A
+// single call's bound above then holds for values plus carried error; over calls with the same
+// inputs, the errors cancel, so the mean of the results approaches the exact mean.
 //
 // Semantics are communicator.h's with one difference: sums are taken node by node, then over
 // nodes, so a two-level result is bitwise reproducible for a topology but not equal to the flat
@@ -139,6 +144,7 @@ class HierarchicalComm final : public Communicator {
   std::unique_ptr<Communicator> splitter_;  // a private copy of the world, for split()
   std::vector<std::byte> scratch_a_, scratch_b_;
   std::vector<float> sums_;                          // the quantized reduce-scatter's fp32 sums
+  std::vector<float> widened_, feedback_scratch_;    // its LoCo error feedback's fp32 work
   std::string failure_;                              // the first failure, communication thread only
   std::shared_ptr<Counters> counters_;               // shared with the groups split off this one
   std::unique_ptr<comm_detail::CommThread> thread_;  // last: stopped first

@@ -1,12 +1,46 @@
 // HierarchicalComm's quantized reduce-scatter (ZeRO++ qgZ; the algorithm and its error bound are
-// in hierarchical_comm.h).
+// in hierarchical_comm.h), with LoCo's error feedback when the caller passes a state.
+#include <cstring>
 #include <vector>
 
+#include "kernels/cast.h"
 #include "kernels/quantize.h"
 #include "zero/comm/hierarchical_comm.h"
 #include "zero/comm/reduce_math.h"
 
 namespace zero {
+
+namespace {
+
+const kernels::CpuExec kSerial{.threads = 1};
+
+// One quantization point's error feedback: its stored error (8-bit blocks) inside the state.
+struct FeedbackPoint {
+  std::byte* stored;  // quantized_bytes(n, 8) bytes
+  float multiplier;   // the stored error is multiplier · stored
+  float beta;
+};
+
+// `out` = Q(x + e) for the n fp32 values `x` (overwritten with x + e), and e = beta · e +
+// (1 − beta) · (x + e − deQ(Q(x + e))) written back; `scratch` holds 2n floats.
+void quantize_with_feedback(float* x, std::size_t n, int bits, void* out, const FeedbackPoint& p,
+                            std::vector<float>& scratch) {
+  scratch.assign(2 * n, 0.0f);
+  float* old_error = scratch.data();
+  float* rounded = scratch.data() + n;
+  kernels::dequantize_add_cpu(p.stored, n, 8, old_error, kSerial);
+  for (std::size_t i = 0; i < n; ++i) {
+    old_error[i] *= p.multiplier;
+    x[i] += old_error[i];
+  }
+  kernels::quantize_cpu(x, DType::F32, n, bits, out, kSerial);
+  kernels::dequantize_add_cpu(out, n, bits, rounded, kSerial);
+  for (std::size_t i = 0; i < n; ++i)
+    old_error[i] = p.beta * old_error[i] + (1.0f - p.beta) * (x[i] - rounded[i]);
+  kernels::quantize_cpu(old_error, DType::F32, n, 8, p.stored, kSerial);
+}
+
+}  // namespace
 
 void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& a) {
   const std::size_t c = a.elems;
@@ -16,16 +50,37 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   const auto W = static_cast<std::size_t>(size());
   const std::size_t esz = dtype_size(a.dtype);
   const std::size_t qb = kernels::quantized_bytes(c, bits);  // a multiple of 4
-  const kernels::CpuExec serial{.threads = 1};
+  const kernels::CpuExec& serial = kSerial;
   std::byte* send = scratch(scratch_a_, W * qb);
   std::byte* recv = scratch(scratch_b_, W * qb);
+  // LoCo: the state holds the error of each of this rank's W chunks (step 1), then of its N
+  // partial sums (step 3), each in 8-bit blocks; a state of another size starts from zero errors.
+  const std::size_t eb = kernels::quantized_bytes(c, 8);
+  QuantizationFeedback* fb = a.feedback;
+  if (fb != nullptr && fb->state.size() != (W + static_cast<std::size_t>(N)) * eb) {
+    fb->state.assign((W + static_cast<std::size_t>(N)) * eb, std::byte{0});
+    fb->multiplier = 1.0f;
+  }
+  const auto point = [&](std::size_t index) {
+    return FeedbackPoint{fb->state.data() + index * eb, fb->multiplier, fb->beta};
+  };
   // 1. Every chunk quantized, grouped by the local rank of its destination, by node within.
   for (int lq = 0; lq < L; ++lq) {
     for (int nq = 0; nq < N; ++nq) {
-      const auto* chunk =
-          static_cast<const std::byte*>(a.send) + static_cast<std::size_t>(nq * L + lq) * c * esz;
-      kernels::quantize_cpu(chunk, a.dtype, c, bits,
-                            send + static_cast<std::size_t>(lq * N + nq) * qb, serial);
+      const auto q = static_cast<std::size_t>(nq * L + lq);
+      const auto* chunk = static_cast<const std::byte*>(a.send) + q * c * esz;
+      std::byte* out = send + static_cast<std::size_t>(lq * N + nq) * qb;
+      if (fb == nullptr) {
+        kernels::quantize_cpu(chunk, a.dtype, c, bits, out, serial);
+        continue;
+      }
+      widened_.resize(c);
+      if (a.dtype == DType::F32) {
+        std::memcpy(widened_.data(), chunk, c * sizeof(float));
+      } else {
+        kernels::cast_cpu(chunk, a.dtype, widened_.data(), DType::F32, c, serial);
+      }
+      quantize_with_feedback(widened_.data(), c, bits, out, point(q), feedback_scratch_);
     }
   }
   // 2. Inside the node: from each local rank, its chunks for the ranks with this local rank.
@@ -41,9 +96,15 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
       kernels::dequantize_add_cpu(recv + static_cast<std::size_t>(lq * N + nq) * qb, c, bits, sum,
                                   serial);
     }
-    kernels::quantize_cpu(sum, DType::F32, c, bits, send + static_cast<std::size_t>(nq) * qb,
-                          serial);
+    std::byte* out = send + static_cast<std::size_t>(nq) * qb;
+    if (fb == nullptr) {
+      kernels::quantize_cpu(sum, DType::F32, c, bits, out, serial);
+    } else {
+      quantize_with_feedback(sum, c, bits, out, point(W + static_cast<std::size_t>(nq)),
+                             feedback_scratch_);
+    }
   }
+  if (fb != nullptr) fb->multiplier = 1.0f;  // every stored error was rewritten at this scale
   // 4. Across nodes: every node's partial sum of this rank's chunk.
   const CollectiveArgs across = {Collective::AllToAll, send, recv, qb / 4, DType::F32};
   count(across, N, topology_.node_of(rank_), true);

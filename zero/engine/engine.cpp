@@ -161,6 +161,15 @@ void EngineImpl::read_options(const EngineOptions& options) {
   clip_ = cfg_.gradient_clipping;
   parts_ = part_options(cfg_, rank_, world_, exec_);
   parts_.reducer.quantize_bits = qgz_bits(cfg_, comm_, options, mics_ != nullptr, notes_);
+  if (const auto& loco = cfg_.zero_optimization.zeropp_loco_param; loco && stage_ == 3) {
+    if (parts_.reducer.quantize_bits != 0) {
+      parts_.reducer.loco_beta = static_cast<float>(loco->err_beta);
+      parts_.reducer.loco_reset_steps = loco->reset_T;
+    } else if (cfg_.zero_optimization.zero_quantized_gradients) {
+      notes_.push_back("zeropp_loco_param: gradients are reduced exactly here (see the note on "
+                       "zero_quantized_gradients), so there is no quantization error to feed back");
+    }
+  }
   PartitionOptions& p = parts_.partition;
   params_offloaded_ = stage_ == 3 && (parts_.param_nvme || parts_.param_kind != MemoryKind::Device);
   host_step_ = !host_memory_ && stage_ >= 1 && (p.store.nvme || p.kind != MemoryKind::Device) &&
@@ -491,6 +500,7 @@ StepResult EngineImpl::step() {
   // Commit.
   const double prev_scale = scaler_->scale();
   *scaler_ = *plan.scaler_after;
+  reducer_->after_step(plan.overflow, scaler_->scale() / prev_scale);
   ++global_steps_;
   result.global_steps = global_steps_;
   result.grad_norm = plan.norm / prev_scale;

@@ -162,11 +162,12 @@ void GradientReducer::issue(Alone& alone) {
   if (world_ == 1) {
     alone.work = Work();  // the sum over one rank is the staging buffer itself
   } else if (scatters()) {
+    QuantizationFeedback* fb = feedback(unit_feedback_, static_cast<std::size_t>(alone.unit));
     alone.work =
         straight ? comm_.reduce_scatter(staging, straight, ul.slice_elems, dtype, options_.op,
-                                        options_.quantize_bits)
+                                        options_.quantize_bits, fb)
                  : comm_.reduce_scatter_in_place(staging, ul.slice_elems, dtype, options_.op,
-                                                 options_.quantize_bits);
+                                                 options_.quantize_bits, fb);
   } else {
     alone.work = comm_.all_reduce(staging, straight ? straight : staging, ul.padded_elems, dtype,
                                   options_.op);
@@ -198,6 +199,33 @@ void GradientReducer::finish(Alone& alone) {
 void GradientReducer::end_micro_step() {
   drain();
   window_first_micro_ = false;
+  buckets_this_micro_ = 0;
+}
+
+QuantizationFeedback* GradientReducer::feedback(std::deque<QuantizationFeedback>& states,
+                                                std::size_t index) {
+  if (options_.loco_reset_steps <= 0 || options_.quantize_bits == 0) return nullptr;
+  if (states.size() <= index) {
+    QuantizationFeedback fresh;
+    fresh.beta = options_.loco_beta;
+    states.resize(index + 1, fresh);
+  }
+  return &states[index];
+}
+
+void GradientReducer::after_step(bool skipped, double scale_ratio) {
+  if (options_.loco_reset_steps <= 0 || options_.quantize_bits == 0) return;
+  const bool reset = skipped || ++steps_since_reset_ >= options_.loco_reset_steps;
+  for (auto* states : {&unit_feedback_, &bucket_feedback_}) {
+    for (QuantizationFeedback& f : *states) {
+      if (reset) {
+        f.clear();
+      } else if (scale_ratio != 1.0) {
+        f.rescale(static_cast<float>(scale_ratio));
+      }
+    }
+  }
+  if (reset) steps_since_reset_ = 0;
 }
 
 void GradientReducer::start_window() {
@@ -268,7 +296,8 @@ void GradientReducer::flush_bucket() {
   } else if (options_.stage != 0 && options_.reduce_scatter) {
     slot.work =
         comm_.reduce_scatter(slot.send.data(), slot.recv.data(), chunk, comm_dtype, options_.op,
-                             options_.quantize_bits);
+                             options_.quantize_bits,
+                             feedback(bucket_feedback_, buckets_this_micro_++));
   } else {
     slot.work =
         comm_.all_reduce(slot.send.data(), slot.send.data(), W * chunk, comm_dtype, options_.op);

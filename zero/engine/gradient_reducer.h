@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <vector>
 
@@ -60,6 +61,11 @@ struct ReducerOptions {
   // qgZ: reduce-scatters ask the communicator to cross nodes in blocks of this many bits
   // (CollectiveArgs::quantize_bits; 0: exact).
   int quantize_bits = 0;
+  // LoCo (zeropp_loco_param) on those quantized reduce-scatters: error feedback kept per unit
+  // reduced alone and per bucket position in the micro-step, the share of the old error kept
+  // (loco_beta), and cleared every loco_reset_steps optimizer steps (0: no LoCo).
+  float loco_beta = 0.0f;
+  std::int64_t loco_reset_steps = 0;
   float pack_scale = 1.0f;
   float consume_scale = 1.0f;
   kernels::CpuExec exec;
@@ -109,6 +115,11 @@ class GradientReducer {
   // The next micro-step opens a new accumulation window: its results overwrite instead of add.
   void start_window();
 
+  // After an optimizer step (at the window's end), for LoCo's errors: a skipped step (overflow)
+  // clears them, a loss scale that changed by `scale_ratio` rescales them (they are errors of
+  // scaled gradients), and every loco_reset_steps-th step clears them. No-op without LoCo.
+  void after_step(bool skipped, double scale_ratio);
+
   // Stage 0: rank `rank`'s slice of unit `unit`'s reduced gradients (every rank's slices,
   // accumulation dtype), from element `slice_offset` on: the stage-0 target's gradients live here.
   std::byte* accumulated(int rank, int unit, std::size_t slice_offset) const;
@@ -148,6 +159,8 @@ class GradientReducer {
   };
 
   bool scatters() const { return world_ > 1 && options_.stage != 0 && options_.reduce_scatter; }
+  // LoCo's state for a quantized reduce-scatter, or null without LoCo.
+  QuantizationFeedback* feedback(std::deque<QuantizationFeedback>& states, std::size_t index);
   Buffer alloc(std::size_t elems, DType dtype);
   bool goes_alone(int unit) const;
   // Where a straight collective of the unit writes (every domain's slices, one after the other),
@@ -182,6 +195,11 @@ class GradientReducer {
   Buffer landing_;  // host_landing: a reduced chunk in pinned host memory
   std::size_t next_slot_ = 0;
   bool window_first_micro_ = true;  // the current micro-step opened its window
+  // LoCo: per unit reduced alone, per bucket in the order of the micro-step (deques: a state
+  // stays where it is while its reduction is in flight and later ones are added).
+  std::deque<QuantizationFeedback> unit_feedback_, bucket_feedback_;
+  std::size_t buckets_this_micro_ = 0;
+  std::int64_t steps_since_reset_ = 0;
 };
 
 }  // namespace zero::engine_detail

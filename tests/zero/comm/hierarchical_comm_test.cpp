@@ -423,3 +423,74 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE(
+    "LoCo error feedback: the first call is plain qgZ, later calls cancel the quantization "
+    "error, so the mean over calls approaches the exact mean; reproducible, cleared on demand") {
+  constexpr int kWorld = 4, kPerNode = 2, kCalls = 32;
+  constexpr std::size_t c = 300;  // one full block and a short one
+  const auto w = static_cast<std::size_t>(kWorld);
+  for (float beta : {0.0f, 0.8f}) {
+    INFO("err_beta " << beta);
+    std::vector<zt::Bytes> inputs;
+    for (int q = 0; q < kWorld; ++q) inputs.push_back(zt::make_input(77, DType::F32, q, w * c));
+    // Per rank: the plain qgZ result, and the results of kCalls calls with feedback (twice).
+    std::vector<std::vector<float>> plain(w), first_run(w), second_run(w), after_clear(w);
+    run_ranks(kWorld, [&](Communicator& comm) {
+      auto nodes = HierarchicalComm::create(comm, topology(kWorld, kPerNode));
+      const auto me = static_cast<std::size_t>(comm.rank());
+      const auto call = [&](zero::QuantizationFeedback* fb, std::vector<float>& into) {
+        std::vector<float> out(c);
+        nodes->reduce_scatter(inputs[me].data(), out.data(), c, DType::F32, ReduceOp::Avg, 4, fb)
+            .wait();
+        into.insert(into.end(), out.begin(), out.end());
+      };
+      call(nullptr, plain[me]);
+      for (auto* run : {&first_run[me], &second_run[me]}) {
+        zero::QuantizationFeedback fb;
+        fb.beta = beta;
+        for (int t = 0; t < kCalls; ++t) call(&fb, *run);
+        // The state holds W + N errors of one chunk in 8-bit blocks.
+        REQUIRE(fb.state.size() == (w + 2) * zero::kernels::quantized_bytes(c, 8));
+        fb.clear();
+        if (run == &first_run[me]) call(&fb, after_clear[me]);
+      }
+    });
+    double plain_error = 0, mean_error = 0;
+    for (std::size_t r = 0; r < w; ++r) {
+      REQUIRE(first_run[r] == second_run[r]);  // bitwise the same run to run
+      // With no error stored yet (the first call, and the first after clear()), plain qgZ.
+      REQUIRE(std::vector<float>(first_run[r].begin(), first_run[r].begin() + c) == plain[r]);
+      REQUIRE(after_clear[r] == plain[r]);
+      for (std::size_t i = 0; i < c; ++i) {
+        double exact = 0, mean = 0;
+        for (std::size_t q = 0; q < w; ++q) exact += inputs[q].get(r * c + i);
+        exact /= static_cast<double>(w);
+        for (int t = 0; t < kCalls; ++t) mean += first_run[r][static_cast<std::size_t>(t) * c + i];
+        mean /= kCalls;
+        plain_error = std::max(plain_error, std::fabs(plain[r][i] - exact));
+        mean_error = std::max(mean_error, std::fabs(mean - exact));
+      }
+    }
+    INFO("largest error: plain qgZ " << plain_error << ", mean of " << kCalls
+                                     << " calls with feedback " << mean_error);
+    REQUIRE(plain_error > 0);  // the quantization loses something to feed back
+    // The errors telescope: the mean's error is (e_0 − e_T) / ((1 − beta) · T), against one
+    // call's error without feedback.
+    REQUIRE(mean_error < plain_error / 4);
+  }
+}
+
+TEST_CASE("error feedback is refused without quantization, and with beta outside [0, 1)") {
+  run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> in(4, 1.0f), out(2);
+    zero::QuantizationFeedback fb;
+    REQUIRE_THROWS_WITH(
+        comm.reduce_scatter(in.data(), out.data(), 2, DType::F32, ReduceOp::Avg, 0, &fb),
+        Catch::Contains("error feedback without quantize_bits"));
+    fb.beta = 1.0f;
+    REQUIRE_THROWS_WITH(
+        comm.reduce_scatter(in.data(), out.data(), 2, DType::F32, ReduceOp::Avg, 4, &fb),
+        Catch::Contains("beta 1 is outside [0, 1)"));
+  });
+}

@@ -90,13 +90,6 @@ bool is_false(const json& v) {
 bool unsupported_optimizer(const json& type) {
   return type.is_string() && optimizer_variant(type.get<std::string>()).empty();
 }
-// ZeRO++ keys count at stage 3 only: below it DeepSpeed ignores them (a warning, not a refusal).
-bool at_stage_3(const json& root) {
-  const json* z = root.contains("zero_optimization") ? &root["zero_optimization"] : nullptr;
-  return z != nullptr && z->is_object() && z->contains("stage") && (*z)["stage"].is_number() &&
-         (*z)["stage"].get<int>() == 3;
-}
-
 bool unsupported_scheduler(const json& type) {
   if (!type.is_string()) return false;
   const auto names = deepspeed_scheduler_names();
@@ -118,8 +111,6 @@ const std::vector<UnsupportedRule> kUnsupported = {
     {"managed_gradient_accumulation", is_false, "unmanaged gradient accumulation"},
     {"sequence_parallel_size", above_one, "sequence parallelism"},
     {"fp16.fp16_master_weights_and_grads", is_true, "fp16 master weights and gradients"},
-    {"zero_optimization.zero_quantized_nontrainable_weights", is_true,
-     "ZeRO++ quantized frozen weights", at_stage_3},
     {"zero_optimization.zenflow", not_null, "ZenFlow"},
     {"zero_optimization.stage3_module_granularity_threshold", above_zero,
      "module-granularity leaf fetch units (the embedding defines units instead)"},

@@ -57,17 +57,28 @@ std::byte* EngineImpl::model(int domain, int unit, std::size_t slice_offset) {
 void EngineImpl::gather(int unit) {
   check_unit(unit, "gather");
   if (fetcher_) fetcher_->gather(unit);
+  for (std::size_t i : units_[static_cast<std::size_t>(unit)].quantized_frozen)
+    params_[i].quantized->gather();
 }
 
 void EngineImpl::release(int unit) {
   check_unit(unit, "release");
   if (fetcher_) fetcher_->release(unit);
+  for (std::size_t i : units_[static_cast<std::size_t>(unit)].quantized_frozen)
+    params_[i].quantized->release();
 }
 
 std::span<const std::byte> EngineImpl::param(std::size_t param) const {
   check_param(param, "param");
   const ParamState& ps = params_[param];
   const std::size_t bytes = ps.numel * dtype_size(model_dtype_);
+  if (ps.quantized) {
+    ZERO_CHECK(ps.quantized->gathered(),
+               "param: frozen parameter '{}' is kept as int8 shards "
+               "(zero_quantized_nontrainable_weights): gather its unit {} first",
+               specs_[param].name, specs_[param].unit);
+    return {ps.quantized->gather(), bytes};
+  }
   if (!ps.layout_index) return {static_cast<const std::byte*>(ps.frozen.data()), bytes};
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
   if (ps.numel == 0) return {};

@@ -200,7 +200,8 @@ void EngineImpl::register_specs(const EngineOptions& options) {
     }
   }
   num_units_ = static_cast<std::size_t>(max_unit + 1);
-  layout_ = FlatLayout::build(descs, {world_, 1, kSliceAlignElems});
+  // Units are numbered over every parameter: frozen ones have units too (LoRA's base layers).
+  layout_ = FlatLayout::build(descs, {world_, 1, kSliceAlignElems, specs_.size()});
   layout_units_ = layout_->num_units();
   units_.resize(num_units_);
   for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -251,12 +252,31 @@ void EngineImpl::init_state(const InitFn& init) {
   if (param_store_) param_store_->flush();
   reducer_ = std::make_unique<GradientReducer>(comm_, device_, compute_, *layout_, parts_.reducer,
                                                slices, timings_);
+  // Frozen parameters: whole on every rank, or (zero_quantized_nontrainable_weights, above the
+  // persistence threshold) this rank's int8 shard, gathered with the unit.
+  const auto& z = cfg_.zero_optimization;
+  const bool quantize_frozen = stage_ == 3 && z.zero_quantized_nontrainable_weights;
+  if (quantize_frozen && !host_memory_) {
+    throw ConfigError("zero_optimization.zero_quantized_nontrainable_weights",
+                      "quantized frozen weights are kept on engines in host memory (the CPU) in "
+                      "this version; on a GPU set it to false");
+  }
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (params_[i].layout_index) continue;
     flat.assign(params_[i].numel, 0.0f);
     if (rank_ == 0) init(i, flat);
     if (world_ > 1 && !flat.empty())
       control_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
+    if (quantize_frozen &&
+        static_cast<std::int64_t>(params_[i].numel) > z.param_persistence_threshold_elems) {
+      std::vector<std::byte> rounded(params_[i].numel * dtype_size(model_dtype_));
+      host_combine(rounded.data(), model_dtype_, flat.data(), DType::F32, flat.size());
+      params_[i].quantized =
+          std::make_unique<QuantizedFrozen>(device_, control_, model_dtype_, params_[i].numel);
+      params_[i].quantized->set(rounded.data());
+      units_[static_cast<std::size_t>(specs_[i].unit)].quantized_frozen.push_back(i);
+      continue;
+    }
     params_[i].frozen = alloc(params_[i].numel, model_dtype_, MemoryTag::LowPrecisionParams);
     combine(params_[i].frozen.data(), model_dtype_, readable(flat), DType::F32, flat.size());
   }

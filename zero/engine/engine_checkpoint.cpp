@@ -196,6 +196,11 @@ void EngineImpl::save_into(const std::string& dir, const std::string& tag,
   const std::size_t P = partition_elems();
   const int own = optimizer_->own_domain();
   ckpt::RankFile mine{rank_, ckpt::rank_file_name(rank_, world_), {}};
+  // Frozen parameters kept as int8 shards: their values (dequantized) gathered for rank 0's file.
+  std::vector<std::vector<std::byte>> gathered_frozen(specs_.size());
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    if (params_[i].quantized) gathered_frozen[i] = params_[i].quantized->read();
+  }
   try {
     std::vector<io::TensorDecl> decls{{"master", DType::F32, {static_cast<std::int64_t>(P)}}};
     for (const std::string& n : names)
@@ -244,7 +249,9 @@ void EngineImpl::save_into(const std::string& dir, const std::string& tag,
     }
     for (std::size_t i : frozen) {
       const Buffer& b = params_[i].frozen;
-      if (host_memory_) {
+      if (params_[i].quantized) {
+        w.append(gathered_frozen[i].data(), gathered_frozen[i].size());
+      } else if (host_memory_) {
         w.append(b.data(), b.size_bytes());
       } else {
         const std::vector<std::byte> bytes = to_host(b.data(), b.size_bytes());
@@ -580,8 +587,12 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   // Commit.
   optimizer_->adopt(std::move(fresh));
   for (std::size_t i = 0; i < specs_.size(); ++i) {
-    if (!frozen[i].empty())
+    if (frozen[i].empty()) continue;
+    if (params_[i].quantized) {
+      params_[i].quantized->set(frozen[i].data());
+    } else {
       device_.copy(params_[i].frozen.data(), frozen[i].data(), frozen[i].size());
+    }
   }
   global_steps_ = counters.global_steps;
   skipped_steps_ = counters.skipped_steps;

@@ -28,6 +28,7 @@
 #include "zero/engine/param_fetcher.h"
 #include "zero/engine/part_options.h"
 #include "zero/engine/partition_optimizer.h"
+#include "zero/engine/quantized_frozen.h"
 #include "zero/engine/slice_map.h"
 #include "zero/layout/flat_layout.h"
 #include "zero/schedule/loss_scaler.h"
@@ -120,13 +121,15 @@ class EngineImpl final : public Engine, private SliceMap {
   struct ParamState {
     std::size_t numel = 0;
     std::optional<std::size_t> layout_index;  // trainable: index in layout_
-    Buffer frozen;                            // frozen: the whole model copy
+    Buffer frozen;                            // frozen: the whole model copy, or
+    std::unique_ptr<QuantizedFrozen> quantized;  // its int8 shard (zero_quantized_nontrainable_weights)
     bool ready = false;                       // grad_ready() seen this micro-step
     bool slot_out = false;                    // grad() handed out this micro-step
   };
   struct UnitState {
     std::vector<std::size_t> trainable;  // spec indices, ascending
     std::size_t pending = 0;             // trainable params not yet ready this micro-step
+    std::vector<std::size_t> quantized_frozen;  // spec indices gathered with the unit
     Buffer model;                        // stages 0–2: the full model copy, unit-flat
   };
 

@@ -42,7 +42,8 @@ std::vector<float> EngineImpl::gather_master(std::size_t param) {
   std::vector<float> out(ps.numel);
   if (!ps.layout_index) {
     const std::vector<std::byte> raw =
-        to_host(ps.frozen.data(), ps.numel * dtype_size(model_dtype_));
+        ps.quantized ? ps.quantized->read()
+                     : to_host(ps.frozen.data(), ps.numel * dtype_size(model_dtype_));
     host_combine(out.data(), DType::F32, raw.data(), model_dtype_, ps.numel);
     return out;
   }
@@ -58,6 +59,7 @@ std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
   check_param(param, "gather_model");
   const ParamState& ps = params_[param];
   const std::size_t bytes = ps.numel * dtype_size(model_dtype_);
+  if (ps.quantized) return ps.quantized->read();
   std::vector<std::byte> out(bytes);
   if (!ps.layout_index || !fetcher_) {
     if (bytes > 0) device_.copy(out.data(), this->param(param).data(), bytes);
@@ -89,8 +91,12 @@ void EngineImpl::set_param(std::size_t param, std::span<const float> values, int
   // The model copy's new value, rounded from the new master value as a step would.
   std::vector<std::byte> rounded(ps.numel * dtype_size(model_dtype_));
   host_combine(rounded.data(), model_dtype_, v.data(), DType::F32, v.size());
-  if (!ps.layout_index) {  // frozen: only its model copy
-    if (!rounded.empty()) device_.copy(ps.frozen.data(), rounded.data(), rounded.size());
+  if (!ps.layout_index) {  // frozen: only its model copy (or its quantized shard)
+    if (ps.quantized) {
+      ps.quantized->set(rounded.data());
+    } else if (!rounded.empty()) {
+      device_.copy(ps.frozen.data(), rounded.data(), rounded.size());
+    }
     return;
   }
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);

@@ -51,12 +51,13 @@ FlatLayout FlatLayout::build(std::span<const ParamDesc> params, const LayoutOpti
   layout.placements_.resize(params.size());
 
   int num_units = 0;
+  const std::size_t max_units = options.max_units > 0 ? options.max_units : params.size();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
-    ZERO_CHECK(p.unit >= 0 && static_cast<std::size_t>(p.unit) < params.size(),
+    ZERO_CHECK(p.unit >= 0 && static_cast<std::size_t>(p.unit) < max_units,
                "flat layout: parameter {} (\"{}\") has unit {}; units must be numbered from 0 "
                "and there cannot be more units than parameters ({})",
-               i, p.name, p.unit, params.size());
+               i, p.name, p.unit, max_units);
     num_units = std::max(num_units, p.unit + 1);
   }
   layout.units_.resize(static_cast<std::size_t>(num_units));

@@ -36,6 +36,9 @@ struct LayoutOptions {
   std::size_t param_alignment_elems = 1;
   // Every unit is padded to a multiple of world_size × this, so slices are multiples of it.
   std::size_t unit_alignment_elems = 1;
+  // Units are numbered below this (0: the number of parameters placed). A caller whose units
+  // also hold parameters the layout does not place (the engine's frozen ones) passes its count.
+  std::size_t max_units = 0;
 
   // DeepSpeed stage 1/2 (SPEC_DEEPSPEED.md §3.1): a unit is a whole param group, packed, padded
   // to 2·W elements (nccl_start_alignment_factor 2 × W), so the partition P = |F|/W is even.

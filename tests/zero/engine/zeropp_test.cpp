@@ -12,6 +12,8 @@
 #include "zero/base/error.h"
 #include "zero/comm/hierarchical_comm.h"
 #include "zero/comm/node_topology.h"
+#include "kernels/quantize.h"
+#include "zero/device/device.h"
 
 namespace fs = std::filesystem;
 using zero::Communicator;
@@ -302,4 +304,108 @@ TEST_CASE("qgZ on one node reduces exactly (zero-train prints the engine's note 
   const auto plain = zt::train(spec);
   spec.config = stage3({{"zero_quantized_gradients", true}});
   zt::require_bitwise_equal(plain, zt::train(spec));
+}
+
+TEST_CASE(
+    "zero_quantized_nontrainable_weights: a frozen weight is kept as int8 shards and computes "
+    "as dequantize(quantize(value)) of each rank's slice; training goes on, reproducibly") {
+  for (int world : {2, 3}) {
+    INFO("world " << world);
+    zt::TrainSpec spec;
+    spec.world = world;
+    spec.steps = 6;
+    spec.model = "mlp:24,200,100,5";
+    spec.frozen = [](std::size_t i) { return i == 0; };  // layers.0.weight: 24 x 200
+    spec.config = stage3();
+    const auto whole = zt::train(spec);
+    spec.config = stage3({{"zero_quantized_nontrainable_weights", true}});
+    const auto quantized = zt::train(spec);
+    zt::require_bitwise_equal(quantized, zt::train(spec));
+
+    // The reference: each rank's slice of the initial value (padded with zeros) quantized to
+    // int8 blocks and back, as kernels/quantize.h does it.
+    const std::vector<float>& initial = whole.initial[0];
+    REQUIRE(whole.params[0] == initial);  // frozen: never changes
+    const std::size_t n = initial.size();
+    const std::size_t slice = (n + static_cast<std::size_t>(world) - 1) / world;
+    std::vector<float> expected(n);
+    for (std::size_t b = 0; b < n; b += slice) {
+      std::vector<float> part(slice, 0.0f), back(slice);
+      std::copy(initial.begin() + b, initial.begin() + std::min(n, b + slice), part.begin());
+      std::vector<std::byte> q(zero::kernels::quantized_bytes(slice, 8));
+      zero::kernels::quantize_cpu(part.data(), zero::DType::F32, slice, 8, q.data());
+      zero::kernels::dequantize_cpu(q.data(), slice, 8, back.data(), zero::DType::F32);
+      std::copy(back.begin(), back.begin() + std::min(slice, n - b), expected.begin() + b);
+    }
+    REQUIRE(expected != initial);  // the quantization changes the values: the test means something
+    REQUIRE(quantized.params[0] == expected);
+    // The trainable weights learned from those values: not whole's bits, but the same training.
+    REQUIRE(zt::max_abs_diff(quantized.params, whole.params) > 0);
+    REQUIRE(relative_diff(quantized, whole) < 0.05);
+
+    // Each rank keeps about 1/W byte per element of it (plus a scale per 256) instead of 4.
+    const auto low = [](const zt::TrainResult& r) {
+      return r.memory[0]
+          .at(zero::MemoryKind::Device, zero::MemoryTag::LowPrecisionParams)
+          .current_bytes;
+    };
+    const std::size_t saved = low(whole) - low(quantized);
+    INFO("low-precision bytes: whole " << low(whole) << ", quantized " << low(quantized));
+    REQUIRE(saved >= n * sizeof(float) - slice - 64);
+  }
+}
+
+TEST_CASE("a quantized frozen weight is read only while its unit is gathered, and checkpoints") {
+  zt::TempDir dir;
+  zt::TrainSpec spec;
+  spec.world = 2;
+  spec.steps = 4;
+  spec.model = "mlp:24,200,100,5";
+  spec.frozen = [](std::size_t i) { return i == 0; };
+  spec.config = stage3({{"zero_quantized_nontrainable_weights", true}});
+  spec.save_dir = dir.path().string();
+  spec.save_after = 2;
+  const auto straight = zt::train(spec);
+  // Resumed from step 2 at world sizes 2 and 3: the frozen weight's saved value is the
+  // dequantized one, and requantizing it (on other slices at world 3) keeps it within a
+  // quantization step.
+  for (int world : {2, 3}) {
+    zt::TrainSpec resume = spec;
+    resume.world = world;
+    resume.save_dir.clear();
+    resume.save_after = -1;
+    resume.load_dir = dir.path().string();
+    const auto resumed = zt::train(resume);
+    double amax = 0, diff = 0;
+    for (std::size_t j = 0; j < straight.params[0].size(); ++j) {
+      amax = std::max(amax, static_cast<double>(std::fabs(straight.params[0][j])));
+      diff = std::max(diff, static_cast<double>(
+                                std::fabs(resumed.params[0][j] - straight.params[0][j])));
+    }
+    INFO("world " << world << ": frozen weight moved by " << diff << " (max |w| " << amax << ")");
+    REQUIRE(diff <= amax / 127);
+    if (world == 2) REQUIRE(relative_diff(resumed, straight) < 1e-3);
+  }
+
+  const auto cfg = zero::config::load_config_json(spec.config, [] {
+    zero::config::Supplied s;
+    s.world_size = 1;
+    return s;
+  }());
+  std::vector<zero::ParamSpec> specs = {{"w", {300}, zero::DType::F32, 0, 0, false},
+                                        {"b", {3}, zero::DType::F32, 0, 0, true}};
+  zero::run_ranks(1, [&](Communicator& comm) {
+    auto device = zero::make_device("cpu", 0);
+    auto engine = zero::Engine::create(cfg, comm, *device, specs,
+                                       [](std::size_t, std::span<float> out) {
+                                         for (std::size_t j = 0; j < out.size(); ++j)
+                                           out[j] = 0.01f * static_cast<float>(j);
+                                       });
+    REQUIRE_THROWS_WITH(engine->param(0), Catch::Contains("'w'") && Catch::Contains("int8") &&
+                                              Catch::Contains("gather its unit 0 first"));
+    engine->gather(0);
+    REQUIRE(engine->param(0).size() == 300 * sizeof(float));
+    engine->release(0);
+    REQUIRE_THROWS(engine->param(0));
+  });
 }

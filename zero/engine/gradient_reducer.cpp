@@ -60,6 +60,8 @@ GradientReducer::~GradientReducer() {
     if (s.in_flight) quietly_wait(s.work);
   }
   for (Alone& a : alone_) quietly_wait(a.work);
+  if (feedback_bytes_ > 0)
+    device_.ledger().release(MemoryKind::Device, MemoryTag::Gradients, feedback_bytes_);
 }
 
 Buffer GradientReducer::alloc(std::size_t elems, DType dtype) {
@@ -200,6 +202,21 @@ void GradientReducer::end_micro_step() {
   drain();
   window_first_micro_ = false;
   buckets_this_micro_ = 0;
+  account_feedback();
+}
+
+void GradientReducer::account_feedback() {
+  std::size_t bytes = 0;
+  for (const auto* states : {&unit_feedback_, &bucket_feedback_}) {
+    for (const QuantizationFeedback& f : *states) bytes += f.state.size();
+  }
+  MemoryLedger& ledger = device_.ledger();
+  if (bytes > feedback_bytes_) {
+    ledger.reserve(MemoryKind::Device, MemoryTag::Gradients, bytes - feedback_bytes_);
+  } else if (bytes < feedback_bytes_) {
+    ledger.release(MemoryKind::Device, MemoryTag::Gradients, feedback_bytes_ - bytes);
+  }
+  feedback_bytes_ = bytes;
 }
 
 QuantizationFeedback* GradientReducer::feedback(std::deque<QuantizationFeedback>& states,
@@ -225,7 +242,10 @@ void GradientReducer::after_step(bool skipped, double scale_ratio) {
       }
     }
   }
-  if (reset) steps_since_reset_ = 0;
+  if (reset) {
+    steps_since_reset_ = 0;
+    account_feedback();
+  }
 }
 
 void GradientReducer::start_window() {

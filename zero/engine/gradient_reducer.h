@@ -63,7 +63,8 @@ struct ReducerOptions {
   int quantize_bits = 0;
   // LoCo (zeropp_loco_param) on those quantized reduce-scatters: error feedback kept per unit
   // reduced alone and per bucket position in the micro-step, the share of the old error kept
-  // (loco_beta), and cleared every loco_reset_steps optimizer steps (0: no LoCo).
+  // (loco_beta), and cleared every loco_reset_steps optimizer steps (0: no LoCo). The ledger
+  // counts them as device gradient memory.
   float loco_beta = 0.0f;
   std::int64_t loco_reset_steps = 0;
   float pack_scale = 1.0f;
@@ -200,6 +201,8 @@ class GradientReducer {
   std::deque<QuantizationFeedback> unit_feedback_, bucket_feedback_;
   std::size_t buckets_this_micro_ = 0;
   std::int64_t steps_since_reset_ = 0;
+  std::size_t feedback_bytes_ = 0;  // what the ledger holds for them (device memory, gradients)
+  void account_feedback();          // the ledger follows the states' sizes
 };
 
 }  // namespace zero::engine_detail

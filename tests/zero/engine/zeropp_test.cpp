@@ -291,6 +291,11 @@ TEST_CASE(
                                                      << ", qgZ+LoCo " << final_loss(loco));
   REQUIRE(qg_drift > 0);
   REQUIRE(loco_drift < qg_drift);
+  // The errors are in the ledger, under gradients.
+  const auto gradient_bytes = [](const zt::TrainResult& r) {
+    return r.memory[0].at(zero::MemoryKind::Device, zero::MemoryTag::Gradients).current_bytes;
+  };
+  REQUIRE(gradient_bytes(loco) > gradient_bytes(qg));
   // With one gradient reduction per unit per step, clearing the errors after every step leaves
   // nothing to carry: plain qgZ.
   zt::require_bitwise_equal(qg, two.train(loco_config(1)));

@@ -55,7 +55,7 @@ struct QuantizationFeedback {
   std::vector<std::byte> state;
   float multiplier = 1.0f;  // the stored errors are multiplier · state (reset when written)
   void clear() {
-    state.clear();
+    state = {};  // the memory too
     multiplier = 1.0f;
   }
   void rescale(float factor) { multiplier *= factor; }

@@ -1,6 +1,5 @@
 // HierarchicalComm's quantized reduce-scatter (ZeRO++ qgZ; the algorithm and its error bound are
 // in hierarchical_comm.h), with LoCo's error feedback when the caller passes a state.
-#include <cstring>
 #include <vector>
 
 #include "kernels/cast.h"
@@ -50,7 +49,6 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   const auto W = static_cast<std::size_t>(size());
   const std::size_t esz = dtype_size(a.dtype);
   const std::size_t qb = kernels::quantized_bytes(c, bits);  // a multiple of 4
-  const kernels::CpuExec& serial = kSerial;
   std::byte* send = scratch(scratch_a_, W * qb);
   std::byte* recv = scratch(scratch_b_, W * qb);
   // LoCo: the state holds the error of each of this rank's W chunks (step 1), then of its N
@@ -71,15 +69,11 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
       const auto* chunk = static_cast<const std::byte*>(a.send) + q * c * esz;
       std::byte* out = send + static_cast<std::size_t>(lq * N + nq) * qb;
       if (fb == nullptr) {
-        kernels::quantize_cpu(chunk, a.dtype, c, bits, out, serial);
+        kernels::quantize_cpu(chunk, a.dtype, c, bits, out, kSerial);
         continue;
       }
       widened_.resize(c);
-      if (a.dtype == DType::F32) {
-        std::memcpy(widened_.data(), chunk, c * sizeof(float));
-      } else {
-        kernels::cast_cpu(chunk, a.dtype, widened_.data(), DType::F32, c, serial);
-      }
+      kernels::cast_cpu(chunk, a.dtype, widened_.data(), DType::F32, c, kSerial);
       quantize_with_feedback(widened_.data(), c, bits, out, point(q), feedback_scratch_);
     }
   }
@@ -94,11 +88,11 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
     float* sum = sums_.data() + static_cast<std::size_t>(nq) * c;
     for (int lq = 0; lq < L; ++lq) {
       kernels::dequantize_add_cpu(recv + static_cast<std::size_t>(lq * N + nq) * qb, c, bits, sum,
-                                  serial);
+                                  kSerial);
     }
     std::byte* out = send + static_cast<std::size_t>(nq) * qb;
     if (fb == nullptr) {
-      kernels::quantize_cpu(sum, DType::F32, c, bits, out, serial);
+      kernels::quantize_cpu(sum, DType::F32, c, bits, out, kSerial);
     } else {
       quantize_with_feedback(sum, c, bits, out, point(W + static_cast<std::size_t>(nq)),
                              feedback_scratch_);
@@ -113,7 +107,7 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   sums_.assign(c, 0.0f);
   for (int nn = 0; nn < N; ++nn) {
     kernels::dequantize_add_cpu(recv + static_cast<std::size_t>(nn) * qb, c, bits, sums_.data(),
-                                serial);
+                                kSerial);
   }
   void* out = a.in_place
                   ? static_cast<std::byte*>(a.recv) + static_cast<std::size_t>(rank_) * c * esz

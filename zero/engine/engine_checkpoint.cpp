@@ -196,10 +196,13 @@ void EngineImpl::save_into(const std::string& dir, const std::string& tag,
   const std::size_t P = partition_elems();
   const int own = optimizer_->own_domain();
   ckpt::RankFile mine{rank_, ckpt::rank_file_name(rank_, world_), {}};
-  // Frozen parameters kept as int8 shards: their values (dequantized) gathered for rank 0's file.
+  // Frozen parameters kept as int8 shards: their values (dequantized) gathered, on every rank (a
+  // collective), and kept by rank 0 for its file.
   std::vector<std::vector<std::byte>> gathered_frozen(specs_.size());
   for (std::size_t i = 0; i < specs_.size(); ++i) {
-    if (params_[i].quantized) gathered_frozen[i] = params_[i].quantized->read();
+    if (!params_[i].quantized) continue;
+    std::vector<std::byte> value = params_[i].quantized->read();
+    if (rank_ == 0) gathered_frozen[i] = std::move(value);
   }
   try {
     std::vector<io::TensorDecl> decls{{"master", DType::F32, {static_cast<std::int64_t>(P)}}};

@@ -221,7 +221,7 @@ void GradientReducer::account_feedback() {
 
 QuantizationFeedback* GradientReducer::feedback(std::deque<QuantizationFeedback>& states,
                                                 std::size_t index) {
-  if (options_.loco_reset_steps <= 0 || options_.quantize_bits == 0) return nullptr;
+  if (!loco()) return nullptr;
   if (states.size() <= index) {
     QuantizationFeedback fresh;
     fresh.beta = options_.loco_beta;
@@ -231,7 +231,7 @@ QuantizationFeedback* GradientReducer::feedback(std::deque<QuantizationFeedback>
 }
 
 void GradientReducer::after_step(bool skipped, double scale_ratio) {
-  if (options_.loco_reset_steps <= 0 || options_.quantize_bits == 0) return;
+  if (!loco()) return;
   const bool reset = skipped || ++steps_since_reset_ >= options_.loco_reset_steps;
   for (auto* states : {&unit_feedback_, &bucket_feedback_}) {
     for (QuantizationFeedback& f : *states) {

@@ -160,6 +160,7 @@ class GradientReducer {
   };
 
   bool scatters() const { return world_ > 1 && options_.stage != 0 && options_.reduce_scatter; }
+  bool loco() const { return options_.loco_reset_steps > 0 && options_.quantize_bits != 0; }
   // LoCo's state for a quantized reduce-scatter, or null without LoCo.
   QuantizationFeedback* feedback(std::deque<QuantizationFeedback>& states, std::size_t index);
   Buffer alloc(std::size_t elems, DType dtype);

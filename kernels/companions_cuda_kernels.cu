@@ -75,8 +75,18 @@ __device__ __forceinline__ void stage_norm_block(const void* data, long long num
   for (int k = 0; k < kPerThread; ++k) tile[k * kCudaNormThreads + threadIdx.x] = x[k];
 }
 
+// Lanes 0..7 of a warp's eight-thread groups hold the sums of one norm block's lanes: added in
+// the CPU's tree, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), into the group's lane 0.
+__device__ __forceinline__ double add_lanes(double acc) {
+  acc = acc + __shfl_down_sync(0xffffffffu, acc, 1, kCudaNormLanes);
+  acc = acc + __shfl_down_sync(0xffffffffu, acc, 2, kCudaNormLanes);
+  acc = acc + __shfl_down_sync(0xffffffffu, acc, 4, kCudaNormLanes);
+  return acc;
+}
+
 __global__ void __launch_bounds__(kCudaNormThreads)
-    squared_norm_blocks_kernel(const void* data, DType dtype, long long numel, double* block_sums) {
+    squared_norm_staged_kernel(const void* data, DType dtype, long long numel,
+                               double* block_sums) {
   __shared__ float tile[kNormBlockElems];
   if (dtype == DType::F32) {
     stage_norm_block<DType::F32>(data, numel, tile);
@@ -98,11 +108,40 @@ __global__ void __launch_bounds__(kCudaNormThreads)
       acc = acc + d * d;
     }
   }
-  // ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), the CPU's tree.
-  acc = acc + __shfl_down_sync(0xffffffffu, acc, 1, kCudaNormLanes);
-  acc = acc + __shfl_down_sync(0xffffffffu, acc, 2, kCudaNormLanes);
-  acc = acc + __shfl_down_sync(0xffffffffu, acc, 4, kCudaNormLanes);
+  acc = add_lanes(acc);
   if (lane == 0) block_sums[blockIdx.x] = acc;
+}
+
+// Thread t is lane t % 8 of norm block t / 8: it sums elements lane, lane + 8, ... of the block
+// in order, loading kCudaNormLanesUnroll of them before adding any. Zeros past numel (adding +0.0
+// leaves a non-negative sum's bits alone). Threads past the last block only join the shuffles.
+template <DType kType>
+__global__ void __launch_bounds__(kCudaNormLanesThreads)
+    squared_norm_lanes_kernel(const void* data, long long numel, long long norm_blocks,
+                              double* block_sums) {
+  const long long t = first_index();
+  const long long block = t / kCudaNormLanes;
+  const int lane = static_cast<int>(t % kCudaNormLanes);
+  constexpr int kRows = static_cast<int>(kNormBlockElems) / kCudaNormLanes;
+  double acc = 0.0;
+  if (block < norm_blocks) {
+    const long long first = block * static_cast<long long>(kNormBlockElems) + lane;
+    for (int r0 = 0; r0 < kRows; r0 += kCudaNormLanesUnroll) {
+      float x[kCudaNormLanesUnroll];
+#pragma unroll
+      for (int k = 0; k < kCudaNormLanesUnroll; ++k) {
+        const long long i = first + static_cast<long long>(r0 + k) * kCudaNormLanes;
+        x[k] = i < numel ? load_elem(data, kType, i) : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kCudaNormLanesUnroll; ++k) {
+        const double d = static_cast<double>(x[k]);
+        acc = acc + d * d;
+      }
+    }
+  }
+  acc = add_lanes(acc);
+  if (lane == 0 && block < norm_blocks) block_sums[block] = acc;
 }
 
 __global__ void __launch_bounds__(kCudaElementwiseThreads)
@@ -163,13 +202,36 @@ CudaLaunchStatus launch_unscale(void* data, DType dtype, long long numel, float 
   return status_of("unscale_kernel");
 }
 
+CudaLaunchStatus launch_squared_norm_blocks_as(NormKernel kernel, const void* data, DType dtype,
+                                               long long numel, double* block_sums,
+                                               void* stream) {
+  clear_stale_error();
+  const NormGeometry g =
+      norm_geometry_of(kernel, static_cast<std::size_t>(numel), kNormBlockElems);
+  const auto blocks = static_cast<unsigned>(g.cuda_blocks);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (kernel == NormKernel::Staged) {
+    squared_norm_staged_kernel<<<blocks, g.threads, 0, s>>>(data, dtype, numel, block_sums);
+    return status_of("squared_norm_staged_kernel");
+  }
+  const auto norm_blocks = static_cast<long long>(g.norm_blocks);
+  if (dtype == DType::F32) {
+    squared_norm_lanes_kernel<DType::F32><<<blocks, g.threads, 0, s>>>(data, numel, norm_blocks,
+                                                                        block_sums);
+  } else if (dtype == DType::BF16) {
+    squared_norm_lanes_kernel<DType::BF16><<<blocks, g.threads, 0, s>>>(data, numel, norm_blocks,
+                                                                         block_sums);
+  } else {
+    squared_norm_lanes_kernel<DType::F16><<<blocks, g.threads, 0, s>>>(data, numel, norm_blocks,
+                                                                        block_sums);
+  }
+  return status_of("squared_norm_lanes_kernel");
+}
+
 CudaLaunchStatus launch_squared_norm_blocks(const void* data, DType dtype, long long numel,
                                             double* block_sums, void* stream) {
-  clear_stale_error();
   const NormGeometry g = norm_geometry(static_cast<std::size_t>(numel), kNormBlockElems);
-  squared_norm_blocks_kernel<<<static_cast<unsigned>(g.cuda_blocks), kCudaNormThreads, 0,
-                               static_cast<cudaStream_t>(stream)>>>(data, dtype, numel, block_sums);
-  return status_of("squared_norm_blocks_kernel");
+  return launch_squared_norm_blocks_as(g.kernel, data, dtype, numel, block_sums, stream);
 }
 
 CudaLaunchStatus launch_combine(const CudaCombineArgs& args, void* stream) {

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "kernels/companions_cuda.h"
+#include "kernels/cuda_geometry.h"
 #include "kernels/optimizer_cuda_launch.h"
 #include "zero/base/dtype.h"
 
@@ -34,8 +35,12 @@ struct CudaReduceArgs {
 
 CudaLaunchStatus launch_unscale(void* data, DType dtype, long long numel, float scale, int* flag,
                                 void* stream);
+// The norm's block sums by the kernel norm_geometry picks for numel; _as: by `kernel` (the
+// probes and tests compare the two, whose sums are bitwise equal).
 CudaLaunchStatus launch_squared_norm_blocks(const void* data, DType dtype, long long numel,
                                             double* block_sums, void* stream);
+CudaLaunchStatus launch_squared_norm_blocks_as(NormKernel kernel, const void* data, DType dtype,
+                                               long long numel, double* block_sums, void* stream);
 CudaLaunchStatus launch_combine(const CudaCombineArgs& args, void* stream);
 CudaLaunchStatus launch_reduce(const CudaReduceArgs& args, void* stream);
 

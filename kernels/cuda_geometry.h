@@ -19,26 +19,60 @@ constexpr std::size_t elementwise_blocks(std::size_t numel) {
   return std::min(wanted, kCudaElementwiseMaxBlocks);
 }
 
-// The squared norm: one CUDA block per norm block. Its kCudaNormThreads threads stage the block's
-// elements in shared memory with coalesced loads, kNormBlockElems / kCudaNormThreads each in
-// flight; then threads 0..7 sum elements lane, lane + 8, ... of it in double (the CPU's lane
-// k % 8) and the eight lanes are added in the CPU's tree by warp shuffles. (Eight threads per norm
-// block reading straight from memory left too few loads in flight: the H200 summed an 8M-element
-// bf16 array at about a twentieth of its bandwidth.)
+// The squared norm has two kernels, each giving thread-count-independent block sums bitwise the
+// CPU's (lane k % 8 of a norm block sums elements k, k + 8, ... in double; the eight lanes are added
+// in the CPU's tree by warp shuffles):
+// - staged: one CUDA block per norm block. Its kCudaNormThreads threads stage the block's elements
+//   in shared memory with coalesced loads, kNormBlockElems / kCudaNormThreads each in flight; then
+//   threads 0..7 sum. Its latency is one memory round trip and one 512-add chain, so it suits
+//   small arrays; but an SM holds about a dozen such blocks, so about a hundred chains, and on a
+//   large array the H200 summed at 0.3 TB/s (0.42 ms for 64M bf16 elements).
+// - lanes: every thread of full kCudaNormLanesThreads-thread blocks is one lane of one norm block
+//   (thread t: lane t % 8 of norm block t / 8), reading straight from memory kCudaNormLanesUnroll
+//   rows at a time. An SM holds up to 2048 chains, enough to keep memory busy, but each chain waits
+//   for a round trip per kCudaNormLanesUnroll rows, so a small array's launch takes longer than the
+//   staged one's. (Eight-thread blocks reading straight from memory, an earlier form, left an SM
+//   with a few partly filled warps: an eighth of HBM's bandwidth.)
+// Arrays of at least kCudaNormLanesMinBlocks norm blocks take the lanes kernel.
 inline constexpr int kCudaNormLanes = 8;
 inline constexpr int kCudaNormThreads = 128;
+inline constexpr int kCudaNormLanesThreads = 256;
+inline constexpr int kCudaNormLanesUnroll = 16;
+inline constexpr std::size_t kCudaNormLanesMinBlocks = 1024;
 static_assert(32 % kCudaNormLanes == 0, "a norm block's lanes must lie in one warp");
+static_assert(kCudaNormLanesThreads % 32 == 0, "the lanes kernel's blocks are whole warps");
+
+enum class NormKernel { Staged, Lanes };
 
 struct NormGeometry {
   std::size_t norm_blocks = 0;  // partial sums the kernel writes, added on the host in order
+  NormKernel kernel = NormKernel::Staged;
   std::size_t cuda_blocks = 0;
+  int threads = kCudaNormThreads;
 };
 
-constexpr NormGeometry norm_geometry(std::size_t numel, std::size_t norm_block_elems) {
+// The geometry of `kernel` over numel elements.
+constexpr NormGeometry norm_geometry_of(NormKernel kernel, std::size_t numel,
+                                        std::size_t norm_block_elems) {
   NormGeometry g;
   g.norm_blocks = (numel + norm_block_elems - 1) / norm_block_elems;
-  g.cuda_blocks = g.norm_blocks;
+  g.kernel = kernel;
+  if (kernel == NormKernel::Staged) {
+    g.cuda_blocks = g.norm_blocks;
+    g.threads = kCudaNormThreads;
+  } else {
+    const std::size_t threads = g.norm_blocks * kCudaNormLanes;
+    g.cuda_blocks = (threads + kCudaNormLanesThreads - 1) / kCudaNormLanesThreads;
+    g.threads = kCudaNormLanesThreads;
+  }
   return g;
+}
+
+// The geometry the launcher uses: the lanes kernel from kCudaNormLanesMinBlocks norm blocks on.
+constexpr NormGeometry norm_geometry(std::size_t numel, std::size_t norm_block_elems) {
+  const std::size_t blocks = (numel + norm_block_elems - 1) / norm_block_elems;
+  return norm_geometry_of(blocks >= kCudaNormLanesMinBlocks ? NormKernel::Lanes : NormKernel::Staged,
+                          numel, norm_block_elems);
 }
 
 }  // namespace zero::kernels::detail

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "kernels/compute.h"
+#include "kernels/cpu_kernels.h"
+#include "kernels/cuda_geometry.h"
 #include "kernels/cuda_device_count.h"
 #include "tests/kernels/test_util.h"
 
@@ -84,8 +86,17 @@ TEST_CASE("unscale_and_check on the GPU gives the CPU's bits and the same overfl
 }
 
 TEST_CASE("the squared norm on the GPU equals the CPU's bitwise") {
+  // Both kernels: the staged one below kCudaNormLanesMinBlocks norm blocks, the lanes one from
+  // there on (kernels/cuda_geometry.h), each at its edge and with a ragged tail.
+  const std::size_t lanes_from = zk::detail::kCudaNormLanesMinBlocks * zk::detail::kNormBlockElems;
+  std::vector<std::size_t> sizes = kSizes;
+  for (std::size_t n : {lanes_from - zk::detail::kNormBlockElems, lanes_from, lanes_from + 4099}) {
+    sizes.push_back(n);
+  }
+  REQUIRE(zk::detail::norm_geometry(sizes.back(), zk::detail::kNormBlockElems).kernel ==
+          zk::detail::NormKernel::Lanes);
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
-    for (std::size_t n : kSizes) {
+    for (std::size_t n : sizes) {
       INFO(zero::dtype_name(dtype) << " n=" << n);
       const std::vector<std::byte> host = random_array(n, dtype, 5, -2.0f, 2.0f);
       DeviceBytes device(host);
@@ -104,7 +115,8 @@ TEST_CASE("the _many entries on the GPU give the CPU's bits with one wait for ev
     std::vector<std::unique_ptr<DeviceBytes>> device;
     std::vector<zk::ArrayRef> host_refs;
     std::vector<zk::ArrayRef> device_refs;
-    const std::vector<std::size_t> sizes = {4099, 0, 1, 256 * 4096 + 4099, 4096, 7};
+    // The fourth array takes the lanes norm kernel, the others the staged one.
+    const std::vector<std::size_t> sizes = {4099, 0, 1, 1024 * 4096 + 4099, 4096, 7};
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       host.push_back(
           random_array(sizes[k], dtype, static_cast<std::uint32_t>(20 + k), -2.0f, 2.0f));

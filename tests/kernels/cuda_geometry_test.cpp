@@ -24,7 +24,7 @@ TEST_CASE("element-wise grids cover every element once per pass and cap their bl
   }
 }
 
-TEST_CASE("the norm takes one CUDA block per fixed block, its lanes inside one warp") {
+TEST_CASE("the staged norm takes one CUDA block per fixed block, its lanes inside one warp") {
   const std::size_t b = zd::kNormBlockElems;
   REQUIRE(zd::norm_geometry(0, b).norm_blocks == 0);
   REQUIRE(zd::norm_geometry(0, b).cuda_blocks == 0);
@@ -38,4 +38,28 @@ TEST_CASE("the norm takes one CUDA block per fixed block, its lanes inside one w
   REQUIRE(b % zd::kCudaNormLanes == 0);
   REQUIRE(zd::kCudaNormThreads >= 32);
   REQUIRE(32 % zd::kCudaNormLanes == 0);
+}
+
+TEST_CASE("large arrays take the lanes norm: one thread per lane, whole warps, every lane covered") {
+  const std::size_t b = zd::kNormBlockElems;
+  const std::size_t min_elems = zd::kCudaNormLanesMinBlocks * b;
+  REQUIRE(zd::norm_geometry(min_elems - b, b).kernel == zd::NormKernel::Staged);
+  REQUIRE(zd::norm_geometry(min_elems - b + 1, b).kernel == zd::NormKernel::Lanes);
+  REQUIRE(zd::norm_geometry(min_elems, b).kernel == zd::NormKernel::Lanes);
+  for (std::size_t n : {min_elems, min_elems + 1, min_elems + 4099, std::size_t{64} << 20}) {
+    INFO("n=" << n);
+    const zd::NormGeometry g = zd::norm_geometry(n, b);
+    REQUIRE(g.norm_blocks == (n + b - 1) / b);
+    REQUIRE(g.threads == zd::kCudaNormLanesThreads);
+    const std::size_t threads = g.cuda_blocks * static_cast<std::size_t>(g.threads);
+    REQUIRE(threads >= g.norm_blocks * zd::kCudaNormLanes);              // every lane has a thread
+    REQUIRE(threads < g.norm_blocks * zd::kCudaNormLanes + g.threads);   // no idle block
+  }
+  // A thread's rows come in whole unrolled groups, and a norm block's lanes share a warp.
+  REQUIRE((b / zd::kCudaNormLanes) % zd::kCudaNormLanesUnroll == 0);
+  REQUIRE(zd::kCudaNormLanesThreads % 32 == 0);
+  // Either kernel can be asked for at any size (the GPU test compares both with the CPU).
+  REQUIRE(zd::norm_geometry_of(zd::NormKernel::Lanes, 7, b).cuda_blocks == 1);
+  REQUIRE(zd::norm_geometry_of(zd::NormKernel::Staged, min_elems, b).cuda_blocks ==
+          zd::kCudaNormLanesMinBlocks);
 }

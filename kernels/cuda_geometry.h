@@ -25,20 +25,21 @@ constexpr std::size_t elementwise_blocks(std::size_t numel) {
 // - staged: one CUDA block per norm block. Its kCudaNormThreads threads stage the block's elements
 //   in shared memory with coalesced loads, kNormBlockElems / kCudaNormThreads each in flight; then
 //   threads 0..7 sum. Its latency is one memory round trip and one 512-add chain, so it suits
-//   small arrays; but an SM holds about a dozen such blocks, so about a hundred chains, and on a
-//   large array the H200 summed at 0.3 TB/s (0.42 ms for 64M bf16 elements).
+//   small and middle-sized arrays; but an SM holds ten such blocks, so 80 chains.
 // - lanes: every thread of full kCudaNormLanesThreads-thread blocks is one lane of one norm block
 //   (thread t: lane t % 8 of norm block t / 8), reading straight from memory kCudaNormLanesUnroll
-//   rows at a time. An SM holds up to 2048 chains, enough to keep memory busy, but each chain waits
-//   for a round trip per kCudaNormLanesUnroll rows, so a small array's launch takes longer than the
-//   staged one's. (Eight-thread blocks reading straight from memory, an earlier form, left an SM
-//   with a few partly filled warps: an eighth of HBM's bandwidth.)
-// Arrays of at least kCudaNormLanesMinBlocks norm blocks take the lanes kernel.
+//   rows at a time. An SM holds up to 2048 chains, but each waits for a memory round trip per
+//   kCudaNormLanesUnroll rows, so only a large array fills the GPU with them.
+// Measured on an H200 (benchmarks/probes/cuda_norm_landing_probe.cu, before the chains were
+// grouped): 64M bf16 elements in 104 us staged and 68 us lanes; 8M fp16 in 32 us staged and 92 us
+// lanes; 4M bf16 14 us against 26 us. Arrays of at least kCudaNormLanesMinBlocks norm blocks (32M
+// elements) take the lanes kernel. (Eight-thread blocks reading straight from memory, an earlier
+// form, left an SM with a few partly filled warps: an eighth of HBM's bandwidth.)
 inline constexpr int kCudaNormLanes = 8;
 inline constexpr int kCudaNormThreads = 128;
 inline constexpr int kCudaNormLanesThreads = 256;
 inline constexpr int kCudaNormLanesUnroll = 16;
-inline constexpr std::size_t kCudaNormLanesMinBlocks = 1024;
+inline constexpr std::size_t kCudaNormLanesMinBlocks = 8192;
 static_assert(32 % kCudaNormLanes == 0, "a norm block's lanes must lie in one warp");
 static_assert(kCudaNormLanesThreads % 32 == 0, "the lanes kernel's blocks are whole warps");
 

@@ -9,7 +9,8 @@
 #      (ncu-step.csv, summarised in ncu-step.txt), to tell a phase's kernel time from its waits;
 #   3. the SASS of the norm kernels (norm-sass.txt), where cuobjdump is there.
 #
-# Usage: [BUILD_DIR=build-gpu] [CUDA_ARCHS=90] scripts/gpu-probe.sh [OUT_DIR]
+# Usage: [BUILD_DIR=build-gpu] [CUDA_ARCHS=90] [GPU_PROBE_NCU=0] scripts/gpu-probe.sh [OUT_DIR]
+# (GPU_PROBE_NCU=0 skips item 2, about 30 s.)
 # OUT_DIR defaults to $BUILD_DIR/probe. Exits 0 when every probe ran and the norm variants agreed.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,7 +40,9 @@ fi
 
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 bench=$build/benchmarks/zero-bench
-if [ -z "$ncu" ]; then
+if [ "${GPU_PROBE_NCU:-1}" = 0 ]; then
+  echo "probe: kernel durations skipped (GPU_PROBE_NCU=0)"
+elif [ -z "$ncu" ]; then
   echo "probe: no ncu; kernel durations not taken"
   status=1
 elif [ ! -x "$bench" ]; then

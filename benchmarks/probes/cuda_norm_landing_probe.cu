@@ -77,6 +77,38 @@ __global__ void lanes_kernel(const void* data, long long numel, long long norm_b
   if (lane == 0 && nb < norm_blocks) block_sums[nb] = acc;
 }
 
+// The staged kernel as it was before its chain was grouped (each square converted, multiplied and
+// added in turn), to measure what the grouping gained.
+__global__ void __launch_bounds__(zd::kCudaNormThreads)
+    staged_interleaved_kernel(const void* data, DType dtype, long long numel, double* sums) {
+  __shared__ float tile[zd::kNormBlockElems];
+  if (dtype == DType::F32) {
+    zd::stage_norm_block<DType::F32>(data, numel, tile);
+  } else if (dtype == DType::BF16) {
+    zd::stage_norm_block<DType::BF16>(data, numel, tile);
+  } else {
+    zd::stage_norm_block<DType::F16>(data, numel, tile);
+  }
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int lane = static_cast<int>(threadIdx.x);
+  double acc = 0.0;
+  if (lane < kLanes) {
+#pragma unroll 16
+    for (int r = 0; r < static_cast<int>(kBlock) / kLanes; ++r) {
+      const double d = static_cast<double>(tile[r * kLanes + lane]);
+      acc = acc + d * d;
+    }
+  }
+  acc = zd::add_lanes(acc);
+  if (lane == 0) sums[blockIdx.x] = acc;
+}
+
+void launch_staged_interleaved(const void* data, DType dtype, long long numel, double* sums) {
+  const auto blocks = static_cast<unsigned>((numel + kBlock - 1) / kBlock);
+  staged_interleaved_kernel<<<blocks, zd::kCudaNormThreads>>>(data, dtype, numel, sums);
+}
+
 struct Variant {
   const char* name;
   void (*launch)(const void*, DType, long long, double*);
@@ -109,17 +141,6 @@ void launch_dispatch(const void* data, DType dtype, long long numel, double* sum
 template <zd::NormKernel kKernel>
 void launch_forced(const void* data, DType dtype, long long numel, double* sums) {
   check_status(zd::launch_squared_norm_blocks_as(kKernel, data, dtype, numel, sums, nullptr));
-}
-
-void launch_staged_carveout(const void* data, DType dtype, long long numel, double* sums) {
-  static bool set = false;
-  if (!set) {
-    CHECK(cudaFuncSetAttribute(zd::squared_norm_staged_kernel,
-                               cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared));
-    set = true;
-  }
-  launch_forced<zd::NormKernel::Staged>(data, dtype, numel, sums);
 }
 
 const char* short_name(DType d) {
@@ -243,61 +264,114 @@ struct LandResult {
   double best_gbps, mean_gbps;
 };
 
+enum class Between { Nothing, Unpack, ReadOnly, WriteOnly };
+
 void run_landing(std::size_t bytes, int threads, std::vector<LandResult>& out) {
   void* dev = nullptr;
-  void* pinned = nullptr;
+  void* pinned[2] = {nullptr, nullptr};
   CHECK(cudaMalloc(&dev, bytes));
   CHECK(cudaMemset(dev, 3, bytes));
-  CHECK(cudaHostAlloc(&pinned, bytes, cudaHostAllocPortable));
-  std::memset(pinned, 0, bytes);
+  for (void*& p : pinned) {
+    CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+    std::memset(p, 0, bytes);
+  }
   std::vector<float> widened(bytes / 2);
+  std::vector<double> sums(threads);
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  auto unpack = [&] {  // the host's combine: bf16 bits widened into fp32, on `threads` threads
+  // The host's pass between landings on `threads` threads: the unpack (bf16 bits widened into
+  // fp32), only its reads of the landed bytes, or only its writes.
+  auto host_pass = [&](Between what, const void* landed) {
     std::vector<std::thread> pool;
     const std::size_t n = bytes / 2;
     for (int t = 0; t < threads; ++t) {
       pool.emplace_back([&, t] {
         const std::size_t lo = n * t / threads, hi = n * (t + 1) / threads;
-        const auto* src = static_cast<const std::uint16_t*>(pinned);
+        const auto* src = static_cast<const std::uint16_t*>(landed);
+        double acc = 0;
         for (std::size_t i = lo; i < hi; ++i) {
-          const std::uint32_t w = static_cast<std::uint32_t>(src[i]) << 16;
-          std::memcpy(&widened[i], &w, 4);
+          if (what == Between::Unpack) {
+            const std::uint32_t w = static_cast<std::uint32_t>(src[i]) << 16;
+            std::memcpy(&widened[i], &w, 4);
+          } else if (what == Between::ReadOnly) {
+            acc += src[i];
+          } else {
+            widened[i] = static_cast<float>(i);
+          }
         }
+        sums[t] = acc;
       });
     }
     for (auto& th : pool) th.join();
   };
-  auto measure = [&](const char* how, bool async, bool with_unpack) {
+  auto measure = [&](const char* how, bool async, Between between, bool two_buffers) {
     std::vector<double> secs;
     for (int r = 0; r < 20; ++r) {
+      void* dst = pinned[two_buffers ? r % 2 : 0];
       const auto t0 = std::chrono::steady_clock::now();
       if (async) {
-        CHECK(cudaMemcpyAsync(pinned, dev, bytes, cudaMemcpyDefault, stream));
+        CHECK(cudaMemcpyAsync(dst, dev, bytes, cudaMemcpyDefault, stream));
         CHECK(cudaStreamSynchronize(stream));
       } else {
-        CHECK(cudaMemcpy(pinned, dev, bytes, cudaMemcpyDefault));
+        CHECK(cudaMemcpy(dst, dev, bytes, cudaMemcpyDefault));
         CHECK(cudaStreamSynchronize(nullptr));
       }
       const auto t1 = std::chrono::steady_clock::now();
       if (r >= 4) secs.push_back(std::chrono::duration<double>(t1 - t0).count());
-      if (with_unpack) unpack();
+      if (between != Between::Nothing) host_pass(between, dst);
     }
     double sum = 0;
-    for (double s : secs) sum += s;
+    for (double x : secs) sum += x;
     const double best = *std::min_element(secs.begin(), secs.end());
     out.push_back({how, bytes / best / 1e9, bytes / (sum / secs.size()) / 1e9});
   };
-  measure("cudaMemcpy back to back", false, false);
-  measure("cudaMemcpy, host unpack between", false, true);
-  measure("cudaMemcpyAsync non-blocking stream", true, false);
-  measure("cudaMemcpyAsync, host unpack between", true, true);
-  if (static_cast<const unsigned char*>(pinned)[bytes - 1] != 3) {
-    std::fprintf(stderr, "landing copy wrong\n");
-    std::exit(1);
+  measure("cudaMemcpy back to back", false, Between::Nothing, false);
+  measure("cudaMemcpy, host unpack between", false, Between::Unpack, false);
+  measure("cudaMemcpy, host reads landing between", false, Between::ReadOnly, false);
+  measure("cudaMemcpy, host writes elsewhere between", false, Between::WriteOnly, false);
+  measure("cudaMemcpy, unpack between, two buffers", false, Between::Unpack, true);
+  measure("cudaMemcpyAsync non-blocking stream", true, Between::Nothing, false);
+  measure("cudaMemcpyAsync, host unpack between", true, Between::Unpack, false);
+  // Pipelined: chunk r lands in one buffer while the host unpacks chunk r - 1 from the other.
+  {
+    std::vector<double> secs;
+    for (int r = 0; r < 21; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      CHECK(cudaMemcpyAsync(pinned[r % 2], dev, bytes, cudaMemcpyDefault, stream));
+      if (r > 0) host_pass(Between::Unpack, pinned[(r + 1) % 2]);
+      CHECK(cudaStreamSynchronize(stream));
+      const auto t1 = std::chrono::steady_clock::now();
+      if (r >= 5) secs.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    double sum = 0;
+    for (double x : secs) sum += x;
+    const double best = *std::min_element(secs.begin(), secs.end());
+    out.push_back({"pipelined: land r while unpacking r-1 (per chunk)", bytes / best / 1e9,
+                   bytes / (sum / secs.size()) / 1e9});
+  }
+  // The unpack alone, for the pipeline's other term.
+  {
+    std::vector<double> secs;
+    for (int r = 0; r < 12; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      host_pass(Between::Unpack, pinned[0]);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (r >= 2) secs.push_back(std::chrono::duration<double>(t1 - t0).count());
+    }
+    double sum = 0;
+    for (double x : secs) sum += x;
+    out.push_back({"host unpack alone (landed bytes per s)",
+                   bytes / *std::min_element(secs.begin(), secs.end()) / 1e9,
+                   bytes / (sum / secs.size()) / 1e9});
+  }
+  for (void* p : pinned) {
+    if (static_cast<const unsigned char*>(p)[bytes - 1] != 3) {
+      std::fprintf(stderr, "landing copy wrong\n");
+      std::exit(1);
+    }
   }
   CHECK(cudaStreamDestroy(stream));
-  CHECK(cudaFreeHost(pinned));
+  for (void* p : pinned) CHECK(cudaFreeHost(p));
   CHECK(cudaFree(dev));
 }
 
@@ -311,13 +385,12 @@ int main() {
   std::printf("{\"gpu\": \"%s\", \"sms\": %d}\n", prop.name, prop.multiProcessorCount);
 
   const std::vector<Variant> variants = {
-      {"staged (the kernel before)", &launch_forced<zd::NormKernel::Staged>},
-      {"staged, carveout max shared", &launch_staged_carveout},
+      {"staged, chain ungrouped (before)", &launch_staged_interleaved},
+      {"staged (production)", &launch_forced<zd::NormKernel::Staged>},
       {"lanes (production: unroll 16, 256 thr)", &launch_forced<zd::NormKernel::Lanes>},
       {"dispatch (production, by size)", &launch_dispatch},
-      {"probe lanes unroll 8, 256 threads", &launch_lanes<8, 256>},
-      {"probe lanes unroll 32, 256 threads", &launch_lanes<32, 256>},
-      {"probe lanes unroll 16, 128 threads", &launch_lanes<16, 128>},
+      {"lanes ungrouped, unroll 16 (before)", &launch_lanes<16, 256>},
+      {"lanes ungrouped, unroll 32", &launch_lanes<32, 256>},
   };
   const int occ_prod = occupancy(reinterpret_cast<const void*>(zd::squared_norm_staged_kernel),
                                  zd::kCudaNormThreads, 0);
@@ -327,6 +400,7 @@ int main() {
   const long long big = 64ll << 20;
   run_norm(variants, DType::BF16, big, results);
   run_norm(variants, DType::BF16, big - 1234, results);
+  run_norm(variants, DType::BF16, 8ll << 20, results);
   run_norm(variants, DType::F16, (8ll << 20) + 77, results);
   run_norm(variants, DType::F32, big - 4095, results);
   run_norm(variants, DType::BF16, 1ll << 20, results);
@@ -363,7 +437,7 @@ int main() {
   std::printf("copy roofline (read+write) %.0f GB/s; blocks per SM: production %d, lanes %d\n",
               roof, occ_prod, occ_lanes);
   for (const LandResult& l : land) {
-    std::printf("landing 8 MiB, %-40s best %6.2f GB/s, mean %6.2f GB/s\n", l.how, l.best_gbps,
+    std::printf("landing 8 MiB, %-50s best %6.2f GB/s, mean %6.2f GB/s\n", l.how, l.best_gbps,
                 l.mean_gbps);
   }
   return all_same ? 0 : 3;

@@ -116,7 +116,8 @@ TEST_CASE("the _many entries on the GPU give the CPU's bits with one wait for ev
     std::vector<zk::ArrayRef> host_refs;
     std::vector<zk::ArrayRef> device_refs;
     // The fourth array takes the lanes norm kernel, the others the staged one.
-    const std::vector<std::size_t> sizes = {4099, 0, 1, 1024 * 4096 + 4099, 4096, 7};
+    const std::vector<std::size_t> sizes = {
+        4099, 0, 1, zk::detail::kCudaNormLanesMinBlocks * 4096 + 4099, 4096, 7};
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       host.push_back(
           random_array(sizes[k], dtype, static_cast<std::uint32_t>(20 + k), -2.0f, 2.0f));

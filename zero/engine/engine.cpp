@@ -172,17 +172,21 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
   StepPlan plan;
   {
     ScopedTimer timer(timings_.norm_s);
+    // One pass over this rank's gradients serves both: their sum of squares in double is finite
+    // exactly when every gradient is (a finite fp32 value's square is below 1.2e77, so no count of
+    // them a rank holds can overflow the sum), so the overflow vote reads the local sum.
+    double sumsq = optimizer_->squared_norm();
     float overflow = 0.0f;
     if (check_overflow_) {
-      overflow = optimizer_->has_overflow() ? 1.0f : 0.0f;
+      overflow = std::isfinite(sumsq) ? 0.0f : 1.0f;
       if (world_ > 1)
         control_.all_reduce(&overflow, &overflow, 1, DType::F32, ReduceOp::Max).wait();
     }
     plan.overflow = overflow != 0.0f;
-    double sumsq = 0.0;
-    if (!plan.overflow) {
-      sumsq = optimizer_->squared_norm();
-      if (world_ > 1) control_.all_reduce(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum).wait();
+    if (plan.overflow) {
+      sumsq = 0.0;
+    } else if (world_ > 1) {
+      control_.all_reduce(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum).wait();
     }
     plan.norm = std::sqrt(sumsq);
   }

@@ -124,10 +124,6 @@ std::vector<kernels::ArrayRef> PartitionOptimizer::gradient_slices() const {
   return slices;
 }
 
-bool PartitionOptimizer::has_overflow() const {
-  return compute_.unscale_and_check_many(gradient_slices(), 1.0f, options_.exec);
-}
-
 double PartitionOptimizer::squared_norm() const {
   return compute_.squared_l2_norm_many(gradient_slices(), options_.exec);
 }

@@ -84,10 +84,9 @@ class PartitionOptimizer {
   // Stages 1–3: the reduced gradient of this rank's slice of `unit` from `slice_offset` on.
   std::byte* gradient(int unit, std::size_t slice_offset) const;
 
-  // True when a gradient of the rank's own slices is ±inf or NaN. Both checks take every slice
-  // in one call of the compute table (one wait on a device).
-  bool has_overflow() const;
-  // Σ g² over the rank's own slices, unit by unit in unit order, in double.
+  // Σ g² over the rank's own slices, unit by unit in unit order, in double: every slice in one
+  // call of the compute table (one wait on a device). Not finite exactly when a gradient is ±inf
+  // or NaN, which makes it the overflow check too.
   double squared_norm() const;
 
   // One optimizer step of every run: hypers[g] and scalars[g] for param group g (validated by

@@ -345,18 +345,20 @@ void GradientReducer::finish(Slot& slot) {
                                         : element_at(slot.send, comm_dtype, q * slot.chunk_elems);
     if (options_.host_landing != nullptr) {
       const std::size_t bytes = slot.chunk_elems * dtype_size(comm_dtype);
-      if (landing_.size_bytes() < bytes) {
-        landing_.reset();
-        landing_ = device_.allocate(chunk_capacity_ * dtype_size(comm_dtype),
-                                    MemoryKind::PinnedHost, MemoryTag::Buckets);
+      Buffer& landing = landings_[next_landing_];
+      next_landing_ = (next_landing_ + 1) % landings_.size();
+      if (landing.size_bytes() < bytes) {
+        landing.reset();
+        landing = device_.allocate(chunk_capacity_ * dtype_size(comm_dtype),
+                                   MemoryKind::PinnedHost, MemoryTag::Buckets);
       }
       {
         ScopedTimer landing_timer(timings_.land_s);
-        device_.copy(landing_.data(), chunk, bytes);
+        device_.copy(landing.data(), chunk, bytes);
       }
       ++timings_.landings;
       timings_.landed_bytes += static_cast<std::int64_t>(bytes);
-      chunk = static_cast<const std::byte*>(landing_.data());
+      chunk = static_cast<const std::byte*>(landing.data());
     }
     // A domain's pieces in one call (the landing buffer is reused by the next domain).
     unpack.clear();

@@ -75,19 +75,6 @@ __device__ __forceinline__ void stage_norm_block(const void* data, long long num
   for (int k = 0; k < kPerThread; ++k) tile[k * kCudaNormThreads + threadIdx.x] = x[k];
 }
 
-// A lane's chain of dependent adds is the norm's critical path (a lane adds its 512 squares in
-// order, as the CPU's lane does). Squares are independent of it, so a group of them is converted
-// and squared before the group's adds: the chain then waits on adds alone, not on a conversion
-// and a multiply per element (interleaved, the H200 took about 25 cycles an element).
-constexpr int kNormChainGroup = 16;
-
-template <int N>
-__device__ __forceinline__ double add_in_order(double acc, const double (&sq)[N]) {
-#pragma unroll
-  for (int k = 0; k < N; ++k) acc = acc + sq[k];
-  return acc;
-}
-
 // Lanes 0..7 of a warp's eight-thread groups hold the sums of one norm block's lanes: added in
 // the CPU's tree, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), into the group's lane 0.
 __device__ __forceinline__ double add_lanes(double acc) {
@@ -115,15 +102,10 @@ __global__ void __launch_bounds__(kCudaNormThreads)
   const int lane = static_cast<int>(threadIdx.x);
   double acc = 0.0;
   if (lane < kCudaNormLanes) {
-    constexpr int kRows = static_cast<int>(kNormBlockElems) / kCudaNormLanes;
-    for (int r0 = 0; r0 < kRows; r0 += kNormChainGroup) {
-      double sq[kNormChainGroup];
-#pragma unroll
-      for (int k = 0; k < kNormChainGroup; ++k) {
-        const double d = static_cast<double>(tile[(r0 + k) * kCudaNormLanes + lane]);
-        sq[k] = d * d;
-      }
-      acc = add_in_order(acc, sq);
+#pragma unroll 16
+    for (int r = 0; r < static_cast<int>(kNormBlockElems) / kCudaNormLanes; ++r) {
+      const double d = static_cast<double>(tile[r * kCudaNormLanes + lane]);
+      acc = acc + d * d;
     }
   }
   acc = add_lanes(acc);
@@ -131,9 +113,10 @@ __global__ void __launch_bounds__(kCudaNormThreads)
 }
 
 // Thread t is lane t % 8 of norm block t / 8: it sums elements lane, lane + 8, ... of the block
-// in order, loading kCudaNormLanesUnroll of them before adding any. Zeros past numel (adding +0.0
+// in order, loading kUnroll of them before adding any (the launcher's kCudaNormLanesUnroll; the
+// probe tries others). Zeros past numel (adding +0.0
 // leaves a non-negative sum's bits alone). Threads past the last block only join the shuffles.
-template <DType kType>
+template <DType kType, int kUnroll = kCudaNormLanesUnroll>
 __global__ void __launch_bounds__(kCudaNormLanesThreads)
     squared_norm_lanes_kernel(const void* data, long long numel, long long norm_blocks,
                               double* block_sums) {
@@ -144,20 +127,18 @@ __global__ void __launch_bounds__(kCudaNormLanesThreads)
   double acc = 0.0;
   if (block < norm_blocks) {
     const long long first = block * static_cast<long long>(kNormBlockElems) + lane;
-    for (int r0 = 0; r0 < kRows; r0 += kCudaNormLanesUnroll) {
-      float x[kCudaNormLanesUnroll];
+    for (int r0 = 0; r0 < kRows; r0 += kUnroll) {
+      float x[kUnroll];
 #pragma unroll
-      for (int k = 0; k < kCudaNormLanesUnroll; ++k) {
+      for (int k = 0; k < kUnroll; ++k) {
         const long long i = first + static_cast<long long>(r0 + k) * kCudaNormLanes;
         x[k] = i < numel ? load_elem(data, kType, i) : 0.0f;
       }
-      double sq[kCudaNormLanesUnroll];
 #pragma unroll
-      for (int k = 0; k < kCudaNormLanesUnroll; ++k) {
+      for (int k = 0; k < kUnroll; ++k) {
         const double d = static_cast<double>(x[k]);
-        sq[k] = d * d;
+        acc = acc + d * d;
       }
-      acc = add_in_order(acc, sq);
     }
   }
   acc = add_lanes(acc);

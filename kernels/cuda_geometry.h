@@ -30,9 +30,9 @@ constexpr std::size_t elementwise_blocks(std::size_t numel) {
 //   (thread t: lane t % 8 of norm block t / 8), reading straight from memory kCudaNormLanesUnroll
 //   rows at a time. An SM holds up to 2048 chains, but each waits for a memory round trip per
 //   kCudaNormLanesUnroll rows, so only a large array fills the GPU with them.
-// Measured on an H200 (benchmarks/probes/cuda_norm_landing_probe.cu, before the chains were
-// grouped): 64M bf16 elements in 104 us staged and 68 us lanes; 8M fp16 in 32 us staged and 92 us
-// lanes; 4M bf16 14 us against 26 us. Arrays of at least kCudaNormLanesMinBlocks norm blocks (32M
+// Measured on an H200 (benchmarks/probes/cuda_norm_landing_probe.cu): 64M bf16 elements in
+// 104 us staged and 68 us lanes; 8M bf16 in 21 us against 25 us; 8M fp16 in 32 us against 92 us;
+// 4M bf16 in 14 us against 26 us. Arrays of at least kCudaNormLanesMinBlocks norm blocks (32M
 // elements) take the lanes kernel. (Eight-thread blocks reading straight from memory, an earlier
 // form, left an SM with a few partly filled warps: an eighth of HBM's bandwidth.)
 inline constexpr int kCudaNormLanes = 8;

@@ -10,9 +10,10 @@
 // be bitwise the staged kernel's, on bf16, fp16 and fp32 data with ragged tails.
 //
 // Landing: 8 MiB device-to-pinned copies (the landing's size) timed as the engine times them
-// (cudaMemcpy, then a wait on the legacy stream), back to back, with a CPU pass over the landed
-// bytes between copies (the unpack that follows each landing), and as cudaMemcpyAsync on a
-// non-blocking stream.
+// (cudaMemcpy, then a wait on the legacy stream), back to back; with a host pass between copies
+// (the unpack that follows each landing, or only its reads of the landed bytes, or only its
+// writes elsewhere); into two buffers in turn; as cudaMemcpyAsync on a non-blocking stream; and
+// pipelined (a chunk landing while the host unpacks the one before).
 //
 // Output: one JSON object per line, then a table.
 #include <cuda_runtime.h>
@@ -45,85 +46,23 @@ namespace zd = zero::kernels::detail;
 constexpr long long kBlock = static_cast<long long>(zd::kNormBlockElems);
 constexpr int kLanes = zd::kCudaNormLanes;
 
-// Thread t of the grid: lane t % 8 of norm block t / 8. Loads for kUnroll rows are issued before
-// they are summed; the lane's chain adds them in row order, as the CPU's lane does.
-template <DType kType, int kUnroll>
-__global__ void lanes_kernel(const void* data, long long numel, long long norm_blocks,
-                             double* block_sums) {
-  const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const long long nb = t / kLanes;
-  const int lane = static_cast<int>(t % kLanes);
-  double acc = 0.0;
-  if (nb < norm_blocks) {
-    const long long base = nb * kBlock + lane;
-    constexpr int kRows = static_cast<int>(kBlock) / kLanes;
-    for (int r0 = 0; r0 < kRows; r0 += kUnroll) {
-      float x[kUnroll];
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const long long i = base + static_cast<long long>(r0 + k) * kLanes;
-        x[k] = i < numel ? zd::load_elem(data, kType, i) : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const double d = static_cast<double>(x[k]);
-        acc = acc + d * d;
-      }
-    }
-  }
-  acc = acc + __shfl_down_sync(0xffffffffu, acc, 1, kLanes);
-  acc = acc + __shfl_down_sync(0xffffffffu, acc, 2, kLanes);
-  acc = acc + __shfl_down_sync(0xffffffffu, acc, 4, kLanes);
-  if (lane == 0 && nb < norm_blocks) block_sums[nb] = acc;
-}
-
-// The staged kernel as it was before its chain was grouped (each square converted, multiplied and
-// added in turn), to measure what the grouping gained.
-__global__ void __launch_bounds__(zd::kCudaNormThreads)
-    staged_interleaved_kernel(const void* data, DType dtype, long long numel, double* sums) {
-  __shared__ float tile[zd::kNormBlockElems];
-  if (dtype == DType::F32) {
-    zd::stage_norm_block<DType::F32>(data, numel, tile);
-  } else if (dtype == DType::BF16) {
-    zd::stage_norm_block<DType::BF16>(data, numel, tile);
-  } else {
-    zd::stage_norm_block<DType::F16>(data, numel, tile);
-  }
-  __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const int lane = static_cast<int>(threadIdx.x);
-  double acc = 0.0;
-  if (lane < kLanes) {
-#pragma unroll 16
-    for (int r = 0; r < static_cast<int>(kBlock) / kLanes; ++r) {
-      const double d = static_cast<double>(tile[r * kLanes + lane]);
-      acc = acc + d * d;
-    }
-  }
-  acc = zd::add_lanes(acc);
-  if (lane == 0) sums[blockIdx.x] = acc;
-}
-
-void launch_staged_interleaved(const void* data, DType dtype, long long numel, double* sums) {
-  const auto blocks = static_cast<unsigned>((numel + kBlock - 1) / kBlock);
-  staged_interleaved_kernel<<<blocks, zd::kCudaNormThreads>>>(data, dtype, numel, sums);
-}
-
 struct Variant {
   const char* name;
   void (*launch)(const void*, DType, long long, double*);
 };
 
+// The production lanes kernel with another unroll or block size (at most kCudaNormLanesThreads).
 template <int kUnroll, int kThreads>
 void launch_lanes(const void* data, DType dtype, long long numel, double* sums) {
+  static_assert(kThreads <= zd::kCudaNormLanesThreads, "the kernel's launch bound");
   const long long nb = (numel + kBlock - 1) / kBlock;
   const auto grid = static_cast<unsigned>((nb * kLanes + kThreads - 1) / kThreads);
   if (dtype == DType::F32) {
-    lanes_kernel<DType::F32, kUnroll><<<grid, kThreads>>>(data, numel, nb, sums);
+    zd::squared_norm_lanes_kernel<DType::F32, kUnroll><<<grid, kThreads>>>(data, numel, nb, sums);
   } else if (dtype == DType::BF16) {
-    lanes_kernel<DType::BF16, kUnroll><<<grid, kThreads>>>(data, numel, nb, sums);
+    zd::squared_norm_lanes_kernel<DType::BF16, kUnroll><<<grid, kThreads>>>(data, numel, nb, sums);
   } else {
-    lanes_kernel<DType::F16, kUnroll><<<grid, kThreads>>>(data, numel, nb, sums);
+    zd::squared_norm_lanes_kernel<DType::F16, kUnroll><<<grid, kThreads>>>(data, numel, nb, sums);
   }
 }
 
@@ -385,17 +324,17 @@ int main() {
   std::printf("{\"gpu\": \"%s\", \"sms\": %d}\n", prop.name, prop.multiProcessorCount);
 
   const std::vector<Variant> variants = {
-      {"staged, chain ungrouped (before)", &launch_staged_interleaved},
       {"staged (production)", &launch_forced<zd::NormKernel::Staged>},
       {"lanes (production: unroll 16, 256 thr)", &launch_forced<zd::NormKernel::Lanes>},
       {"dispatch (production, by size)", &launch_dispatch},
-      {"lanes ungrouped, unroll 16 (before)", &launch_lanes<16, 256>},
-      {"lanes ungrouped, unroll 32", &launch_lanes<32, 256>},
+      {"probe lanes unroll 8, 256 threads", &launch_lanes<8, 256>},
+      {"probe lanes unroll 32, 256 threads", &launch_lanes<32, 256>},
+      {"probe lanes unroll 16, 128 threads", &launch_lanes<16, 128>},
   };
   const int occ_prod = occupancy(reinterpret_cast<const void*>(zd::squared_norm_staged_kernel),
                                  zd::kCudaNormThreads, 0);
   const int occ_lanes = occupancy(
-      reinterpret_cast<const void*>(lanes_kernel<DType::BF16, 16>), 256, 0);
+      reinterpret_cast<const void*>(zd::squared_norm_lanes_kernel<DType::BF16>), 256, 0);
   std::vector<NormResult> results;
   const long long big = 64ll << 20;
   run_norm(variants, DType::BF16, big, results);

@@ -1,5 +1,6 @@
-// The engine's private class, shared by engine.cpp (specs, micro-step sequencing, the step) and
-// engine_checkpoint.cpp (save and load). Not a public header: embeddings use zero/engine.h.
+// The engine's private class, shared by engine_build.cpp (construction), engine.cpp (micro-step
+// sequencing, the step), engine_checkpoint.cpp (save) and engine_checkpoint_load.cpp (load). Not
+// a public header: embeddings use zero/engine.h.
 //
 // EngineImpl keeps the API, the specs, the order of a step ("every collective that can fail runs
 // before the first write"), the loss scaler, the LR schedule and the checkpoints; the data flow
@@ -60,6 +61,10 @@ int qgz_bits(const config::DsConfig& cfg, Communicator& comm, const EngineOption
 // and with MiCS (`mics`).
 std::unique_ptr<Communicator> make_hpz_comm(const config::DsConfig& cfg, Communicator& comm,
                                             bool mics);
+
+// The names a checkpoint gives the optimizer states of `h` (torch's: exp_avg, exp_avg_sq, sum,
+// momentum_buffer), in the kernels' order (engine_checkpoint.cpp).
+std::vector<std::string> checkpoint_state_names(const kernels::OptimizerHyper& h);
 
 class EngineImpl final : public Engine, private SliceMap {
  public:
@@ -222,7 +227,7 @@ class EngineImpl final : public Engine, private SliceMap {
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
 
-  // Checkpoints (engine_checkpoint.cpp).
+  // Checkpoints (engine_checkpoint.cpp saves, engine_checkpoint_load.cpp loads).
   ckpt::Manifest describe(const std::string& tag) const;
   // Collective: when any rank's `local_error` is non-empty, every rank throws IoError with the
   // first failing rank's message.

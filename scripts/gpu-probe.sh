@@ -22,7 +22,7 @@ status=0
 
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 probe=$out/norm-landing-probe
-if "$nvcc" -O3 -std=c++20 -arch="sm_$arch" --fmad=false -I"$root" \
+if "$nvcc" -O3 -std=c++20 -arch="sm_$arch" --fmad=false -Xcompiler -fopenmp -I"$root" \
   "$root/benchmarks/probes/cuda_norm_landing_probe.cu" -o "$probe" >"$out/probe-build.log" 2>&1; then
   timeout 180 "$probe" >"$out/norm-landing-probe.txt" 2>&1 || status=1
   cat "$out/norm-landing-probe.txt"

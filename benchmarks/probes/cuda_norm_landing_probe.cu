@@ -23,7 +23,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "kernels/companions_cuda_kernels.cu"
@@ -205,9 +204,9 @@ struct LandResult {
 
 enum class Between { Nothing, Unpack, ReadOnly, WriteOnly };
 
-void run_landing(std::size_t bytes, int threads, std::vector<LandResult>& out) {
+void run_landing(std::size_t bytes, std::vector<LandResult>& out) {
   void* dev = nullptr;
-  void* pinned[2] = {nullptr, nullptr};
+  void* pinned[4] = {nullptr, nullptr, nullptr, nullptr};
   CHECK(cudaMalloc(&dev, bytes));
   CHECK(cudaMemset(dev, 3, bytes));
   for (void*& p : pinned) {
@@ -215,38 +214,33 @@ void run_landing(std::size_t bytes, int threads, std::vector<LandResult>& out) {
     std::memset(p, 0, bytes);
   }
   std::vector<float> widened(bytes / 2);
-  std::vector<double> sums(threads);
+  std::vector<double> sums(1);
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  // The host's pass between landings on `threads` threads: the unpack (bf16 bits widened into
-  // fp32), only its reads of the landed bytes, or only its writes.
+  // The host's pass between landings, on OpenMP's threads as the engine's CPU table runs it: the
+  // unpack (bf16 bits widened into fp32), only its reads of the landed bytes, or only its writes.
   auto host_pass = [&](Between what, const void* landed) {
-    std::vector<std::thread> pool;
-    const std::size_t n = bytes / 2;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        const std::size_t lo = n * t / threads, hi = n * (t + 1) / threads;
-        const auto* src = static_cast<const std::uint16_t*>(landed);
-        double acc = 0;
-        for (std::size_t i = lo; i < hi; ++i) {
-          if (what == Between::Unpack) {
-            const std::uint32_t w = static_cast<std::uint32_t>(src[i]) << 16;
-            std::memcpy(&widened[i], &w, 4);
-          } else if (what == Between::ReadOnly) {
-            acc += src[i];
-          } else {
-            widened[i] = static_cast<float>(i);
-          }
-        }
-        sums[t] = acc;
-      });
+    const auto n = static_cast<long long>(bytes / 2);
+    const auto* src = static_cast<const std::uint16_t*>(landed);
+    float* dst = widened.data();
+    double acc = 0;
+#pragma omp parallel for schedule(static) reduction(+ : acc)
+    for (long long i = 0; i < n; ++i) {
+      if (what == Between::Unpack) {
+        const std::uint32_t w = static_cast<std::uint32_t>(src[i]) << 16;
+        std::memcpy(&dst[i], &w, 4);
+      } else if (what == Between::ReadOnly) {
+        acc += src[i];
+      } else {
+        dst[i] = static_cast<float>(i);
+      }
     }
-    for (auto& th : pool) th.join();
+    sums[0] = acc;
   };
-  auto measure = [&](const char* how, bool async, Between between, bool two_buffers) {
+  auto measure = [&](const char* how, bool async, Between between, int buffers) {
     std::vector<double> secs;
     for (int r = 0; r < 20; ++r) {
-      void* dst = pinned[two_buffers ? r % 2 : 0];
+      void* dst = pinned[r % buffers];
       const auto t0 = std::chrono::steady_clock::now();
       if (async) {
         CHECK(cudaMemcpyAsync(dst, dev, bytes, cudaMemcpyDefault, stream));
@@ -264,13 +258,14 @@ void run_landing(std::size_t bytes, int threads, std::vector<LandResult>& out) {
     const double best = *std::min_element(secs.begin(), secs.end());
     out.push_back({how, bytes / best / 1e9, bytes / (sum / secs.size()) / 1e9});
   };
-  measure("cudaMemcpy back to back", false, Between::Nothing, false);
-  measure("cudaMemcpy, host unpack between", false, Between::Unpack, false);
-  measure("cudaMemcpy, host reads landing between", false, Between::ReadOnly, false);
-  measure("cudaMemcpy, host writes elsewhere between", false, Between::WriteOnly, false);
-  measure("cudaMemcpy, unpack between, two buffers", false, Between::Unpack, true);
-  measure("cudaMemcpyAsync non-blocking stream", true, Between::Nothing, false);
-  measure("cudaMemcpyAsync, host unpack between", true, Between::Unpack, false);
+  measure("cudaMemcpy back to back", false, Between::Nothing, 1);
+  measure("cudaMemcpy, host unpack between", false, Between::Unpack, 1);
+  measure("cudaMemcpy, host reads landing between", false, Between::ReadOnly, 1);
+  measure("cudaMemcpy, host writes elsewhere between", false, Between::WriteOnly, 1);
+  measure("cudaMemcpy, unpack between, two buffers", false, Between::Unpack, 2);
+  measure("cudaMemcpy, unpack between, four buffers", false, Between::Unpack, 4);
+  measure("cudaMemcpyAsync non-blocking stream", true, Between::Nothing, 1);
+  measure("cudaMemcpyAsync, host unpack between", true, Between::Unpack, 1);
   // Pipelined: chunk r lands in one buffer while the host unpacks chunk r - 1 from the other.
   {
     std::vector<double> secs;
@@ -303,7 +298,7 @@ void run_landing(std::size_t bytes, int threads, std::vector<LandResult>& out) {
                    bytes / *std::min_element(secs.begin(), secs.end()) / 1e9,
                    bytes / (sum / secs.size()) / 1e9});
   }
-  for (void* p : pinned) {
+  for (void* p : pinned) {  // every buffer was landed into by the four-buffer run
     if (static_cast<const unsigned char*>(p)[bytes - 1] != 3) {
       std::fprintf(stderr, "landing copy wrong\n");
       std::exit(1);
@@ -360,8 +355,7 @@ int main() {
               occ_prod, occ_lanes);
 
   std::vector<LandResult> land;
-  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  run_landing(8ull << 20, threads, land);
+  run_landing(8ull << 20, land);
   for (const LandResult& l : land) {
     std::printf("{\"probe\": \"landing\", \"how\": \"%s\", \"bytes\": %llu, \"best_gb_per_s\": "
                 "%.2f, \"mean_gb_per_s\": %.2f}\n",

@@ -16,8 +16,10 @@
 #      (fused AdamW, autocast bf16) and a bare forward+backward, training the same 110M-parameter
 #      GPT on this GPU; PASS when every peer ran and the losses agree;
 #   8. benchmarks/peers/cuda_optimizer_peers.py: zero's AdamW (64M and 1G parameters in 100
-#      tensors) against its traffic probe and torch.optim.AdamW(fused=True) on this GPU; PASS only
-#      when it exits 0 (every target met), NOT RUN where python3 has no torch.
+#      tensors) against its traffic probe and torch.optim.AdamW(fused=True) on this GPU, and
+#      DeepSpeed's FusedAdam where the offline set carries DeepSpeed (for context: its extension
+#      builds here at first use, and a failure is only reported); PASS only when it exits 0 (every
+#      target met), NOT RUN where python3 has no torch.
 # Every part runs and is reported even when an earlier one failed (only a failed configure stops
 # the rest); each has a time limit, and none starts after the overall budget is spent. A part is
 # PASS only when it ran and passed; what could not run (a flag a command does not have yet, a
@@ -35,7 +37,8 @@
 #   GPU_CHECK_PART_TIMEOUT=120        seconds per test, benchmark or training run
 #   GPU_CHECK_BUILD_TIMEOUT=300       seconds for the build
 #   GPU_CHECK_PYTEST_TIMEOUT=240      seconds for the Python checks
-#   GPU_CHECK_PEERS_TIMEOUT=150       seconds for the torch comparison (part 8)
+#   GPU_CHECK_PEERS_TIMEOUT=270       seconds for the torch comparison (part 8; DeepSpeed's peer
+#                                     gets what is left after the first 60)
 #   GPU_CHECK_TRAIN_PEERS_TIMEOUT=150 seconds for the training comparison (part 7)
 #   ZERO_COMMIT=SHA                   the commit the tree is (before git's answer: a copied tree may
 #                                     carry an older .git; else the first line of a COMMIT file)
@@ -49,7 +52,7 @@ archs=${CUDA_ARCHS:-90}
 part_timeout=${GPU_CHECK_PART_TIMEOUT:-120}
 build_timeout=${GPU_CHECK_BUILD_TIMEOUT:-300}
 pytest_timeout=${GPU_CHECK_PYTEST_TIMEOUT:-240}
-peers_timeout=${GPU_CHECK_PEERS_TIMEOUT:-150}
+peers_timeout=${GPU_CHECK_PEERS_TIMEOUT:-270}
 train_peers_timeout=${GPU_CHECK_TRAIN_PEERS_TIMEOUT:-150}
 started=$(date +%s)
 deadline=$((started + ${GPU_CHECK_BUDGET:-420}))
@@ -446,12 +449,23 @@ fi
 name=$peers_part
 if torch_part_runs "$name" zero-bench zero-bench "$peers_timeout"; then
   limit=$(limit_for "$peers_timeout")
-  run_timed "$limit" "$out/peers-cuda-optimizer.log" - python3 \
-    "$root/benchmarks/peers/cuda_optimizer_peers.py" --zero-bench "$bench" \
+  # DeepSpeed's FusedAdam beside them where the offline set carries DeepSpeed (its extension is
+  # compiled at first use, under what the part has left after zero's and torch's figures, about
+  # 40 s on an H200); only the peers see $offline/root/peers-python.
+  peers_python=$offline/root/peers-python
+  [ -d "$peers_python" ] || peers_python=
+  ds_args=(--deepspeed off)
+  [ $((limit - 60)) -ge 60 ] && ds_args=(--deepspeed auto --deepspeed-timeout $((limit - 60)))
+  run_timed "$limit" "$out/peers-cuda-optimizer.log" - env \
+    PYTHONPATH="${peers_python}${peers_python:+${PYTHONPATH:+:}}${PYTHONPATH:-}" \
+    TORCH_EXTENSIONS_DIR="$build/torch-extensions" MAX_JOBS="$(nproc)" python3 \
+    "$root/benchmarks/peers/cuda_optimizer_peers.py" --zero-bench "$bench" "${ds_args[@]}" \
     --json "$out/peers-cuda-optimizer.json"
   files=(peers-cuda-optimizer.log)
   [ -f "$out/peers-cuda-optimizer.json" ] && files+=(peers-cuda-optimizer.json)
   said=$(grep -E '^targets: ' "$out/peers-cuda-optimizer.log" | tail -n 1)
+  ds_said=$(grep -E '^DeepSpeed FusedAdam: ' "$out/peers-cuda-optimizer.log" | tail -n 1 | cut -c1-160)
+  [ -n "$said" ] && [ -n "$ds_said" ] && said="$said; $ds_said"
   if [ $rc -eq 0 ]; then
     record "$name" PASS "$seconds" "$said" "${files[@]}"
   elif [ $rc -eq 1 ] && [ -n "$said" ]; then

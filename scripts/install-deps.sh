@@ -11,13 +11,18 @@
 #   scripts/install-deps.sh --download DIR  on Debian 12 with apt: puts into DIR the .deb files a
 #                                           CUDA build needs on a machine without network or
 #                                           Debian's packages (the required libraries above, their
-#                                           runtime libraries, ninja), and pytest's wheels
+#                                           runtime libraries, ninja), pytest's wheels, and
+#                                           DeepSpeed's with what it needs beyond the GPU
+#                                           machine's Python (peer-wheels/: the FusedAdam peer
+#                                           of benchmarks/peers/cuda_optimizer_peers.py)
 #   scripts/install-deps.sh --from DIR [--prefix P]
 #                                           on that machine: unpacks DIR's .deb files into P
 #                                           (default DIR/root; never /), fixes what unpacking
 #                                           outside / leaves pointing at /usr, and writes P/env.sh,
 #                                           to be sourced before configuring (it exports
-#                                           CMAKE_PREFIX_PATH, PKG_CONFIG_PATH, LD_LIBRARY_PATH)
+#                                           CMAKE_PREFIX_PATH, PKG_CONFIG_PATH, LD_LIBRARY_PATH);
+#                                           peer-wheels/ unpack into P/peers-python, which only
+#                                           the peer scripts put on PYTHONPATH
 # The offline set leaves out oneDNN, OpenMPI and liburing: configure reports them as not found.
 set -euo pipefail
 
@@ -42,11 +47,43 @@ offline_fallback_sonames=(libssl.so.3 libcrypto.so.3 libz.so.1 libbz2.so.1.0)
 offline_assumed=(libc6 libgcc-s1 libstdc++6 libc6-dev libc-dev zlib1g-dev)
 # pytest for the Python checks of scripts/gpu-check.sh, as wheels for Python 3.12.
 offline_wheels=(pytest)
+# DeepSpeed for the GPU peers (its FusedAdam; the extension compiles there at first use), built
+# here as a wheel (PyPI has only its source), and what it needs that the GPU machine's Python
+# lacks; PEER_PYTHON (default: the repository's .venv, else python3) builds it.
+peer_deepspeed=deepspeed==0.19.8
+peer_wheels=(hjson pydantic)
 offline_max_mib=48
 
 usage() {
   sed -n '/^#   scripts/,/^# The offline set/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
   exit 2
+}
+
+# download_peer_wheels DIR: DeepSpeed's wheel and its missing needs into DIR, or a message why not
+# (the peer is optional: the GPU check reports it as not measured).
+download_peer_wheels() {
+  local dir=$1 python=${PEER_PYTHON:-}
+  rm -rf "$dir"
+  if [ -z "$python" ]; then
+    python=$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python
+    [ -x "$python" ] || python=python3
+  fi
+  if ! "$python" -m pip --version >/dev/null 2>&1; then
+    echo "install-deps: no pip for $python; the offline set has no DeepSpeed (its peer is not measured there)"
+    return 0
+  fi
+  mkdir -p "$dir"
+  if ! DS_BUILD_OPS=0 "$python" -m pip wheel -q --no-deps --no-build-isolation "$peer_deepspeed" \
+         -w "$dir" >/dev/null 2>&1 ||
+     ! "$python" -m pip download -q --only-binary=:all: --python-version 3.12 \
+         --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+         --platform any --dest "$dir" "${peer_wheels[@]}" >/dev/null 2>&1; then
+    echo "install-deps: could not build or download $peer_deepspeed ${peer_wheels[*]}; the offline set has no DeepSpeed"
+    rm -rf "$dir"
+    return 0
+  fi
+  # The GPU machine's Python has typing_extensions (torch needs it): keep its own.
+  rm -f "$dir"/typing_extensions-*.whl
 }
 
 download() {
@@ -92,10 +129,12 @@ download() {
   else
     echo "install-deps: no pip here; the offline set has no pytest"
   fi
+  download_peer_wheels "$dir/peer-wheels"
   local kib
   kib=$(du -sk "$dir" | cut -f1)
   echo "install-deps: $(ls "$dir"/*.deb | wc -l) packages$([ -d "$dir/wheels" ] &&
-    echo " and $(ls "$dir"/wheels | wc -l) wheels") in $dir: $((kib / 1024)) MiB ($kib KiB)"
+    echo " and $(ls "$dir"/wheels | wc -l) wheels")$([ -d "$dir/peer-wheels" ] &&
+    echo " and $(ls "$dir"/peer-wheels | wc -l) peer wheels") in $dir: $((kib / 1024)) MiB ($kib KiB)"
   if [ "$kib" -gt $((offline_max_mib * 1024)) ]; then
     echo "install-deps: more than $offline_max_mib MiB: too large to carry" >&2
     exit 1
@@ -201,6 +240,15 @@ from() {
   if ls "$dir"/wheels/*.whl >/dev/null 2>&1 && command -v python3 >/dev/null; then
     python_dir=$prefix/python
     python3 - "$python_dir" "$dir"/wheels/*.whl <<'EOF'
+import sys, zipfile
+for wheel in sys.argv[2:]:
+    zipfile.ZipFile(wheel).extractall(sys.argv[1])
+EOF
+  fi
+
+  # DeepSpeed and its needs for the GPU peers, unpacked apart: only the peer scripts see them.
+  if ls "$dir"/peer-wheels/*.whl >/dev/null 2>&1 && command -v python3 >/dev/null; then
+    python3 - "$prefix/peers-python" "$dir"/peer-wheels/*.whl <<'EOF'
 import sys, zipfile
 for wheel in sys.argv[2:]:
     zipfile.ZipFile(wheel).extractall(sys.argv[1])

@@ -18,7 +18,11 @@ For each --params N (default 64M,1G; K, M, G are binary: 2^26 and 2^30) split in
      zero-bench times its own). "bf16 params, fp32 master" is the fused step on the fp32 master
      plus torch._foreach_copy_ into a bf16 copy of every parameter, timed together; zero does
      both in its one kernel (its bf16 param_out).
-  3. torch's device-to-device copy of --copy-bytes, for context (GB/s counts the read and the
+  3. DeepSpeed's FusedAdam (deepspeed.ops.adam.FusedAdam, adam_w_mode) on the same tensors and
+     timed the same way, where deepspeed imports (--deepspeed auto, the default): in a process of
+     its own under --deepspeed-timeout seconds, since its CUDA extension is compiled at first use
+     (TORCH_EXTENSIONS_DIR says where). For context: no target, and its failure only says why.
+  4. torch's device-to-device copy of --copy-bytes, for context (GB/s counts the read and the
      write).
 
 Both peers' GB/s count the bytes zero-bench counts: 28 per parameter for fp32 AdamW (reads p, g,
@@ -27,7 +31,7 @@ Targets (issue 31): zero/probe >= 0.85 and speedup >= 1.0 in both cases at every
 
   python3 benchmarks/peers/cuda_optimizer_peers.py [--zero-bench build-gpu/benchmarks/zero-bench]
       [--params 64M,1G] [--tensors 100] [--sizes-seed 1] [--reps 20] [--warmup 5]
-      [--copy-bytes 1G] [--json out.json]
+      [--copy-bytes 1G] [--deepspeed auto|off] [--deepspeed-timeout 150] [--json out.json]
 
 Exit status: 0 every target met; 1 a target missed (the figures are still printed and written);
 2 nothing comparable measured: no torch, no CUDA GPU, zero-bench missing or failing.
@@ -36,8 +40,10 @@ import argparse
 import gc
 import json
 import statistics
+import importlib.util
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,6 +87,12 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=5, help="torch steps before timing (default 5)")
     p.add_argument("--copy-bytes", type=count, default=1 << 30,
                    help="bytes of torch's device-to-device copy (default 1G)")
+    p.add_argument("--deepspeed", choices=("auto", "off"), default="auto",
+                   help="time DeepSpeed's FusedAdam too where deepspeed imports (default auto)")
+    p.add_argument("--deepspeed-timeout", type=int, default=150,
+                   help="seconds for DeepSpeed's peer, its extension's build included (default 150)")
+    p.add_argument("--deepspeed-peer", nargs=2, type=Path, metavar=("SIZES_JSON", "OUT_JSON"),
+                   help=argparse.SUPPRESS)  # the DeepSpeed peer's own process
     p.add_argument("--json", type=Path, help="write the figures here")
     args = p.parse_args(argv)
     if args.tensors < 1 or args.reps < 1 or args.warmup < 0:
@@ -140,8 +152,9 @@ def time_cuda(torch, fn, warmup, reps):
     return min(times), statistics.median(times)
 
 
-def run_torch(torch, args, sizes):
-    """{param_out: (best, median)} seconds of torch's fused AdamW over tensors of `sizes`."""
+def run_adamw(torch, args, sizes, make_optimizer):
+    """{param_out: (best, median)} seconds of make_optimizer(params)'s step over tensors of
+    `sizes`; "bf16" adds torch._foreach_copy_ of the fp32 masters into bf16 copies."""
     g = torch.Generator(device="cuda").manual_seed(args.sizes_seed)
     params, bf16 = [], []
     for n in sizes:
@@ -151,7 +164,7 @@ def run_torch(torch, args, sizes):
         p.grad = torch.empty(n, device="cuda", dtype=torch.float32).uniform_(1e-3, 1e-2, generator=g)
         params.append(p)
         bf16.append(torch.empty(n, device="cuda", dtype=torch.bfloat16))
-    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, fused=True)
+    opt = make_optimizer(params)
     masters = [p.detach() for p in params]
 
     def step_and_copy():
@@ -166,6 +179,54 @@ def run_torch(torch, args, sizes):
         gc.collect()
         torch.cuda.empty_cache()
     return results
+
+
+def run_torch(torch, args, sizes):
+    """run_adamw with torch's fused AdamW."""
+    return run_adamw(torch, args, sizes, lambda params: torch.optim.AdamW(
+        params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, fused=True))
+
+
+# --- DeepSpeed ---------------------------------------------------------------------------------
+
+def deepspeed_peer(args):
+    """The DeepSpeed peer's own process: FusedAdam over every size list of args.deepspeed_peer[0],
+    {n: {param_out: [best, median]}} into args.deepspeed_peer[1]. Exit 0 when written."""
+    import torch
+    from deepspeed.ops.adam import FusedAdam
+    sizes_file, out_file = args.deepspeed_peer
+    times = {}
+    for n, sizes in json.loads(sizes_file.read_text()).items():
+        times[n] = run_adamw(torch, args, sizes, lambda params: FusedAdam(
+            params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, adam_w_mode=True))
+    out_file.write_text(json.dumps(times))
+    return 0
+
+
+def run_deepspeed(args, sizes_by_params):
+    """({params: {param_out: (best, median)}}, note): DeepSpeed's FusedAdam in a process of its own,
+    or (None, why not)."""
+    if args.deepspeed == "off":
+        return None, "not measured (--deepspeed off)"
+    if importlib.util.find_spec("deepspeed") is None:
+        return None, "not measured: deepspeed does not import here"
+    with tempfile.TemporaryDirectory() as tmp:
+        sizes_file, out_file = Path(tmp) / "sizes.json", Path(tmp) / "times.json"
+        sizes_file.write_text(json.dumps({str(n): s for n, s in sizes_by_params.items()}))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--deepspeed-peer", str(sizes_file),
+               str(out_file), "--reps", str(args.reps), "--warmup", str(args.warmup),
+               "--sizes-seed", str(args.sizes_seed)]
+        print("$ " + " ".join(cmd), flush=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deepspeed_timeout)
+        except subprocess.TimeoutExpired:
+            return None, (f"not measured: no result within {args.deepspeed_timeout} s "
+                          "(its extension's build included)")
+        if proc.returncode != 0 or not out_file.exists():
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            return None, f"not measured: its process exited {proc.returncode}: {tail}"
+        times = json.loads(out_file.read_text())
+    return {int(n): {k: tuple(v) for k, v in t.items()} for n, t in times.items()}, "measured"
 
 
 def torch_copy(torch, args):
@@ -184,7 +245,7 @@ def torch_copy(torch, args):
 
 # --- the report --------------------------------------------------------------------------------
 
-def compare(args, zero_records, torch_times):
+def compare(args, zero_records, torch_times, ds_times):
     rows = []
     for params in args.params:
         for out, (case, bytes_per_param) in CASES.items():
@@ -201,6 +262,11 @@ def compare(args, zero_records, torch_times):
                 "torch_gb_per_s": params * bytes_per_param / torch_best / 1e9,
                 "speedup": torch_best / zero_s,
             })
+            if ds_times is not None:
+                ds_best, ds_median = ds_times[params][out]
+                rows[-1].update({"deepspeed_step_s": ds_best, "deepspeed_step_median_s": ds_median,
+                                 "deepspeed_gb_per_s": params * bytes_per_param / ds_best / 1e9,
+                                 "speedup_vs_deepspeed": ds_best / zero_s})
     return rows
 
 
@@ -215,22 +281,30 @@ def missed_targets(rows):
     return missed
 
 
-def print_table(rows, copy_gb_per_s, gpu):
-    print(f"\nAdamW on {gpu}: zero (one multi-tensor step) against torch.optim.AdamW(fused=True), "
-          "the same tensors, best of the timed steps")
-    print("| params | tensors | case | B/param | zero ms | zero GB/s | probe GB/s | zero/probe | torch ms "
-          "| torch GB/s | torch/zero time |")
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+def print_table(rows, copy_gb_per_s, gpu, ds_note):
+    ds = all("deepspeed_step_s" in r for r in rows)
+    print(f"\nAdamW on {gpu}: zero (one multi-tensor step) against torch.optim.AdamW(fused=True)"
+          f"{' and DeepSpeed FusedAdam' if ds else ''}, the same tensors, best of the timed steps")
+    head = ("| params | tensors | case | B/param | zero ms | zero GB/s | probe GB/s | zero/probe | torch ms "
+            "| torch GB/s | torch/zero time |")
+    print(head + (" DeepSpeed ms | DeepSpeed/zero time |" if ds else ""))
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if ds else ""))
     for r in rows:
-        print(f"| {r['params']} | {r['tensors']} | {r['case']} | {r['bytes_per_param']} | "
-              f"{r['zero_step_s'] * 1e3:.3f} | {r['zero_gb_per_s']:.0f} | {r['probe_gb_per_s']:.0f} | "
-              f"{r['zero_probe_ratio']:.3f} | {r['torch_step_s'] * 1e3:.3f} | {r['torch_gb_per_s']:.0f} | "
-              f"{r['speedup']:.3f} |")
+        line = (f"| {r['params']} | {r['tensors']} | {r['case']} | {r['bytes_per_param']} | "
+                f"{r['zero_step_s'] * 1e3:.3f} | {r['zero_gb_per_s']:.0f} | {r['probe_gb_per_s']:.0f} | "
+                f"{r['zero_probe_ratio']:.3f} | {r['torch_step_s'] * 1e3:.3f} | {r['torch_gb_per_s']:.0f} | "
+                f"{r['speedup']:.3f} |")
+        if ds:
+            line += f" {r['deepspeed_step_s'] * 1e3:.3f} | {r['speedup_vs_deepspeed']:.3f} |"
+        print(line)
     print(f"\ntorch device-to-device copy: {copy_gb_per_s:.0f} GB/s (read + write)")
+    print(f"DeepSpeed FusedAdam: {ds_note}")
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.deepspeed_peer:
+        return deepspeed_peer(args)
     try:
         import torch
     except ImportError as e:
@@ -254,12 +328,14 @@ def main(argv=None):
             print(f"torch: fused AdamW over {args.tensors} tensors, {n} params", flush=True)
             torch_times[n] = run_torch(torch, args, zero_records[n]["none"]["sizes"])
         copy_bytes, copy_s = torch_copy(torch, args)
+        ds_times, ds_note = run_deepspeed(args, {n: zero_records[n]["none"]["sizes"]
+                                                 for n in args.params})
     except CannotMeasure as e:
         print(f"cuda_optimizer_peers: {e}", file=sys.stderr)
         return 2
     copy_gb_per_s = 2 * copy_bytes / copy_s / 1e9
-    rows = compare(args, zero_records, torch_times)
-    print_table(rows, copy_gb_per_s, gpu)
+    rows = compare(args, zero_records, torch_times, ds_times)
+    print_table(rows, copy_gb_per_s, gpu, ds_note)
     missed = missed_targets(rows)
     if missed:
         print("targets: MISSED: " + "; ".join(missed))
@@ -275,7 +351,7 @@ def main(argv=None):
             "reps": args.reps, "warmup": args.warmup,
             "sizes": {str(n): zero_records[n]["none"]["sizes"] for n in args.params},
             "copy": {"bytes": copy_bytes, "seconds": copy_s, "gb_per_s": copy_gb_per_s},
-            "results": rows, "zero_records": zero_runs,
+            "results": rows, "zero_records": zero_runs, "deepspeed": ds_note,
             "targets": {"probe_ratio": TARGET_PROBE_RATIO, "speedup": TARGET_SPEEDUP, "met": not missed,
                         "missed": missed},
         }

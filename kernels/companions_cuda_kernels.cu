@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(kCudaNormThreads)
 
 // Thread t is lane t % 8 of norm block t / 8: it sums elements lane, lane + 8, ... of the block
 // in order, loading kUnroll of them before adding any (the launcher's kCudaNormLanesUnroll; the
-// probe tries others). Zeros past numel (adding +0.0
-// leaves a non-negative sum's bits alone). Threads past the last block only join the shuffles.
+// probe tries others). Zeros past numel (adding +0.0 leaves a non-negative sum's bits alone).
+// Threads past the last block only join the shuffles.
 template <DType kType, int kUnroll = kCudaNormLanesUnroll>
 __global__ void __launch_bounds__(kCudaNormLanesThreads)
     squared_norm_lanes_kernel(const void* data, long long numel, long long norm_blocks,

@@ -220,13 +220,22 @@ class ZeroEngine(torch.nn.Module):
         return write
 
     def _device_grad_writer(self, r):
-        """On a GPU: the gradient is copied into its slot on torch's current stream."""
+        """On a GPU: the gradient is copied into its slot on torch's current stream. The slot's
+        tensor is made once per address (making one through the CUDA array interface costs more
+        than the copy of a small gradient), and again only when the engine hands out another."""
+        made = {}
+
         def write(grad):
             ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
             call("zero_engine_grad", self._handle, r.index, ctypes.byref(ptr),
                  ctypes.byref(nbytes))
             if nbytes.value:
-                slot = tensor_at(ptr.value, nbytes.value, self._torch_dtype, r.shape, self.device)
+                where = (ptr.value, nbytes.value)
+                slot = made.get(where)
+                if slot is None:
+                    made.clear()
+                    slot = made[where] = tensor_at(ptr.value, nbytes.value, self._torch_dtype,
+                                                   r.shape, self.device)
                 slot.copy_(grad)
                 # The engine reads the slot on the default stream: it waits for the copy (a no-op
                 # when torch computes on the default stream too).

@@ -71,9 +71,10 @@ constexpr NormGeometry norm_geometry_of(NormKernel kernel, std::size_t numel,
 
 // The geometry the launcher uses: the lanes kernel from kCudaNormLanesMinBlocks norm blocks on.
 constexpr NormGeometry norm_geometry(std::size_t numel, std::size_t norm_block_elems) {
-  const std::size_t blocks = (numel + norm_block_elems - 1) / norm_block_elems;
-  return norm_geometry_of(blocks >= kCudaNormLanesMinBlocks ? NormKernel::Lanes : NormKernel::Staged,
-                          numel, norm_block_elems);
+  const NormGeometry staged = norm_geometry_of(NormKernel::Staged, numel, norm_block_elems);
+  return staged.norm_blocks < kCudaNormLanesMinBlocks
+             ? staged
+             : norm_geometry_of(NormKernel::Lanes, numel, norm_block_elems);
 }
 
 }  // namespace zero::kernels::detail

@@ -360,7 +360,7 @@ void GradientReducer::finish(Slot& slot) {
       timings_.landed_bytes += static_cast<std::int64_t>(bytes);
       chunk = static_cast<const std::byte*>(landing.data());
     }
-    // A domain's pieces in one call (the landing buffer is reused by the next domain).
+    // A domain's pieces in one call (the landing buffers are reused by the next domains).
     unpack.clear();
     std::size_t off = 0;
     for (const Piece& p : slot.pieces) {

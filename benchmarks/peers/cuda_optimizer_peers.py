@@ -39,6 +39,7 @@ Exit status: 0 every target met; 1 a target missed (the figures are still printe
 import argparse
 import gc
 import json
+import os
 import statistics
 import importlib.util
 import subprocess
@@ -203,7 +204,7 @@ def deepspeed_peer(args):
     return 0
 
 
-def run_deepspeed(args, sizes_by_params):
+def run_deepspeed(args, sizes_by_params, capability):
     """({params: {param_out: (best, median)}}, note): DeepSpeed's FusedAdam in a process of its own,
     or (None, why not)."""
     if args.deepspeed == "off":
@@ -216,9 +217,13 @@ def run_deepspeed(args, sizes_by_params):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--deepspeed-peer", str(sizes_file),
                str(out_file), "--reps", str(args.reps), "--warmup", str(args.warmup),
                "--sizes-seed", str(args.sizes_seed)]
-        print("$ " + " ".join(cmd), flush=True)
+        # DeepSpeed's JIT builder reads TORCH_CUDA_ARCH_LIST and cannot parse an entry such as
+        # "9.0a" (a GPU machine's image may set one): it is given this GPU's plain capability.
+        env = dict(os.environ, TORCH_CUDA_ARCH_LIST=capability)
+        print(f"$ TORCH_CUDA_ARCH_LIST={capability} " + " ".join(cmd), flush=True)
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deepspeed_timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                                  timeout=args.deepspeed_timeout)
         except subprocess.TimeoutExpired:
             return None, (f"not measured: no result within {args.deepspeed_timeout} s "
                           "(its extension's build included)")
@@ -328,8 +333,9 @@ def main(argv=None):
             print(f"torch: fused AdamW over {args.tensors} tensors, {n} params", flush=True)
             torch_times[n] = run_torch(torch, args, zero_records[n]["none"]["sizes"])
         copy_bytes, copy_s = torch_copy(torch, args)
+        capability = "%d.%d" % torch.cuda.get_device_capability()
         ds_times, ds_note = run_deepspeed(args, {n: zero_records[n]["none"]["sizes"]
-                                                 for n in args.params})
+                                                 for n in args.params}, capability)
     except CannotMeasure as e:
         print(f"cuda_optimizer_peers: {e}", file=sys.stderr)
         return 2

@@ -195,11 +195,12 @@ class GradientReducer {
   std::vector<Slot> slots_;
   std::deque<Alone> alone_;     // in unit-completion order (the issue order)
   std::size_t alone_elems_ = 0;  // their units' padded elements
-  // host_landing: reduced chunks in pinned host memory, the two taken in turn. A device's copy
-  // into the buffer whose bytes the host had just read (the unpack) ran at a quarter to a third of
-  // a pinned copy's speed on an H200, into the other at 0.7 to 0.9 of it (the host's cached lines
-  // of the first are invalidated as the copy writes; benchmarks/probes/cuda_norm_landing_probe.cu).
-  std::array<Buffer, 2> landings_;
+  // host_landing: reduced chunks in pinned host memory, four buffers taken in turn. A device's
+  // copy into the buffer whose bytes the host had just read (the unpack) ran at about half a
+  // pinned copy's speed on an H100, into the other of two at 0.7 to 0.9 of it, and into four in
+  // turn at 0.97 (the host's cached lines of a buffer are invalidated as the copy writes it;
+  // benchmarks/probes/cuda_norm_landing_probe.cu, docs/gpu-status.md run 9).
+  std::array<Buffer, 4> landings_;
   std::size_t next_landing_ = 0;
   std::size_t next_slot_ = 0;
   bool window_first_micro_ = true;  // the current micro-step opened its window

@@ -7,10 +7,15 @@
 #   2. with ncu on the PATH (or under /opt/nvidia/nsight-compute) and a built zero-bench: the
 #      duration of every kernel of `zero-bench step --device cuda --stages 0` in launch order
 #      (ncu-step.csv, summarised in ncu-step.txt), to tell a phase's kernel time from its waits;
-#   3. the SASS of the norm kernels (norm-sass.txt), where cuobjdump is there.
+#   3. the SASS of the norm kernels (norm-sass.txt), where cuobjdump is there;
+#   4. with python3's torch and a built libzero.so: benchmarks/peers/cuda_train_peers.py at
+#      stages 0 and 2 with --profile, two steps of each peer under torch.profiler (operators and
+#      CUDA runtime calls such as cudaStreamSynchronize, with counts; the engine's timings) in
+#      torch-profile/PEER.txt: where zero.initialize's backward spends the time torch's does not.
 #
-# Usage: [BUILD_DIR=build-gpu] [CUDA_ARCHS=90] [GPU_PROBE_NCU=0] scripts/gpu-probe.sh [OUT_DIR]
-# (GPU_PROBE_NCU=0 skips item 2, about 30 s.)
+# Usage: [BUILD_DIR=build-gpu] [CUDA_ARCHS=90] [GPU_PROBE_NCU=0] [GPU_PROBE_TORCH=0]
+#        scripts/gpu-probe.sh [OUT_DIR]
+# (GPU_PROBE_NCU=0 skips item 2, about 30 s; GPU_PROBE_TORCH=0 item 4.)
 # OUT_DIR defaults to $BUILD_DIR/probe. Exits 0 when every probe ran and the norm variants agreed.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -78,5 +83,17 @@ for _, name, us in rows + [(None, None, 0.0)]:
     run = [name, 1, us, us] if name else None
 EOF
   tail -n 80 "$out/ncu-step.txt"
+fi
+library=$build/libzero.so
+if [ "${GPU_PROBE_TORCH:-1}" = 0 ]; then
+  echo "probe: torch profile skipped (GPU_PROBE_TORCH=0)"
+elif [ ! -f "$library" ]; then
+  echo "probe: $library not built; no torch profile"
+  status=1
+else
+  timeout 150 env -C "$root" ZERO_LIBRARY="$library" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
+    python3 "$root/benchmarks/peers/cuda_train_peers.py" --stages 0,2 --steps 3 --warmup 2 \
+    --profile "$out/torch-profile" >"$out/torch-profile.log" 2>&1 || status=1
+  tail -n 8 "$out/torch-profile.log"
 fi
 exit $status

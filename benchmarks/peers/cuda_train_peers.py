@@ -21,6 +21,7 @@ reason, rather than printed as a ratio.
 
   python3 benchmarks/peers/cuda_train_peers.py [--model gpt-110m|transformer] [--dtype bf16|fp32]
       [--stages 0,1,2,3] [--steps 10] [--warmup 3] [--device cuda|cpu] [--json out.json]
+      [--profile DIR]
 
 --device cpu runs the same harness on the CPU (with --model transformer, a check of the harness
 on a machine without a GPU; not a figure). Exit status: 0 every peer ran and the losses agree;
@@ -90,8 +91,8 @@ def run_peer(peer, cls, args):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     g = torch.Generator().manual_seed(DATA_SEED)
-    times, loss = [], None
-    for i in range(args.warmup + args.steps):
+    def one_step():
+        """(step, forward, backward, outside) seconds and the loss of one training step."""
         x, y = (t.to(device) for t in cls.batch(g))
         sync()
         t0 = time.perf_counter()
@@ -109,8 +110,15 @@ def run_peer(peer, cls, args):
         step()
         sync()
         t3 = time.perf_counter()
+        return (t3 - t0, t1 - t0, t2 - t1, t3 - t2), loss
+
+    times, loss = [], None
+    for i in range(args.warmup + args.steps):
+        t, loss = one_step()
         if i >= args.warmup:
-            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
+            times.append(t)
+    if args.profile:
+        profile_steps(peer, one_step, engine, device, args)
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
     result = {"peer": peer, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
               "ms_outside": med[3], "last_loss": loss.item()}
@@ -124,6 +132,33 @@ def run_peer(peer, cls, args):
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def profile_steps(peer, one_step, engine, device, args):
+    """--profile DIR: two more steps of the peer under torch.profiler, its operators and CUDA
+    runtime calls by self CPU time (and CUDA time on a GPU) into DIR/PEER.txt, with the engine's
+    timings of those steps for zero's peers. Not counted in the figures."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    if engine is not None:
+        engine.timings(reset=True)
+    with profile(activities=activities) as prof:
+        for _ in range(2):
+            one_step()
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    averages = prof.key_averages()
+    text = [f"{peer}: two steps under torch.profiler, by self CPU time",
+            averages.table(sort_by="self_cpu_time_total", row_limit=40)]
+    if device.type == "cuda":
+        text += ["by self CUDA time", averages.table(sort_by="self_cuda_time_total", row_limit=25)]
+    if engine is not None:
+        text += ["engine.timings() of the two steps",
+                 json.dumps(engine.timings(), indent=1, sort_keys=True, default=str)]
+    (out / f"{peer}.txt").write_text("\n".join(text) + "\n")
 
 
 def ratio(num, den, what):
@@ -143,6 +178,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--json", help="write every figure here")
+    p.add_argument("--profile", metavar="DIR",
+                   help="also profile two steps of every peer (torch.profiler) into DIR/PEER.txt")
     args = p.parse_args()
     try:
         import torch

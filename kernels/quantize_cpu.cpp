@@ -7,6 +7,7 @@
 #include "kernels/cpu_parallel.h"
 #include "kernels/isa.h"
 #include "kernels/quantize.h"
+#include "kernels/quantize_blocks.h"
 #include "zero/base/error.h"
 #include "zero/base/half.h"
 
@@ -77,6 +78,12 @@ inline float round_half_even(float x) {
   return (x + kMagic) - kMagic;
 }
 
+// Whole blocks take the AVX2 forms (quantize_avx2.cpp, the same bytes) where the ISA resolved for
+// the call has them; the last, shorter block and fp64 the portable loops below.
+bool use_avx2(const CpuExec& exec) {
+  return resolve_isa(exec.isa) != Isa::Scalar;
+}
+
 void check_bits(int bits, const char* what) {
   ZERO_CHECK(bits == 8 || bits == 4, "{}: {} bits; expected 8 or 4", what, bits);
 }
@@ -106,20 +113,35 @@ __attribute__((target_clones("avx2", "default"))) void dequantize_block(const st
   }
 }
 
-// fn(block_begin, n, tile) for every block of the dequantized `in`, over OpenMP tiles.
+// fn(block_begin, n, tile) for every block of the dequantized `in`, over OpenMP tiles; or, with
+// `direct` (fp32 out of place or added, from whole blocks in AVX2), into direct + block_begin
+// itself, fn not called for those blocks.
 template <typename Fn>
-void for_each_dequantized(const void* in, std::size_t n, int bits, const CpuExec& exec, Fn&& fn) {
+void for_each_dequantized(const void* in, std::size_t n, int bits, const CpuExec& exec,
+                          float* direct, bool accumulate, Fn&& fn) {
   const auto* codes = static_cast<const std::uint8_t*>(in);
   const auto* scales = reinterpret_cast<const float*>(codes + code_bytes(n, bits));
-  detail::for_each_tile(n, kTileBlocks * kQuantBlock, resolve_threads(exec.threads),
-                        [&](std::size_t begin, std::size_t end) {
-                          alignas(64) float tile[kQuantBlock];
-                          for (std::size_t b = begin; b < end; b += kQuantBlock) {
-                            const std::size_t m = std::min(end, b + kQuantBlock) - b;
-                            dequantize_block(codes, scales, b, m, bits, tile);
-                            fn(b, m, tile);
-                          }
-                        });
+  const bool avx2 = use_avx2(exec);
+  detail::for_each_tile(
+      n, kTileBlocks * kQuantBlock, resolve_threads(exec.threads),
+      [&](std::size_t begin, std::size_t end) {
+        alignas(64) float tile[kQuantBlock];
+        for (std::size_t b = begin; b < end; b += kQuantBlock) {
+          const std::size_t m = std::min(end, b + kQuantBlock) - b;
+          if (avx2 && m == kQuantBlock) {
+            const std::uint8_t* block = codes + (bits == 8 ? b : b / 2);
+            const float scale = scales[b / kQuantBlock];
+            if (direct != nullptr) {
+              detail::dequantize_block_avx2(block, scale, bits, direct + b, accumulate);
+              continue;
+            }
+            detail::dequantize_block_avx2(block, scale, bits, tile, false);
+          } else {
+            dequantize_block(codes, scales, b, m, bits, tile);
+          }
+          fn(b, m, tile);
+        }
+      });
 }
 
 // The codes of one block (m elements in `tile`, which it overwrites) into q; returns its scale.
@@ -172,6 +194,7 @@ void quantize_cpu(const void* src, DType dtype, std::size_t n, int bits, void* o
   auto* scales = reinterpret_cast<float*>(codes + cb);
   std::memset(codes + (bits == 8 ? n : (n + 1) / 2), 0, cb - (bits == 8 ? n : (n + 1) / 2));
   const float qmax = static_cast<float>(qmax_of(bits));
+  const bool avx2 = use_avx2(exec) && dtype != DType::F64;
   // Tiles are whole blocks, and in 4 bits whole bytes (kQuantBlock is even).
   detail::for_each_tile(
       n, kTileBlocks * kQuantBlock, resolve_threads(exec.threads),
@@ -180,6 +203,12 @@ void quantize_cpu(const void* src, DType dtype, std::size_t n, int bits, void* o
         alignas(64) std::int8_t q[kQuantBlock];
         for (std::size_t b = begin; b < end; b += kQuantBlock) {
           const std::size_t m = std::min(end, b + kQuantBlock) - b;
+          if (avx2 && m == kQuantBlock) {
+            scales[b / kQuantBlock] = detail::quantize_block_avx2(
+                static_cast<const std::byte*>(src) + b * dtype_size(dtype), dtype, bits,
+                codes + (bits == 8 ? b : b / 2));
+            continue;
+          }
           widen(src, dtype, b, m, tile);
           scales[b / kQuantBlock] = quantize_tile(tile, m, qmax, q);
           if (bits == 8) {
@@ -198,16 +227,19 @@ void quantize_cpu(const void* src, DType dtype, std::size_t n, int bits, void* o
 void dequantize_cpu(const void* in, std::size_t n, int bits, void* dst, DType dtype,
                     const CpuExec& exec) {
   check_bits(bits, "dequantize");
-  for_each_dequantized(in, n, bits, exec, [&](std::size_t b, std::size_t m, const float* tile) {
-    narrow(tile, b, m, dst, dtype);
-  });
+  float* direct = dtype == DType::F32 ? static_cast<float*>(dst) : nullptr;
+  for_each_dequantized(in, n, bits, exec, direct, false,
+                       [&](std::size_t b, std::size_t m, const float* tile) {
+                         narrow(tile, b, m, dst, dtype);
+                       });
 }
 
 void dequantize_add_cpu(const void* in, std::size_t n, int bits, float* acc, const CpuExec& exec) {
   check_bits(bits, "dequantize_add");
-  for_each_dequantized(in, n, bits, exec, [&](std::size_t b, std::size_t m, const float* tile) {
-    for (std::size_t i = 0; i < m; ++i) acc[b + i] += tile[i];
-  });
+  for_each_dequantized(in, n, bits, exec, acc, true,
+                       [&](std::size_t b, std::size_t m, const float* tile) {
+                         for (std::size_t i = 0; i < m; ++i) acc[b + i] += tile[i];
+                       });
 }
 
 }  // namespace zero::kernels

@@ -81,6 +81,16 @@ Reference reference(const std::vector<double>& x, int bits) {
   return r;
 }
 
+// Every ISA this CPU has: each quantizes to the same bytes (whole blocks take the AVX2 form where
+// the ISA is not scalar).
+std::vector<k::Isa> isas() {
+  std::vector<k::Isa> out{k::Isa::Scalar};
+  for (k::Isa isa : {k::Isa::Avx2, k::Isa::Avx512}) {
+    if (k::isa_supported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
 int code_of(const std::vector<std::byte>& q, std::size_t i, int bits) {
   const auto* b = reinterpret_cast<const std::uint8_t*>(q.data());
   if (bits == 8) return static_cast<std::int8_t>(b[i]);
@@ -92,16 +102,19 @@ int code_of(const std::vector<std::byte>& q, std::size_t i, int bits) {
 
 TEST_CASE("quantize matches the reference codes and scales for every dtype, width and size") {
   std::size_t checked = 0, nonzero = 0;
+  for (k::Isa isa : isas())
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
     for (int bits : {8, 4}) {
       for (std::size_t n :
            {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{255}, std::size_t{256},
             std::size_t{257}, std::size_t{1000}, std::size_t{40001}}) {
-        INFO(zero::dtype_name(dtype) << ", " << bits << " bits, " << n << " elements");
+        INFO(k::isa_name(isa) << ", " << zero::dtype_name(dtype) << ", " << bits << " bits, " << n
+                              << " elements");
+        const k::CpuExec exec{.isa = isa};
         const Input in = make_input(dtype, n, static_cast<std::uint32_t>(n + bits), 0.7);
         std::vector<std::byte> q(k::quantized_bytes(n, bits));
         REQUIRE(q.size() % 4 == 0);
-        k::quantize_cpu(in.bytes.data(), dtype, n, bits, q.data());
+        k::quantize_cpu(in.bytes.data(), dtype, n, bits, q.data(), exec);
         const Reference ref = reference(in.values, bits);
         const std::size_t code_bytes = bits == 8 ? n : (n + 1) / 2;
         const std::size_t padded = (code_bytes + 3) / 4 * 4;
@@ -119,7 +132,7 @@ TEST_CASE("quantize matches the reference codes and scales for every dtype, widt
 
         // Dequantized: within half a step of the input, rounded once to the dtype.
         std::vector<std::byte> back(n * zero::dtype_size(dtype));
-        k::dequantize_cpu(q.data(), n, bits, back.data(), dtype);
+        k::dequantize_cpu(q.data(), n, bits, back.data(), dtype, exec);
         const Input round_trip = [&] {
           Input r;
           for (std::size_t i = 0; i < n; ++i) {
@@ -146,7 +159,7 @@ TEST_CASE("quantize matches the reference codes and scales for every dtype, widt
         }
         // dequantize_add adds the same fp32 values.
         std::vector<float> acc(n, 1.0f);
-        k::dequantize_add_cpu(q.data(), n, bits, acc.data());
+        k::dequantize_add_cpu(q.data(), n, bits, acc.data(), exec);
         for (std::size_t i = 0; i < n; ++i) {
           REQUIRE(acc[i] ==
                   1.0f + static_cast<float>(ref.codes[i]) * ref.scales[i / k::kQuantBlock]);
@@ -156,6 +169,35 @@ TEST_CASE("quantize matches the reference codes and scales for every dtype, widt
   }
   REQUIRE(checked > 100000);  // not a vacuous pass
   REQUIRE(nonzero > checked / 2);
+}
+
+TEST_CASE("ties round half to even, and the codes reach +-qmax, on every ISA") {
+  // Blocks whose max |x| is qmax, so the scale is 1 and x / scale is x: halves are exact ties.
+  for (int bits : {8, 4}) {
+    const float qmax = bits == 8 ? 127.0f : 7.0f;
+    std::vector<float> x(2 * k::kQuantBlock);
+    std::vector<int> expected(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const float base = static_cast<float>(static_cast<int>(i % 13) - 6);  // -6 .. 6
+      const float v = i % 64 == 0 ? qmax : i % 64 == 1 ? -qmax : base + (i % 2 ? 0.5f : -0.5f);
+      x[i] = v;
+      const float lo = std::floor(v);
+      expected[i] = static_cast<int>(v - lo != 0.5f ? std::nearbyint(v)
+                                                     : (std::fmod(lo, 2.0f) == 0 ? lo : lo + 1));
+    }
+    for (k::Isa isa : isas()) {
+      INFO(k::isa_name(isa) << ", " << bits << " bits");
+      std::vector<std::byte> q(k::quantized_bytes(x.size(), bits));
+      k::quantize_cpu(x.data(), DType::F32, x.size(), bits, q.data(), {.isa = isa});
+      std::size_t ties = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        INFO(i << ": " << x[i]);
+        REQUIRE(code_of(q, i, bits) == expected[i]);
+        ties += x[i] - std::floor(x[i]) == 0.5f;
+      }
+      REQUIRE(ties > x.size() / 2);  // the ties were there to round
+    }
+  }
 }
 
 TEST_CASE("bf16 is quantized from its own values, not from its bits read as fp16") {
@@ -169,17 +211,22 @@ TEST_CASE("bf16 is quantized from its own values, not from its bits read as fp16
 }
 
 TEST_CASE("a block with an inf or a NaN dequantizes to NaN; its neighbours are untouched") {
-  std::vector<float> x(3 * k::kQuantBlock, 0.25f);
-  x[k::kQuantBlock + 5] = std::numeric_limits<float>::infinity();
-  std::vector<std::byte> q(k::quantized_bytes(x.size(), 4));
-  k::quantize_cpu(x.data(), DType::F32, x.size(), 4, q.data());
-  std::vector<float> back(x.size());
-  k::dequantize_cpu(q.data(), x.size(), 4, back.data(), DType::F32);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const bool in_bad_block = i / k::kQuantBlock == 1;
-    INFO(i);
-    REQUIRE(std::isnan(back[i]) == in_bad_block);
-    if (!in_bad_block) REQUIRE(back[i] == 0.25f);
+  for (k::Isa isa : isas()) {
+    for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      INFO(k::isa_name(isa) << ", " << bad);
+      std::vector<float> x(3 * k::kQuantBlock, 0.25f);
+      x[k::kQuantBlock + 5] = bad;
+      std::vector<std::byte> q(k::quantized_bytes(x.size(), 4));
+      k::quantize_cpu(x.data(), DType::F32, x.size(), 4, q.data(), {.isa = isa});
+      std::vector<float> back(x.size());
+      k::dequantize_cpu(q.data(), x.size(), 4, back.data(), DType::F32, {.isa = isa});
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const bool in_bad_block = i / k::kQuantBlock == 1;
+        INFO(i);
+        REQUIRE(std::isnan(back[i]) == in_bad_block);
+        if (!in_bad_block) REQUIRE(back[i] == 0.25f);
+      }
+    }
   }
 }
 

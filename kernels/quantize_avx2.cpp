@@ -34,7 +34,8 @@ inline __m256i codes8(const void* src, DType dtype, std::size_t i, __m256 scale,
 
 }  // namespace
 
-float quantize_block_avx2(const void* src, DType dtype, int bits, std::uint8_t* codes) {
+float quantize_block_avx2(const void* src, DType dtype, int bits, float qmax_s,
+                          std::uint8_t* codes) {
   // max |x| on the bits, as the portable loop takes it (inf and NaN compare largest).
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   __m256i top = _mm256_setzero_si256();
@@ -53,7 +54,6 @@ float quantize_block_avx2(const void* src, DType dtype, int bits, std::uint8_t* 
   }
   float amax;
   std::memcpy(&amax, &t, sizeof amax);
-  const float qmax_s = bits == 8 ? 127.0f : 7.0f;
   const float scale_s = amax / qmax_s;
   if (scale_s == 0) {
     std::memset(codes, 0, code_bytes);
@@ -117,7 +117,7 @@ void dequantize_block_avx2(const std::uint8_t* codes, float scale_s, int bits, f
 
 #else  // not an x86-64 build: isa_supported() never selects these
 
-float quantize_block_avx2(const void*, DType, int, std::uint8_t*) {
+float quantize_block_avx2(const void*, DType, int, float, std::uint8_t*) {
   return std::numeric_limits<float>::quiet_NaN();
 }
 void dequantize_block_avx2(const std::uint8_t*, float, int, float*, bool) {}

@@ -205,7 +205,7 @@ void quantize_cpu(const void* src, DType dtype, std::size_t n, int bits, void* o
           const std::size_t m = std::min(end, b + kQuantBlock) - b;
           if (avx2 && m == kQuantBlock) {
             scales[b / kQuantBlock] = detail::quantize_block_avx2(
-                static_cast<const std::byte*>(src) + b * dtype_size(dtype), dtype, bits,
+                static_cast<const std::byte*>(src) + b * dtype_size(dtype), dtype, bits, qmax,
                 codes + (bits == 8 ? b : b / 2));
             continue;
           }

@@ -35,6 +35,8 @@ def child_env(extra=None):
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    # A rank that dies of a signal (SIGABRT, SIGSEGV) prints every thread's Python stack first.
+    env["PYTHONFAULTHANDLER"] = "1"
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     env.update(extra or {})
@@ -56,7 +58,19 @@ class Launch:
         self.returncode, self.output, self.seconds, self.timed_out = returncode, output, seconds, timed_out
 
     def tail(self, lines=40):
-        return "\n".join(self.output.splitlines()[-lines:])
+        return log_tail(self.output, lines)
+
+
+def log_tail(output, lines=40):
+    """The last `lines` lines of a launch's output that the ranks wrote. torchrun's own report of
+    a failed worker (its traceback and ChildFailedError table, 40-odd lines) would otherwise fill
+    the tail and hide the rank's error; it is cut to the line naming the failed rank."""
+    kept = output.splitlines()
+    for i, line in enumerate(kept):
+        if "torch/distributed/elastic/multiprocessing/api.py" in line and "failed (exitcode" in line:
+            kept = kept[:i + 1]
+            break
+    return "\n".join(kept[-lines:])
 
 
 def torchrun(nproc, script, args, timeout, log, env=None, module=False):

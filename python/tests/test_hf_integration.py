@@ -88,7 +88,7 @@ def run(tmp_path_factory, engine, script, nproc=1, resume=False, **opts):
         out.mkdir(parents=True, exist_ok=True)
         code, output = _launch(engine, nproc, script, out, args + extra,
                                out.parent / f"{out.name}{'-resume' if resume else ''}.log")
-        tail = "\n".join(output.splitlines()[-40:])
+        tail = harness.log_tail(output)
         assert code == 0, f"{engine} {script} {args}{' resume' if resume else ''}:\n{tail}"
         assert done.exists(), tail
     return out

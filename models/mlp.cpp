@@ -134,7 +134,8 @@ std::vector<float> dense(const DenseShape& d, const void* x, const void* w, cons
 }
 
 Activations run_forward(const MlpShape& shape, std::span<const ParamView> weights,
-                        const float* inputs, std::size_t rows, int threads) {
+                        const float* inputs, std::size_t rows, int threads,
+                        const std::function<void(std::size_t)>& after_layer = nullptr) {
   check_weights(shape, weights);
   const std::size_t layers = shape.layers();
   const DType stored = weights.front().dtype;
@@ -163,6 +164,7 @@ Activations run_forward(const MlpShape& shape, std::span<const ParamView> weight
     } else {
       a.output = std::move(y);
     }
+    if (after_layer) after_layer(k);
   }
   return a;
 }
@@ -174,9 +176,24 @@ std::vector<ParamView> f32_views(std::span<const std::span<const float>> weights
 }
 
 Activations run_forward(const MlpShape& shape, std::span<const ParamView> weights,
-                        const Batch& batch, int threads) {
+                        const Batch& batch, int threads,
+                        const std::function<void(std::size_t)>& after_layer = nullptr) {
   check_batch(shape, batch);
-  return run_forward(shape, weights, batch.inputs.data(), batch.rows, threads);
+  return run_forward(shape, weights, batch.inputs.data(), batch.rows, threads, after_layer);
+}
+
+// The weight operand of layer k's input gradient: the widened fp16 copy, forward's view, or the
+// view the sink hands back (checked against forward's: a gathered-again unit may move).
+const void* backward_weight(const Activations& a, std::span<const ParamView> weights,
+                            const GradSink& sink, std::size_t k) {
+  if (!a.widened.empty() || !sink.backward_weight) return a.weight(weights, k);
+  const ParamView w = sink.backward_weight(k);
+  const ParamView& forward = weights[2 * k];
+  ZERO_CHECK(w.dtype == forward.dtype && w.bytes.size() == forward.bytes.size(),
+             "mlp: backward_weight({}) gave {} bytes of {}, forward read {} bytes of {}", k,
+             w.bytes.size(), dtype_name(w.dtype), forward.bytes.size(),
+             dtype_name(forward.dtype));
+  return w.bytes.data();
 }
 
 double mse(const std::vector<float>& y, const std::vector<float>& target) {
@@ -371,7 +388,7 @@ double forward_backward(const MlpShape& shape, std::span<const ParamView> weight
                         int threads) {
   ZERO_CHECK(static_cast<bool>(sink.slot), "mlp: forward_backward needs GradSink::slot");
   const std::size_t layers = shape.layers();
-  Activations a = run_forward(shape, weights, batch, threads);
+  Activations a = run_forward(shape, weights, batch, threads, sink.on_layer_forward);
   const double loss = mse(a.output, batch.targets);
 
   // d(scale · loss)/dy = scale · (y - target) / (rows · OUT)
@@ -422,7 +439,7 @@ double forward_backward(const MlpShape& shape, std::span<const ParamView> weight
             .n = in,
             .k = out,
             .a = dy_operand,
-            .b = a.weight(weights, k),
+            .b = backward_weight(a, weights, sink, k),
             .c = dx.data(),
             .inputs = a.compute},
            threads);

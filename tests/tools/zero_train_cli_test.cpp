@@ -65,8 +65,9 @@ std::map<std::string, std::vector<float>> read_dump(const std::string& path) {
 
 // The largest difference from the initial weights of `kModel` with `seed`: a guard against
 // comparing runs that never trained.
-double moved_from_init(const std::map<std::string, std::vector<float>>& dump, std::uint64_t seed) {
-  const zero::models::MlpShape shape = zero::models::MlpShape::parse(kModel);
+double moved_from_init(const std::map<std::string, std::vector<float>>& dump, std::uint64_t seed,
+                       const std::string& model = kModel) {
+  const zero::models::MlpShape shape = zero::models::MlpShape::parse(model);
   const std::vector<zero::models::MlpParam> params = zero::models::mlp_params(shape);
   double moved = 0;
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -116,7 +117,7 @@ TEST_CASE("--help prints the flags and exits 0") {
   CHECK(r.status == 0);
   for (const char* flag :
        {"--config", "--world-size", "--comm", "--steps", "--seed", "--model", "--threads",
-        "--dump-params", "--save", "--save-every", "--load", "--json", "--quiet"}) {
+        "--dump-params", "--save", "--save-every", "--load", "--regather", "--json", "--quiet"}) {
     CHECK_THAT(r.out, Catch::Contains(flag));
   }
 }
@@ -432,4 +433,46 @@ TEST_CASE("--memory-budget: beyond it an error naming the tag; with NVMe offload
     CHECK(m.at("device_peak_bytes").get<double>() <= 1000000);
     CHECK(m.at("nvme_bytes").get<double>() > 0);
   }
+}
+
+TEST_CASE(
+    "--regather: stage 3 gathers layers again in backward, bitwise the run that keeps them, and "
+    "under hpZ those gathers stay inside the node") {
+  // Three layers: the first goes after its forward (backward needs no weight of it), the middle
+  // one is gathered again, the last stays for backward's start.
+  const std::string model = "mlp:8,32,32,4";
+  TempDir dir("regather");
+  const std::string common = " --world-size 4 --ranks-per-node 2 --steps 6 --seed 5 --json --quiet"
+                             " --model " + model;
+  struct Result {
+    std::map<std::string, std::vector<float>> dump;
+    double inter = 0, intra = 0;
+  };
+  auto train = [&](const std::string& config, const std::string& extra, const std::string& name) {
+    const std::string args = "--config " + kTrain + config + common + extra + " --dump-params " +
+                             (dir / (name + ".st"));
+    const Run r = run(args, "stdout");
+    INFO("zero-train " << args << "\n" << r.out);
+    REQUIRE(r.status == 0);
+    const json summary = json_lines(r.out).back();
+    return Result{read_dump((dir / (name + ".st"))),
+                  summary.at("inter_node_bytes").get<double>(),
+                  summary.at("intra_node_bytes").get<double>()};
+  };
+  const Result kept = train("fp32_stage3_regather.json", "", "kept");
+  const Result again = train("fp32_stage3_regather.json", " --regather", "again");
+  const Result hpz = train("fp32_stage3_hpz_regather.json", " --regather", "hpz");
+  REQUIRE(moved_from_init(kept.dump, 5, model) > 1e-3);
+  CHECK(again.dump == kept.dump);
+  CHECK(hpz.dump == kept.dump);
+  // The middle layer's gather again crosses nodes without hpZ, and stays inside with it.
+  CHECK(again.inter > kept.inter);
+  CHECK(hpz.inter == kept.inter);
+  CHECK(hpz.intra > kept.intra);
+
+  const Run below = run("--config " + kTrain + "fp32_stage2.json --steps 2 --regather", "stderr");
+  INFO(below.out);
+  CHECK(below.status == 1);
+  CHECK_THAT(below.out, Catch::Contains("--regather releases and gathers stage 3's units") &&
+                            Catch::Contains("stage is 2"));
 }

@@ -47,6 +47,11 @@ options:
   --save-every K              with --save: also save every K optimizer steps
   --load DIR                  resume from the checkpoint DIR/latest names (any world size and
                               stage), then train until --steps optimizer steps are done in all
+  --regather                  ZeRO stage 3 only: release each layer's unit after its forward
+                              and gather it again when backward reaches it, as a module-wise
+                              stage 3 does (DeepSpeed, zero.initialize): backward's gathers run
+                              again, inside the node under hpZ; the same results bit for bit
+                              (default: every unit stays gathered from forward through backward)
   --json                      one JSON object per step, then a summary object
   --quiet                     no per-step output; only the final summary
   --help                      this text
@@ -141,6 +146,9 @@ TrainOptions parse_options(std::span<const std::string> args) {
         throw UsageError(fmt::format("{}: expected a checkpoint directory, got ''", flag));
     } else if (flag == "--save-every") {
       o.save_every = positive("a positive number of optimizer steps");
+    } else if (flag == "--regather") {
+      arg.no_value();
+      o.regather = true;
     } else if (flag == "--json") {
       arg.no_value();
       o.json = true;

@@ -32,6 +32,10 @@ struct TrainOptions {
   std::string save_dir;         // checkpoint directory written at the end; empty: no save
   std::int64_t save_every = 0;  // also save every K optimizer steps (0: only at the end)
   std::string load_dir;         // checkpoint directory to resume from; empty: start fresh
+  // --regather: stage 3 lets each layer go after its forward and gathers it again for backward,
+  // as a module-wise stage 3 does (DeepSpeed, zero.initialize); default: units stay gathered
+  // from forward through backward.
+  bool regather = false;
   bool json = false;
   bool quiet = false;
   bool help = false;  // --help: print kUsage and exit 0; nothing else is checked

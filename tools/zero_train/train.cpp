@@ -283,6 +283,14 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
     gpu_model = std::make_unique<models::CudaMlp>(shape, device->gpu_ordinal());
   }
   const bool staged = !device->host_addressable() && !gpu_model;
+  ZERO_CHECK(!options.regather || engine->stage() == 3,
+             "zero-train: --regather releases and gathers stage 3's units, but the config's "
+             "zero_optimization.stage is {}: set it to 3, or drop --regather",
+             engine->stage());
+  ZERO_CHECK(!options.regather || !gpu_model,
+             "zero-train: --regather runs on the CPU model only, and this rank's model is on GPU "
+             "{}: use --device cpu, or drop --regather",
+             device->gpu_ordinal());
   std::vector<std::vector<std::byte>> staged_weights(staged ? num_params : 0);
   std::vector<std::vector<std::byte>> staged_grads(staged ? num_params : 0);
   std::vector<models::ParamView> weights(num_params);
@@ -293,6 +301,20 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
                "zero-train: engine->grad({}) has {} bytes, expected {}", i, slot.size(),
                mlp[i].numel() * element_bytes);
     return slot;
+  };
+  // Which units this rank holds gathered (--regather releases layer 0 after its forward, and
+  // backward needs no weight of it to gather again).
+  std::vector<bool> held(static_cast<std::size_t>(units), false);
+  // Parameter i's current engine copy as the model reads it (through a host copy when staged).
+  auto weight_view = [&](std::size_t i) -> models::ParamView {
+    const std::span<const std::byte> p = engine->param(i);
+    ZERO_CHECK(p.size() == mlp[i].numel() * element_bytes,
+               "zero-train: engine->param({}) has {} bytes, expected {}", i, p.size(),
+               mlp[i].numel() * element_bytes);
+    if (!staged) return {p, dtype};
+    staged_weights[i].resize(p.size());
+    device->copy(staged_weights[i].data(), p.data(), p.size());
+    return {staged_weights[i], dtype};
   };
   const models::GradSink sink{
       .slot = [&](std::size_t i) -> models::GradView {
@@ -314,8 +336,28 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
               }
               engine->grad_ready(i);
             }
-            engine->release(static_cast<int>(u));
+            if (!options.regather || held[u]) engine->release(static_cast<int>(u));
+            held[u] = false;
             handover_seconds += seconds_since(start);
+          },
+      // --regather: a layer goes after its forward (the last one is backward's first, and
+      // stays), and comes back when backward reaches it.
+      .on_layer_forward = !options.regather ? std::function<void(std::size_t)>{} :
+          [&](std::size_t u) {
+            if (u + 1 == static_cast<std::size_t>(units)) return;
+            const Clock::time_point start = Clock::now();
+            engine->release(static_cast<int>(u));
+            held[u] = false;
+            handover_seconds += seconds_since(start);
+          },
+      .backward_weight = !options.regather ? std::function<models::ParamView(std::size_t)>{} :
+          [&](std::size_t u) {
+            const Clock::time_point start = Clock::now();
+            engine->gather(static_cast<int>(u));
+            held[u] = true;
+            const models::ParamView w = weight_view(2 * u);
+            handover_seconds += seconds_since(start);
+            return w;
           }};
 
   const Clock::time_point train_start = Clock::now();
@@ -339,21 +381,11 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
       model_seconds += seconds_since(data_start);
 
       // The MLP needs every layer's weights in backward too, so units stay gathered until their
-      // gradients are handed over.
+      // gradients are handed over (with --regather they go after their forward, and backward
+      // gathers them again).
       for (int u = 0; u < units; ++u) engine->gather(u);
-      for (std::size_t i = 0; i < num_params; ++i) {
-        const std::span<const std::byte> p = engine->param(i);
-        ZERO_CHECK(p.size() == mlp[i].numel() * element_bytes,
-                   "zero-train: engine->param({}) has {} bytes, expected {}", i, p.size(),
-                   mlp[i].numel() * element_bytes);
-        if (staged) {
-          staged_weights[i].resize(p.size());
-          device->copy(staged_weights[i].data(), p.data(), p.size());
-          weights[i] = {staged_weights[i], dtype};
-        } else {
-          weights[i] = {p, dtype};
-        }
-      }
+      held.assign(held.size(), true);
+      for (std::size_t i = 0; i < num_params; ++i) weights[i] = weight_view(i);
       if (share.rows > 0) {
         handover_seconds = 0;
         const Clock::time_point model_start = Clock::now();

@@ -1,7 +1,8 @@
 // zero-train under mpirun (MpiComm, one process per rank) against the same run on in-process ranks
 // (InProcComm): stages 0-3, bf16 and fp32, at 2 and 4 ranks. Both backends reduce in rank order
 // with the same kernel (16-bit sums in fp32, rounded once), so the dumps are equal bit for bit.
-// Exits 77 (skipped) when the build has no mpirun.
+// Two simulated nodes under mpirun run their node level on shared memory and MPI only between
+// nodes, again bitwise the in-process run. Exits 77 (skipped) when the build has no mpirun.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,16 @@ namespace {
 int sh(const std::string& cmd) {
   const int rc = std::system((cmd + " > /dev/null 2>&1").c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// What the command printed (stdout and stderr), or "exit N: ..." when it failed.
+std::string sh_output(const std::string& cmd, const std::string& file) {
+  const int rc = std::system((cmd + " > '" + file + "' 2>&1").c_str());
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return status == 0 ? text.str() : "exit " + std::to_string(status) + ": " + text.str();
 }
 
 // The largest |a - b| over every tensor of two dumps; *largest gets the largest |a|.
@@ -74,5 +85,34 @@ TEST_CASE("zero-train under mpirun equals in-process ranks bit for bit") {
         CHECK(largest > 0.0);  // the weights are not all zero
       }
     }
+  }
+}
+
+TEST_CASE("two nodes under mpirun: the node level on shared memory, bitwise in-process ranks") {
+  const zero::test::TempDir dir("zero_mpi_nodes");
+  const std::string train = ZERO_TRAIN_BIN;
+  const std::string common =
+      " --steps 4 --seed 3 --model mlp:16,32,32,4 --threads 1 --ranks-per-node 2 --regather";
+  for (const char* config : {"fp32_stage3_regather.json", "fp32_stage3_hpz_regather.json"}) {
+    INFO(config);
+    const std::string cfg = std::string(ZERO_TEST_DATA_DIR) + "/train/" + config;
+    const std::string in = dir / "in.st", mpi = dir / "mpi.st";
+    REQUIRE(sh("'" + train + "' --config '" + cfg + "' --world-size 4 --quiet" + common +
+               " --dump-params '" + in + "'") == 0);
+    // Only TCP between processes: without the shared-memory node level, a node's ranks would
+    // talk over TCP too.
+    const std::string out = sh_output(
+        std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 '") +
+            ZERO_MPIEXEC + "' --oversubscribe --mca btl tcp,self -np 4 '" + train +
+            "' --comm mpi --config '" + cfg + "'" + common + " --dump-params '" + mpi + "'",
+        dir / "mpi.log");
+    INFO(out);
+    REQUIRE(out.find("exit ") != 0);
+    CHECK(out.find("hierarchical(shm/mpi, 2 nodes x 2 ranks)") != std::string::npos);
+    std::size_t tensors = 0;
+    double largest = 0;
+    CHECK(max_diff(in, mpi, &tensors, &largest) == 0.0);
+    CHECK(tensors == 6);
+    CHECK(largest > 0.0);
   }
 }

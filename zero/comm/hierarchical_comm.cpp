@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "zero/base/error.h"
 #include "zero/comm/comm_thread.h"
 #include "zero/comm/reduce_math.h"
+#include "zero/comm/shared_memory_twin.h"
 
 namespace zero {
 namespace {
@@ -60,6 +63,19 @@ CollectiveArgs level_args(Collective kind, const void* send, void* recv, std::si
   return {kind, send, recv, elems, dtype, op, root, in_place};
 }
 
+// A node's group of MPI processes on one host talks through shared memory, so only the level
+// across nodes uses MPI (shared_memory_twin.h); other groups stay as they are. ZERO_NODE_SHM=0
+// keeps MPI inside nodes too (a /dev/shm too small for the segments, or to compare).
+std::unique_ptr<Communicator> on_shared_memory(std::unique_ptr<Communicator> group) {
+  if (group == nullptr || group->backend_name() != "mpi") return group;
+  if (const char* v = std::getenv("ZERO_NODE_SHM"); v != nullptr && std::string_view(v) == "0") {
+    return group;
+  }
+  std::unique_ptr<Communicator> shm =
+      comm_detail::shared_memory_twin(*group, CommOptions{group->timeout()});
+  return shm ? std::move(shm) : std::move(group);
+}
+
 }  // namespace
 
 std::unique_ptr<HierarchicalComm> HierarchicalComm::create(Communicator& world,
@@ -99,7 +115,7 @@ HierarchicalComm::HierarchicalComm(std::unique_ptr<Communicator> owned, Communic
       rank_(world.rank()),
       counters_(std::move(counters)) {
   if (topology_.single_node() || topology_.ranks_per_node == 1) return;
-  intra_ = world.split(topology_.node_of(rank_), topology_.local_of(rank_));
+  intra_ = on_shared_memory(world.split(topology_.node_of(rank_), topology_.local_of(rank_)));
   inter_ = world.split(topology_.local_of(rank_), topology_.node_of(rank_));
   splitter_ = world.split(0, rank_);
   thread_ = std::make_unique<comm_detail::CommThread>();
@@ -178,6 +194,16 @@ std::unique_ptr<Communicator> HierarchicalComm::split_impl(int color, int key) {
   t.source = topology_.source;
   // Not blocks: one "node" per member, so every byte counts as inter-node (it may cross one).
   t.ranks_per_node = blocks ? run_lengths.front() : (run_nodes.size() == 1 ? t.world_size : 1);
+  // A group inside one node (a MiCS shard group) runs on shared memory like the node's own.
+  // Collective over the new group only; on the communication thread while the world's levels
+  // are in use there (MPI calls come from one thread at a time).
+  if (run_nodes.size() == 1) {
+    if (two_level()) {
+      thread_->submit([&] { flat = on_shared_memory(std::move(flat)); }).wait();
+    } else {
+      flat = on_shared_memory(std::move(flat));
+    }
+  }
   Communicator& group = *flat;
   return std::unique_ptr<HierarchicalComm>(
       new HierarchicalComm(std::move(flat), group, t, counters_));

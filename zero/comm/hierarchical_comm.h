@@ -5,7 +5,9 @@
 // forwards every collective to the world unchanged, so results are the world's bit for bit, and
 // only counts. With several nodes of several ranks it splits the world into an intra-node group
 // (the ranks of this node, by local rank) and an inter-node group (the ranks with this local rank,
-// by node) and runs each collective in two levels, on a communication thread of its own:
+// by node) and runs each collective in two levels, on a communication thread of its own. An MPI
+// node group whose ranks share a /dev/shm is replaced by a ShmComm over the same ranks
+// (shared_memory_twin.h; ZERO_NODE_SHM=0 keeps MPI), so only the level across nodes uses MPI:
 //
 //   reduce_scatter: the chunks are reordered so that local rank l's block holds the chunks of the
 //                   ranks with local rank l; reduce-scatter inside the node, then across nodes;

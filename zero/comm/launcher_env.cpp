@@ -18,6 +18,7 @@
 #include "zero/base/error.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/comm/process_watch.h"
+#include "zero/comm/shared_memory_twin.h"
 #include "zero/comm/shm_comm.h"
 
 namespace zero {
@@ -151,20 +152,6 @@ std::unique_ptr<Communicator> single_rank(const CommOptions& options) {
   return world.comm(0);  // keeps the world's state alive
 }
 
-// Over MPI: rank 0 makes a name with a random part and broadcasts it.
-std::string mpi_segment_name(Communicator& mpi) {
-  constexpr std::size_t kBytes = 256;
-  std::array<char, kBytes> buf{};
-  if (mpi.rank() == 0) {
-    std::random_device rd;
-    const std::string name = fmt::format("zero-mpi-{}-{:08x}{:08x}", ::getpid(), rd(), rd());
-    std::memcpy(buf.data(), name.data(), name.size());
-  }
-  // A broadcast copies bytes; the dtype only sets the element size.
-  mpi.broadcast(buf.data(), kBytes / 4, DType::F32, 0).wait();
-  return std::string(buf.data(), strnlen(buf.data(), kBytes));
-}
-
 }  // namespace
 
 std::string_view launcher_name(Launcher launcher) {
@@ -274,7 +261,8 @@ std::unique_ptr<Communicator> make_env_communicator(const CommOptions& options) 
   }
   auto mpi = make_communicator("mpi", options);
   if (!one_host) return mpi;
-  const std::string name = mpi_segment_name(*mpi);
+  // Over MPI: rank 0 makes a name with a random part and broadcasts it.
+  const std::string name = comm_detail::agreed_segment_name(*mpi, "mpi");
   return make_shm_communicator(name, mpi->rank(), mpi->size(), options);
 }
 

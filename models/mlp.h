@@ -131,17 +131,6 @@ struct BackwardOptions {
   int threads = 1;
   // As GradSink::on_layer_grads, for grads[2k] and grads[2k + 1].
   std::function<void(std::size_t layer)> on_layer_grads = nullptr;
-  // Called right after layer k's forward, for k = 0 up. With `backward_weight` set, layer k's
-  // weights are not read again until backward asks for layer k's weight, so a trainer can let
-  // the layer go in between (ZeRO stage 3 releases a gathered unit, and gathers it again).
-  // Optional.
-  std::function<void(std::size_t layer)> on_layer_forward = nullptr;
-  // Backward's view of layer k's weight (parameter 2k, the same dtype and size as forward's),
-  // asked right before the input gradient of layer k reads it (k = layers - 1 down to 1). The
-  // values must be those forward used; only the memory may differ. Null: forward's view, which
-  // must then stay valid throughout. (fp16 weights are widened to fp32 before forward and
-  // backward reads the widened copy: this is not called for them.)
-  std::function<ParamView(std::size_t layer)> backward_weight = nullptr;
 };
 
 // The same in fp32 throughout, for fp32 weights and gradient buffers.

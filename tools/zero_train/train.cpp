@@ -302,8 +302,9 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
                mlp[i].numel() * element_bytes);
     return slot;
   };
-  // Which units this rank holds gathered (--regather releases layer 0 after its forward, and
-  // backward needs no weight of it to gather again).
+  // Which units this rank holds gathered: all from the gather before forward until their
+  // gradients are handed over, except under --regather between a layer's forward and its
+  // backward (layer 0, whose weight backward never reads, is not gathered again).
   std::vector<bool> held(static_cast<std::size_t>(units), false);
   // Parameter i's current engine copy as the model reads it (through a host copy when staged).
   auto weight_view = [&](std::size_t i) -> models::ParamView {
@@ -336,7 +337,7 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
               }
               engine->grad_ready(i);
             }
-            if (!options.regather || held[u]) engine->release(static_cast<int>(u));
+            if (held[u]) engine->release(static_cast<int>(u));
             held[u] = false;
             handover_seconds += seconds_since(start);
           },

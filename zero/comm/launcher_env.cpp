@@ -10,9 +10,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <optional>
-#include <random>
 #include <vector>
 
 #include "zero/base/error.h"

@@ -27,7 +27,9 @@ status=0
 
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 probe=$out/norm-landing-probe
-if "$nvcc" -O3 -std=c++20 -arch="sm_$arch" --fmad=false -Xcompiler -fopenmp -I"$root" \
+if [ "${GPU_PROBE_NORM:-1}" = 0 ]; then
+  echo "probe: norm and landing probe skipped (GPU_PROBE_NORM=0)"
+elif "$nvcc" -O3 -std=c++20 -arch="sm_$arch" --fmad=false -Xcompiler -fopenmp -I"$root" \
   "$root/benchmarks/probes/cuda_norm_landing_probe.cu" -o "$probe" >"$out/probe-build.log" 2>&1; then
   timeout 180 "$probe" >"$out/norm-landing-probe.txt" 2>&1 || status=1
   cat "$out/norm-landing-probe.txt"
@@ -92,7 +94,7 @@ elif [ ! -f "$library" ]; then
   status=1
 else
   timeout 150 env -C "$root" ZERO_LIBRARY="$library" PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" \
-    python3 "$root/benchmarks/peers/cuda_train_peers.py" --stages 0,2 --steps 3 --warmup 2 \
+    python3 "$root/benchmarks/peers/cuda_train_peers.py" --stages "${GPU_PROBE_STAGES:-0,2}" --steps 3 --warmup 2 \
     --profile "$out/torch-profile" >"$out/torch-profile.log" 2>&1 || status=1
   tail -n 8 "$out/torch-profile.log"
 fi

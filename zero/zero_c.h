@@ -251,6 +251,15 @@ int zero_engine_grad_ready(zero_engine* engine, size_t param);
  * the slot zero_engine_grad hands out on your own stream. */
 int zero_engine_grad_copy(zero_engine* engine, size_t param, const void* data, size_t bytes);
 
+/* zero_engine_grad_copy for a caller computing on a stream: on a GPU engine, `data` is the
+ * gradient in memory of the engine's GPU (or memory CUDA can copy from), copied into the slot on
+ * `stream` (a cudaStream_t; null: the legacy default stream) with the engine's kernels ordered
+ * after the copy, and the call returns without waiting for it (keep `data` unwritten, and free it
+ * only in that stream's order, as torch's caching allocator does). A host engine copies now and
+ * takes a null stream only. Then zero_engine_grad_ready, as zero_engine_grad_copy does. */
+int zero_engine_grad_copy_on_stream(zero_engine* engine, size_t param, const void* data,
+                                    size_t bytes, void* stream);
+
 /* Ends the micro-step; fills *result (may be null). */
 int zero_engine_step(zero_engine* engine, zero_step_result* result);
 

@@ -29,7 +29,9 @@ on a machine without a GPU; not a figure). Exit status: 0 every peer ran and the
 torch, or zero does not import).
 """
 import argparse
+import gzip
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -159,6 +161,11 @@ def profile_steps(peer, one_step, engine, device, args):
         text += ["engine.timings() of the two steps",
                  json.dumps(engine.timings(), indent=1, sort_keys=True, default=str)]
     (out / f"{peer}.txt").write_text("\n".join(text) + "\n")
+    trace = out / f"{peer}.trace.json"
+    prof.export_chrome_trace(str(trace))
+    with open(trace, "rb") as src, gzip.open(f"{trace}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
 
 
 def ratio(num, den, what):

@@ -45,3 +45,23 @@ def test_timings_count_the_hooks_checks_and_reductions(stage):
     assert after["python"] == {k: 0 for k in py}
     assert after["buckets"] == 0 and after["units_alone"] == 0 and after["optimizer_s"] == 0
     engine.close()
+
+
+def test_stage3_makes_each_placeholder_once():
+    """Stage 3 gathers and releases every unit in every micro-step: a released parameter gets the
+    placeholder made for it at start (making one per release cost more than a small unit's
+    gather, issue 34), and the tensors over gathered copies are kept per address, a few at most."""
+    engine, trainable, _ = train(3, steps=1)
+    fetcher = engine._fetcher
+    placeholders = {i: t.data_ptr() for i, t in fetcher.placeholders.items()}
+    assert len(placeholders) == sum(len(v) for v in fetcher.params_of.values())
+    for step in range(1, 4):
+        x, y = cases.global_batch("transformer", step)
+        engine.backward(cases.loss_fn("transformer", engine(x), y))
+        engine.step()
+    assert not fetcher.gathered and not fetcher.by_storage
+    for params in fetcher.params_of.values():
+        for r in params:
+            assert r.param.data.data_ptr() == placeholders[r.index]
+            assert 1 <= len(fetcher.views[r.index]) <= 4
+    engine.close()

@@ -99,6 +99,7 @@ _SIGNATURES = {
                          ctypes.c_int),
     "zero_engine_grad_ready": ([P, ctypes.c_size_t], ctypes.c_int),
     "zero_engine_grad_copy": ([P, ctypes.c_size_t, P, ctypes.c_size_t], ctypes.c_int),
+    "zero_engine_grad_copy_on_stream": ([P, ctypes.c_size_t, P, ctypes.c_size_t, P], ctypes.c_int),
     "zero_engine_step": ([P, ctypes.POINTER(StepResult)], ctypes.c_int),
     "zero_engine_gather_master": ([P, ctypes.c_size_t, P, ctypes.c_size_t], ctypes.c_int),
     "zero_engine_set_param": ([P, ctypes.c_size_t, P, ctypes.c_size_t, ctypes.c_int],

@@ -16,7 +16,7 @@ import ctypes
 
 import torch
 
-from ._lib import call
+from ._lib import bind
 from ._memory import tensor_at
 
 
@@ -32,42 +32,69 @@ class UnitFetcher:
         self.forward_refs = {}
         self.pending = {}  # unit -> trainable params still to hand in their gradient
         self.by_storage = {}  # storage address of a gathered parameter -> its Registered
+        self.storages_of = {}  # gathered unit -> its parameters' keys in by_storage
         self.hooks = []
         self.running = []  # per running module (innermost last): units it borrowed
+        # Made once per parameter, not per gather or release (each costs more than a small
+        # parameter's gather): the placeholder, and the tensor over each address its gathered
+        # copy has had.
+        self.placeholders = {r.index: self._placeholder(r) for r in registered}
+        self.views = {r.index: {} for r in registered}  # index -> {(ptr, nbytes): tensor}
+        self._gather = bind("zero_engine_gather")
+        self._release = bind("zero_engine_release")
+        self._param = bind("zero_engine_param")
+        self._ptr, self._nbytes = ctypes.c_void_p(), ctypes.c_size_t()
+        self._ptr_ref, self._nbytes_ref = ctypes.byref(self._ptr), ctypes.byref(self._nbytes)
         for r in registered:
             r.param.ds_shape, r.param.ds_numel = r.shape, r.numel
             r.param._zero_fetcher, r.param._zero_unit = self, r.unit
-            r.param.data = self.placeholder(r)
+            r.param.data = self.placeholders[r.index]
 
-    def placeholder(self, r):
+    def _placeholder(self, r):
         """What a released parameter holds: its shape over one element (stride 0), so that
         autograd can accumulate its gradient without gathering it. Its values are meaningless."""
         if not r.shape:
             return torch.zeros((), dtype=self.dtype, device=self.device)
         return torch.zeros(1, dtype=self.dtype, device=self.device).expand(r.shape)
 
+    def _view(self, r):
+        """(the tensor over r's gathered copy, its storage address or None when empty)."""
+        self._param(self.handle, r.index, self._ptr_ref, self._nbytes_ref)
+        where = (self._ptr.value, self._nbytes.value)
+        made = self.views[r.index]
+        view = made.get(where)
+        if view is None:
+            if len(made) >= 4:  # the engine's buffers move rarely: keep the last few
+                made.clear()
+            view = made[where] = (tensor_at(where[0], where[1], self.dtype, r.shape, self.device),
+                                  where[0] if where[1] else None)
+        return view
+
     # --- units ---
     def ensure_gathered(self, unit):
         if unit in self.gathered:
             return
-        call("zero_engine_gather", self.handle, unit)
+        self._gather(self.handle, unit)
         self.gathered.add(unit)
-        for r in self.params_of.get(unit, []):
-            ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
-            call("zero_engine_param", self.handle, r.index, ctypes.byref(ptr), ctypes.byref(nbytes))
-            r.param.data = tensor_at(ptr.value, nbytes.value, self.dtype, r.shape, self.device)
-            if nbytes.value:
-                self.by_storage[r.param.data.untyped_storage().data_ptr()] = r
-        self.pending[unit] = {r.index for r in self.params_of.get(unit, []) if r.trainable}
+        params = self.params_of.get(unit, [])
+        keys = self.storages_of[unit] = []
+        for r in params:
+            tensor, key = self._view(r)
+            r.param.data = tensor
+            if key is not None:
+                self.by_storage[key] = r
+                keys.append(key)
+        self.pending[unit] = {r.index for r in params if r.trainable}
 
     def release(self, unit):
         if unit not in self.gathered:
             return
-        self.by_storage = {k: r for k, r in self.by_storage.items() if r.unit != unit}
+        for key in self.storages_of.pop(unit, ()):
+            self.by_storage.pop(key, None)
         for r in self.params_of.get(unit, []):
-            r.param.data = self.placeholder(r)
+            r.param.data = self.placeholders[r.index]
         self.gathered.discard(unit)
-        call("zero_engine_release", self.handle, unit)
+        self._release(self.handle, unit)
 
     def release_all(self):
         for u in sorted(self.gathered):

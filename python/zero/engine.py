@@ -8,9 +8,10 @@ goes on.
 
 A model on a GPU gets an engine on that GPU: the model copy, gathered units, gradient slots,
 master weights and optimizer states are device memory (or where the config offloads them), and
-the parameters are views of it. A gradient is copied into its slot on torch's current stream,
-and the engine's kernels (on the default stream) wait for that copy without the host waiting. On
-the CPU, one C call copies a gradient into its slot and marks it ready."""
+the parameters are views of it. One C call copies a gradient into its slot on torch's current
+stream and marks it ready: the engine's kernels (on the legacy default stream) wait for that copy
+without the host waiting. On the CPU, one C call copies a gradient into its slot and marks it
+ready."""
 import contextlib
 import ctypes
 import json
@@ -39,6 +40,17 @@ PY_TIMINGS = {"grad_hook_s": 0.0,  # in the per-parameter gradient hooks (copy a
               "grad_hooks": 0,
               "check_unchanged_s": 0.0,  # checking that the module's parameters are the engine's
               "check_unchanged_calls": 0}
+
+def _current_stream_getter(device):
+    """A function giving torch's current CUDA stream on `device` as a raw cudaStream_t (an int;
+    0 is the legacy default stream): torch's internal accessor where it has one (a fraction of a
+    microsecond), else torch.cuda.current_stream(device).cuda_stream."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(index)
+    return lambda: torch.cuda.current_stream(index).cuda_stream
+
 
 class ZeroEngine(torch.nn.Module):
     def __init__(self, model, model_parameters, config, overrides_from_optimizer=None):
@@ -220,30 +232,17 @@ class ZeroEngine(torch.nn.Module):
         return write
 
     def _device_grad_writer(self, r):
-        """On a GPU: the gradient is copied into its slot on torch's current stream. The slot's
-        tensor is made once per address (making one through the CUDA array interface costs more
-        than the copy of a small gradient), and again only when the engine hands out another."""
-        made = {}
+        """On a GPU: one C call copies the gradient into its slot on torch's current stream (the
+        engine's kernels ordered after it, the host not waiting) and marks it ready."""
+        grad_copy, handle, index = (_lib.bind("zero_engine_grad_copy_on_stream"), self._handle,
+                                    r.index)
+        dtype, nbytes = self._torch_dtype, r.numel * self._torch_dtype.itemsize
+        current_stream = _current_stream_getter(self.device)
 
         def write(grad):
-            ptr, nbytes = ctypes.c_void_p(), ctypes.c_size_t()
-            call("zero_engine_grad", self._handle, r.index, ctypes.byref(ptr),
-                 ctypes.byref(nbytes))
-            if nbytes.value:
-                where = (ptr.value, nbytes.value)
-                slot = made.get(where)
-                if slot is None:
-                    made.clear()
-                    slot = made[where] = tensor_at(ptr.value, nbytes.value, self._torch_dtype,
-                                                   r.shape, self.device)
-                slot.copy_(grad)
-                # The engine reads the slot on the default stream: it waits for the copy (a no-op
-                # when torch computes on the default stream too).
-                current = torch.cuda.current_stream(self.device)
-                default = torch.cuda.default_stream(self.device)
-                if current != default:
-                    default.wait_stream(current)
-            call("zero_engine_grad_ready", self._handle, r.index)
+            if grad.dtype != dtype or not grad.is_contiguous():
+                grad = grad.to(dtype).contiguous()
+            grad_copy(handle, index, grad.data_ptr(), nbytes, current_stream())
         return write
 
     # --- training ---

@@ -104,10 +104,15 @@ double micro_step(zero_engine* e, int dtype, zero_step_result* result) {
   }
   for (std::size_t p = 2; p-- > 0;) {
     if (p == 0) {
-      // Through the one-call copy: the gradient in the model dtype, in the caller's memory.
+      // Through the one-call copies: the gradient in the model dtype, in the caller's memory,
+      // in turn with and without the stream argument (null: the host's only stream).
       std::vector<std::byte> grad(kNumel[p] * zero::dtype_size(dt));
       zero::kernels::cast_cpu(grads[p].data(), zero::DType::F32, grad.data(), dt, kNumel[p]);
-      REQUIRE(zero_engine_grad_copy(e, p, grad.data(), grad.size()) == ZERO_OK);
+      static int calls = 0;
+      REQUIRE((++calls % 2 == 0
+                   ? zero_engine_grad_copy(e, p, grad.data(), grad.size())
+                   : zero_engine_grad_copy_on_stream(e, p, grad.data(), grad.size(), nullptr)) ==
+              ZERO_OK);
     } else {
       void* slot = nullptr;
       std::size_t bytes = 0;
@@ -249,9 +254,20 @@ TEST_CASE("C ABI failures come back as statuses with a message naming the proble
                    Catch::Contains("layer.weight"));
     CHECK(zero_engine_grad_copy(e, 0, nullptr, 128) == ZERO_ERR_INVALID_ARGUMENT);
     CHECK_THAT(zero_last_error(), Catch::Contains("data is null"));
+    // The stream form on a host engine: the same checks; a stream is refused by name.
+    CHECK(zero_engine_grad_copy_on_stream(e, 0, grad.data(), 5 * sizeof(float), nullptr) ==
+          ZERO_ERR_INVALID_ARGUMENT);
+    CHECK_THAT(zero_last_error(), Catch::Contains("20 bytes given, its slot holds 128"));
+    CHECK(zero_engine_grad_copy_on_stream(e, 0, nullptr, 128, nullptr) ==
+          ZERO_ERR_INVALID_ARGUMENT);
+    int not_a_stream = 0;
+    CHECK(zero_engine_grad_copy_on_stream(e, 0, grad.data(), 128, &not_a_stream) != ZERO_OK);
+    CHECK_THAT(zero_last_error(), Catch::StartsWith("zero_engine_grad_copy_on_stream: ") &&
+                                      Catch::Contains("has no native streams (pass null)"));
     REQUIRE(zero_engine_grad_copy(e, 0, grad.data(), 128) == ZERO_OK);
     CHECK(zero_engine_grad_copy(e, 0, grad.data(), 128) == ZERO_ERR_RUNTIME);  // already ready
     CHECK_THAT(zero_last_error(), Catch::StartsWith("zero_engine_grad_copy: "));
+    CHECK(zero_engine_grad_copy_on_stream(e, 0, grad.data(), 128, nullptr) == ZERO_ERR_RUNTIME);
     CHECK(zero_engine_step(nullptr, nullptr) == ZERO_ERR_INVALID_ARGUMENT);
     CHECK_THAT(zero_last_error(), Catch::Contains("engine is null"));
 

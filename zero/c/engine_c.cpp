@@ -286,6 +286,20 @@ int zero_engine_grad_copy(zero_engine* engine, size_t param, const void* data, s
   });
 }
 
+int zero_engine_grad_copy_on_stream(zero_engine* engine, size_t param, const void* data,
+                                    size_t bytes, void* stream) {
+  return guarded("zero_engine_grad_copy_on_stream", [&] {
+    zero::Engine& e = checked(engine);
+    check_param(e, param);
+    ZERO_C_REQUIRE(data != nullptr || bytes == 0, "data is null");
+    const std::span<std::byte> slot = e.grad(param);
+    ZERO_C_REQUIRE(bytes == slot.size(), "parameter {} ('{}'): {} bytes given, its slot holds {}",
+                   param, e.spec(param).name, bytes, slot.size());
+    engine->device->copy_on_native_stream(slot.data(), data, bytes, stream);
+    e.grad_ready(param);
+  });
+}
+
 int zero_engine_step(zero_engine* engine, zero_step_result* result) {
   return guarded("zero_engine_step", [&] {
     const zero::StepResult r = checked(engine).step();

@@ -25,6 +25,7 @@ struct NcclState {
   int ordinal = 0;
   cudaStream_t stream = nullptr;
   bool owns_stream = false;
+  cudaEvent_t ordered = nullptr;  // recorded on the legacy default stream before each collective
   std::string broken;  // why the communicator is unusable, empty while it is fine
 
   std::string who() const { return fmt::format("NcclComm rank {} of {}", rank, size); }
@@ -45,6 +46,19 @@ struct NcclState {
       }
     }
     if (owns_stream && stream != nullptr) cudaStreamDestroy(stream);
+    if (ordered != nullptr) cudaEventDestroy(ordered);
+  }
+
+  // The collective's stream waits for what the legacy default stream holds: the engine's
+  // kernels and the gradients a framework copied into their slots (zero_c.h: such copies are
+  // ordered before the legacy stream's later work), without the host waiting.
+  void order_after_legacy_stream() {
+    if (stream == nullptr || stream == cudaStreamLegacy) return;
+    if (ordered == nullptr) {
+      ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&ordered, cudaEventDisableTiming));
+    }
+    ZERO_CUDA_CHECK(cudaEventRecord(ordered, cudaStreamLegacy));
+    ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream, ordered, 0));
   }
 
   // Polls until the communicator leaves ncclInProgress; false on an error.
@@ -254,6 +268,7 @@ Work NcclComm::start_impl(const CollectiveArgs& a) {
                 s.broken);
   ZERO_CUDA_CHECK(cudaSetDevice(s.ordinal));
   auto work = std::make_shared<NcclWork>(state_, what, timeout());
+  s.order_after_legacy_stream();
   const std::size_t esz = dtype_size(a.dtype);
   const auto world = static_cast<std::size_t>(s.size);
   const auto me = static_cast<std::size_t>(s.rank);

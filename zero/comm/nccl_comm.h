@@ -3,7 +3,9 @@
 //
 // Buffers are device memory of the communicator's GPU. Every collective is enqueued, inside an
 // NCCL group, on the communication stream (the caller's, or one the communicator creates) and
-// returns at once; the Work records a CUDA event after it. wait() polls that event and
+// returns at once, ordered after the work the legacy default stream holds when it is called
+// (where the engine's kernels run and where a framework's gradient copies are ordered), without
+// the host waiting; the Work records a CUDA event after it. wait() polls that event and
 // ncclCommGetAsyncError (completion_poll.h) until the op is done, NCCL reports an error, or
 // timeout() has passed since wait() was entered; on error or timeout the communicator is aborted
 // (ncclCommAbort, which also frees a GPU stuck in the collective) and CommError names the op, its

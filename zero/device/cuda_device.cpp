@@ -220,6 +220,7 @@ CudaDevice::~CudaDevice() {
   device_cache_.reset();
   pinned_cache_.reset();
   host_cache_.reset();
+  if (order_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(order_event_));
 }
 
 CudaMemoryInfo CudaDevice::memory_info() const {
@@ -278,6 +279,23 @@ void CudaDevice::copy_impl(void* dst, const void* src, std::size_t bytes) {
   // cudaMemcpy returns before a copy between two device addresses completes (the first run on a
   // GPU timed such copies at 425 TB/s); copy() promises the bytes are there on return.
   ZERO_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+void CudaDevice::copy_on_native_stream_impl(void* dst, const void* src, std::size_t bytes,
+                                            void* native_stream) {
+  make_current(ordinal_);
+  const auto stream = static_cast<cudaStream_t>(native_stream);
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  if (stream == nullptr || stream == cudaStreamLegacy) return;  // compute() runs there already
+  const std::lock_guard lock(order_mutex_);
+  if (order_event_ == nullptr) {
+    cudaEvent_t event = nullptr;
+    ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    order_event_ = event;
+  }
+  const auto event = static_cast<cudaEvent_t>(order_event_);
+  ZERO_CUDA_CHECK(cudaEventRecord(event, stream));
+  ZERO_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, event, 0));
 }
 
 void CudaDevice::launch_host_impl(Stream& stream, std::function<void()> fn) {

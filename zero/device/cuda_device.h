@@ -25,6 +25,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 
 #include "zero/device/caching_allocator.h"
 #include "zero/device/device.h"
@@ -60,6 +61,8 @@ class CudaDevice final : public Device {
   std::unique_ptr<Event> create_event_impl() override;
   void copy_async_impl(void* dst, const void* src, std::size_t bytes, Stream& stream) override;
   void copy_impl(void* dst, const void* src, std::size_t bytes) override;
+  void copy_on_native_stream_impl(void* dst, const void* src, std::size_t bytes,
+                                  void* native_stream) override;
   void launch_host_impl(Stream& stream, std::function<void()> fn) override;
 
  private:
@@ -72,6 +75,10 @@ class CudaDevice final : public Device {
   std::unique_ptr<CachingAllocator> device_cache_;
   std::unique_ptr<CachingAllocator> pinned_cache_;
   std::unique_ptr<CachingAllocator> host_cache_;
+  // Orders the legacy default stream after a copy on another native stream; recorded under
+  // order_mutex_ (cudaStreamWaitEvent takes the event's state at the call).
+  std::mutex order_mutex_;
+  void* order_event_ = nullptr;  // cudaEvent_t
 };
 
 }  // namespace zero

@@ -75,6 +75,23 @@ void Device::copy(void* dst, const void* src, std::size_t bytes) {
   copy_impl(dst, src, bytes);
 }
 
+void Device::copy_on_native_stream(void* dst, const void* src, std::size_t bytes,
+                                   void* native_stream) {
+  if (bytes == 0) return;
+  ZERO_CHECK(dst != nullptr && src != nullptr, "{} device: copy of {} bytes with a null pointer",
+             name(), bytes);
+  copy_on_native_stream_impl(dst, src, bytes, native_stream);
+}
+
+void Device::copy_on_native_stream_impl(void* dst, const void* src, std::size_t bytes,
+                                        void* native_stream) {
+  ZERO_CHECK(native_stream == nullptr,
+             "{} device: a copy on native stream {} asked for, but this device has no native "
+             "streams (pass null)",
+             name(), native_stream);
+  copy_impl(dst, src, bytes);
+}
+
 std::optional<std::size_t> Device::device_room() const {
   std::optional<std::size_t> room = free_device_bytes();
   if (const std::optional<std::size_t> budget = ledger_.budget(MemoryKind::Device)) {

@@ -153,6 +153,13 @@ class Device {
   void copy_async(void* dst, const void* src, std::size_t bytes, Stream& stream);
   // Copies now, on the calling thread's view of memory. Same REQUIRES as copy_async.
   void copy(void* dst, const void* src, std::size_t bytes);
+  // Enqueues a copy of `bytes` from `src` to `dst` on `native_stream`, a stream of the device's
+  // own runtime that a caller computes on (a cudaStream_t on CUDA; null: CUDA's legacy default
+  // stream, where compute() runs), and orders compute()'s later work after it; returns without
+  // waiting for it. What the caller enqueues on that stream later is ordered after it too. A
+  // framework's gradient goes into an engine slot this way without the host waiting. The host
+  // device copies now and takes null only. Same REQUIRES as copy_async.
+  void copy_on_native_stream(void* dst, const void* src, std::size_t bytes, void* native_stream);
   // Enqueues host code on `stream`, ordered like any other operation on it (CPU kernels on
   // CpuDevice; cudaLaunchHostFunc-style on a GPU). An exception it throws is reported by the
   // stream's or a later event's synchronize().
@@ -181,6 +188,9 @@ class Device {
   virtual std::unique_ptr<Event> create_event_impl() = 0;
   virtual void copy_async_impl(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   virtual void copy_impl(void* dst, const void* src, std::size_t bytes) = 0;
+  // Default: the host's way (null only, copy_impl now).
+  virtual void copy_on_native_stream_impl(void* dst, const void* src, std::size_t bytes,
+                                          void* native_stream);
   virtual void launch_host_impl(Stream& stream, std::function<void()> fn) = 0;
 
  private:

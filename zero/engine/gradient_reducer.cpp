@@ -177,25 +177,42 @@ void GradientReducer::issue(Alone& alone) {
 }
 
 void GradientReducer::finish(Alone& alone) {
-  if (!alone.issued) issue(alone);
+  Alone* one[] = {&alone};
+  finish(one);
+}
+
+// Every reduction is waited for first, then every landing is one call (one wait on a GPU) per
+// accumulate flag: the units' targets are disjoint, so the order of their landings is moot.
+void GradientReducer::finish(std::span<Alone* const> done) {
+  for (Alone* a : done) {
+    if (!a->issued) issue(*a);
+  }
   {
     ScopedTimer timer(timings_.reduce_wait_s);
-    alone.work.wait();
+    for (Alone* a : done) a->work.wait();
   }
-  UnitBuffers& ub = units_[static_cast<std::size_t>(alone.unit)];
-  if (!alone.landed) {
+  {
     ScopedTimer timer(timings_.unpack_s);
-    const std::size_t S = layout_.unit(alone.unit).slice_elems;
     std::vector<kernels::CombineRef> unpack;
-    for (int d = 0; d < domains_.count(); ++d) {
-      const auto q = static_cast<std::size_t>(domains_.rank_of(d));
-      unpack.push_back({target_.gradient(d, alone.unit, 0), options_.accum_dtype,
-                        element_at(ub.staging, options_.comm_dtype, q * S), options_.comm_dtype,
-                        S});
+    for (const bool accumulate : {false, true}) {
+      unpack.clear();
+      for (const Alone* a : done) {
+        if (a->landed || a->accumulate != accumulate) continue;
+        const UnitBuffers& ub = units_[static_cast<std::size_t>(a->unit)];
+        const std::size_t S = layout_.unit(a->unit).slice_elems;
+        for (int d = 0; d < domains_.count(); ++d) {
+          const auto q = static_cast<std::size_t>(domains_.rank_of(d));
+          unpack.push_back({target_.gradient(d, a->unit, 0), options_.accum_dtype,
+                            element_at(ub.staging, options_.comm_dtype, q * S),
+                            options_.comm_dtype, S});
+        }
+      }
+      if (!unpack.empty()) {
+        compute_.combine_many(unpack, options_.consume_scale, accumulate, options_.exec);
+      }
     }
-    compute_.combine_many(unpack, options_.consume_scale, alone.accumulate, options_.exec);
   }
-  ub.staging.reset();
+  for (const Alone* a : done) units_[static_cast<std::size_t>(a->unit)].staging.reset();
 }
 
 void GradientReducer::end_micro_step() {
@@ -378,13 +395,10 @@ void GradientReducer::drain() {
     if (s.in_flight) finish(s);
   }
   // Every waiting reduction is issued before the first wait, so they run back to back.
-  for (Alone& a : alone_) {
-    if (!a.issued) issue(a);
-  }
-  while (!alone_.empty()) {
-    finish(alone_.front());
-    alone_.pop_front();
-  }
+  std::vector<Alone*> waiting;
+  for (Alone& a : alone_) waiting.push_back(&a);
+  finish(waiting);
+  alone_.clear();
   alone_elems_ = 0;
 }
 

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <vector>
 
 #include "kernels/compute.h"
@@ -172,6 +173,7 @@ class GradientReducer {
   void reduce_alone(int unit);
   void issue(Alone& alone);
   void finish(Alone& alone);  // issues it first if need be
+  void finish(std::span<Alone* const> done);  // issues all first, then lands them together
   void submit_unit(int unit, const void* buffer, DType dtype);
   void submit(const Source& source);
   void flush_bucket();

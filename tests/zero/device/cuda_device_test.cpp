@@ -4,6 +4,8 @@
 #define CATCH_CONFIG_RUNNER
 #include "zero/device/cuda_device.h"
 
+#include <cuda_runtime.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
@@ -65,6 +67,50 @@ TEST_CASE("H2D, D2D and D2H copies on two streams ordered by an event round-trip
   dev.copy_async(dst.data(), b.data(), kElems * 4, compute);
   compute.synchronize();
   REQUIRE(std::memcmp(dst.data(), src.data(), kElems * 4) == 0);
+}
+
+// A framework's gradient copy on its own stream (zero_engine_grad_copy_on_stream): the compute
+// table's next kernel, on the legacy default stream, must read the copied bytes. The side stream
+// is kept busy first (device-to-device copies, several milliseconds), so a kernel not ordered
+// after the copy would read the destination before the bytes arrive.
+TEST_CASE("a copy on a native stream orders the compute table's later kernels after it") {
+  zero::CudaDevice dev(0, 0);
+  constexpr std::size_t kElems = 1 << 20;
+  constexpr std::size_t kBusyBytes = std::size_t{64} << 20;
+  Buffer host = dev.allocate(kElems * 4, MemoryKind::PinnedHost, MemoryTag::Staging);
+  Buffer src = dev.allocate(kElems * 4, MemoryKind::Device, MemoryTag::Other);
+  Buffer dst = dev.allocate(kElems * 4, MemoryKind::Device, MemoryTag::Other);
+  Buffer out = dev.allocate(kElems * 4, MemoryKind::Device, MemoryTag::Other);
+  Buffer busy_a = dev.allocate(kBusyBytes, MemoryKind::Device, MemoryTag::Other);
+  Buffer busy_b = dev.allocate(kBusyBytes, MemoryKind::Device, MemoryTag::Other);
+  auto h = host.as<float>();
+  for (std::size_t i = 0; i < kElems; ++i) h[i] = static_cast<float>(i % 1000) + 0.5f;
+  REQUIRE(cudaMemset(dst.data(), 0, kElems * 4) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+
+  cudaStream_t side = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE(cudaMemcpyAsync(busy_b.data(), busy_a.data(), kBusyBytes, cudaMemcpyDeviceToDevice,
+                            side) == cudaSuccess);
+  }
+  REQUIRE(cudaMemcpyAsync(src.data(), host.data(), kElems * 4, cudaMemcpyHostToDevice, side) ==
+          cudaSuccess);
+  dev.copy_on_native_stream(dst.data(), src.data(), kElems * 4, side);
+  // The compute table on the legacy default stream (it waits for its stream before returning).
+  dev.compute().combine(out.data(), zero::DType::F32, dst.data(), zero::DType::F32, kElems, 1.0f,
+                        false, zero::kernels::CpuExec{});
+  std::vector<float> back(kElems, -1.0f);
+  dev.copy(back.data(), out.data(), kElems * 4);
+  REQUIRE(std::memcmp(back.data(), h.data(), kElems * 4) == 0);
+  REQUIRE(cudaStreamSynchronize(side) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
+
+  // The legacy default stream itself (null) needs no ordering, and copies there too.
+  std::vector<float> again(kElems, -1.0f);
+  dev.copy_on_native_stream(out.data(), src.data(), kElems * 4, nullptr);
+  dev.copy(again.data(), out.data(), kElems * 4);
+  REQUIRE(std::memcmp(again.data(), h.data(), kElems * 4) == 0);
 }
 
 TEST_CASE("a host function's exception is reported by the stream's synchronize") {

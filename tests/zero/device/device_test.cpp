@@ -125,6 +125,17 @@ TEST_CASE("buffers are at least 64-byte aligned, move-only owners, and zero byte
   REQUIRE(dev.ledger().total(MemoryKind::Host).current_bytes == 0);
 }
 
+TEST_CASE("the host device copies on the null native stream now and refuses any other") {
+  CpuDevice dev(0);
+  std::vector<float> src{1.5f, -2.0f, 3.25f, 7.0f};
+  std::vector<float> dst(4, 0.0f);
+  dev.copy_on_native_stream(dst.data(), src.data(), 4 * sizeof(float), nullptr);
+  REQUIRE(dst == src);
+  int not_a_stream = 0;
+  REQUIRE_THROWS_WITH(dev.copy_on_native_stream(dst.data(), src.data(), 4, &not_a_stream),
+                      Catch::Contains("has no native streams (pass null)"));
+}
+
 TEST_CASE("nvme memory cannot be allocated from a device") {
   CpuDevice dev(0);
   REQUIRE_THROWS_AS(dev.allocate(10, MemoryKind::Nvme, MemoryTag::OptimizerStates), zero::Error);

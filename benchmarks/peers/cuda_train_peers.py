@@ -10,7 +10,9 @@ Peers:
           master weights and states in the engine)
   bare    forward and backward only (bf16: on a bf16 model), gradients dropped: the floor every
           peer's step sits on
-Per peer: ms per step (the median over --steps timed steps after --warmup), its forward, backward
+Per peer: ms per step (the median over --steps timed steps after --warmup; with --repeats R, the
+peers run R rounds in turn and each peer's figures are those of its median round), its forward,
+backward
 and outside (the optimizer step and whatever else the peer does after backward) ms, each phase
 timed between device synchronizations; the engine share (ms per step minus the bare run's); the
 GPU memory the process peaked at (torch.cuda.max_memory_allocated, plus the engine's device peak
@@ -20,8 +22,8 @@ and the engine share against torch's; a share whose baseline is not positive is 
 reason, rather than printed as a ratio.
 
   python3 benchmarks/peers/cuda_train_peers.py [--model gpt-110m|transformer] [--dtype bf16|fp32]
-      [--stages 0,1,2,3] [--steps 10] [--warmup 3] [--device cuda|cpu] [--json out.json]
-      [--profile DIR]
+      [--stages 0,1,2,3] [--steps 10] [--warmup 3] [--repeats 1] [--device cuda|cpu]
+      [--json out.json] [--profile DIR]
 
 --device cpu runs the same harness on the CPU (with --model transformer, a check of the harness
 on a machine without a GPU; not a figure). Exit status: 0 every peer ran and the losses agree;
@@ -53,8 +55,8 @@ def models():
     return {"gpt-110m": Gpt110M, "transformer": torch_peers.Transformer}
 
 
-def run_peer(peer, cls, args):
-    """Trains one peer; returns its figures."""
+def run_peer(peer, cls, args, profile=False):
+    """Trains one peer; returns its figures (and profiles it when `profile`)."""
     import torch
     from torch_peers import BETAS, EPS, LR, WEIGHT_DECAY, zero_config
 
@@ -119,7 +121,7 @@ def run_peer(peer, cls, args):
         t, loss = one_step()
         if i >= args.warmup:
             times.append(t)
-    if args.profile:
+    if profile:
         profile_steps(peer, one_step, engine, device, args)
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
     result = {"peer": peer, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
@@ -183,11 +185,15 @@ def main():
     p.add_argument("--stages", default="0,1,2,3")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of every peer in turn; a peer's figures are its median round's")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--profile", metavar="DIR",
                    help="also profile two steps of every peer (torch.profiler) into DIR/PEER.txt")
     args = p.parse_args()
+    if args.repeats < 1 or args.steps < 1:
+        p.error(f"--repeats {args.repeats} --steps {args.steps}: both must be at least 1")
     try:
         import torch
     except ImportError:
@@ -212,14 +218,24 @@ def main():
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else "the CPU"
     params = sum(q.numel() for q in cls().parameters())
     print(f"{name} ({params / 1e6:.1f}M parameters, batch {cls.BATCH} x {cls.SEQ} tokens), "
-          f"{args.dtype}, on {where}; median of {args.steps} steps after {args.warmup}", flush=True)
-    results, failed = {}, []
-    for peer in peers:
-        try:
-            results[peer] = run_peer(peer, cls, args)
-        except Exception:  # noqa: BLE001 - reported, then the next peer
-            failed.append(peer)
-            print(f"{peer} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+          f"{args.dtype}, on {where}; median of {args.steps} steps after {args.warmup}"
+          + (f", median round of {args.repeats}" if args.repeats > 1 else ""), flush=True)
+    rounds, failed = {peer: [] for peer in peers}, []
+    for rep in range(args.repeats):
+        for peer in peers:
+            if peer in failed:
+                continue
+            try:
+                rounds[peer].append(run_peer(peer, cls, args, profile=args.profile and rep == 0))
+            except Exception:  # noqa: BLE001 - reported, then the next peer
+                failed.append(peer)
+                print(f"{peer} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    results = {}
+    for peer, runs in rounds.items():
+        if peer in failed or not runs:
+            continue
+        median = sorted(runs, key=lambda r: r["ms_step"])[len(runs) // 2]
+        results[peer] = dict(median, ms_step_rounds=[r["ms_step"] for r in runs])
     from torch_peers import LOSS_SPREAD
 
     bare = results.get("bare", {}).get("ms_step")
@@ -266,7 +282,8 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"model": name, "params": params, "dtype": args.dtype, "device": where,
-             "steps": args.steps, "warmup": args.warmup, "peers": results, "failed": failed,
+             "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
+             "peers": results, "failed": failed,
              "loss_mismatches": mismatched}, indent=1))
     return 1 if failed or mismatched else 0
 

@@ -97,6 +97,56 @@ TEST_CASE("all_reduce, reduce_scatter, all_gather and broadcast give the expecte
   });
 }
 
+// The engine's kernels and a framework's gradient copies run on the legacy default stream, and
+// the kernels of a framework's forward may still read a released gather buffer that the next
+// all-gather writes: a collective must come after what that stream holds when it starts (the
+// stream is kept busy for milliseconds first, so a collective not ordered after it would read the
+// source before it is written and write the destination before it is read).
+TEST_CASE("a collective is ordered after the work the legacy default stream holds") {
+  const int world = gpus();
+  constexpr std::size_t kElems = 1 << 18;
+  constexpr std::size_t kBusyBytes = std::size_t{64} << 20;
+  on_every_gpu([&](zero::NcclComm& comm) {
+    const int r = comm.rank();
+    float* pinned = nullptr;
+    REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), kElems * sizeof(float)) ==
+            cudaSuccess);
+    for (std::size_t i = 0; i < kElems; ++i) pinned[i] = static_cast<float>(r * 1000 + i % 997);
+    void* src = upload(std::vector<float>(kElems, 0.0f));
+    const std::vector<float> old_values(world * kElems, -3.0f);
+    void* dst = upload(old_values);
+    void* seen = upload(std::vector<float>(world * kElems, 0.0f));
+    void* busy_a = nullptr;
+    void* busy_b = nullptr;
+    REQUIRE(cudaMalloc(&busy_a, kBusyBytes) == cudaSuccess);
+    REQUIRE(cudaMalloc(&busy_b, kBusyBytes) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+
+    for (int i = 0; i < 100; ++i) {
+      REQUIRE(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, nullptr) ==
+              cudaSuccess);
+    }
+    // Written on the legacy stream before the collective starts: the source, and a read of the
+    // destination's old values.
+    REQUIRE(cudaMemcpyAsync(src, pinned, kElems * sizeof(float), cudaMemcpyHostToDevice,
+                            nullptr) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(seen, dst, world * kElems * sizeof(float), cudaMemcpyDeviceToDevice,
+                            nullptr) == cudaSuccess);
+    comm.all_gather(src, dst, kElems, DType::F32).wait();
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+
+    const auto gathered = download<float>(dst, world * kElems);
+    for (int q = 0; q < world; ++q) {
+      for (std::size_t i = 0; i < kElems; i += 4099) {
+        REQUIRE(gathered[q * kElems + i] == static_cast<float>(q * 1000 + i % 997));
+      }
+    }
+    REQUIRE(download<float>(seen, world * kElems) == old_values);
+    for (void* p : {src, dst, seen, busy_a, busy_b}) cudaFree(p);
+    cudaFreeHost(pinned);
+  });
+}
+
 TEST_CASE("a bf16 sum is reduced in fp32 and rounded once") {
   const int world = gpus();
   on_every_gpu([&](zero::NcclComm& comm) {

@@ -41,6 +41,7 @@ PY_TIMINGS = {"grad_hook_s": 0.0,  # in the per-parameter gradient hooks (copy a
               "check_unchanged_s": 0.0,  # checking that the module's parameters are the engine's
               "check_unchanged_calls": 0}
 
+
 def _current_stream_getter(device):
     """A function giving torch's current CUDA stream on `device` as a raw cudaStream_t (an int;
     0 is the legacy default stream): torch's internal accessor where it has one (a fraction of a
@@ -202,8 +203,7 @@ class ZeroEngine(torch.nn.Module):
     def _grad_hook(self, r):
         """The post-accumulate-grad hook of r's parameter: the gradient goes into the engine, the
         parameter's .grad is dropped (stage 3: its unit is told), and the time is counted."""
-        write = self._device_grad_writer(r) if self.device.type == "cuda" else \
-            self._host_grad_writer(r)
+        write = self._grad_writer(r)
 
         def hook(param):
             grad = param.grad
@@ -219,30 +219,29 @@ class ZeroEngine(torch.nn.Module):
             spent["grad_hooks"] += 1
         return hook
 
-    def _host_grad_writer(self, r):
-        """On the CPU: one C call copies the gradient into its slot and marks it ready (no tensor
-        is made over the slot)."""
-        grad_copy, handle, index = _lib.bind("zero_engine_grad_copy"), self._handle, r.index
+    def _grad_writer(self, r):
+        """One C call copies the gradient into its slot and marks it ready: on the CPU
+        zero_engine_grad_copy; on a GPU zero_engine_grad_copy_on_stream, on torch's current stream
+        (the engine's kernels ordered after the copy, the host not waiting). No tensor is made
+        over the slot."""
+        handle, index = self._handle, r.index
         dtype, nbytes = self._torch_dtype, r.numel * self._torch_dtype.itemsize
+        if self.device.type == "cuda":
+            copy_on, current_stream = (_lib.bind("zero_engine_grad_copy_on_stream"),
+                                       _current_stream_getter(self.device))
+
+            def copy(ptr):
+                copy_on(handle, index, ptr, nbytes, current_stream())
+        else:
+            copy_now = _lib.bind("zero_engine_grad_copy")
+
+            def copy(ptr):
+                copy_now(handle, index, ptr, nbytes)
 
         def write(grad):
             if grad.dtype != dtype or not grad.is_contiguous():
                 grad = grad.to(dtype).contiguous()
-            grad_copy(handle, index, grad.data_ptr(), nbytes)
-        return write
-
-    def _device_grad_writer(self, r):
-        """On a GPU: one C call copies the gradient into its slot on torch's current stream (the
-        engine's kernels ordered after it, the host not waiting) and marks it ready."""
-        grad_copy, handle, index = (_lib.bind("zero_engine_grad_copy_on_stream"), self._handle,
-                                    r.index)
-        dtype, nbytes = self._torch_dtype, r.numel * self._torch_dtype.itemsize
-        current_stream = _current_stream_getter(self.device)
-
-        def write(grad):
-            if grad.dtype != dtype or not grad.is_contiguous():
-                grad = grad.to(dtype).contiguous()
-            grad_copy(handle, index, grad.data_ptr(), nbytes, current_stream())
+            copy(grad.data_ptr())
         return write
 
     # --- training ---

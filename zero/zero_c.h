@@ -247,8 +247,8 @@ int zero_engine_grad_ready(zero_engine* engine, size_t param);
 
 /* zero_engine_grad, a copy of `bytes` bytes from `data` into the slot, and zero_engine_grad_ready
  * in one call: `data` is the parameter's whole gradient (its dtype, contiguous, row-major) in host
- * memory, and `bytes` must be the slot's size. Host engines only (device "cpu"): on a GPU, write
- * the slot zero_engine_grad hands out on your own stream. */
+ * memory, and `bytes` must be the slot's size. Host engines only (device "cpu"): on a GPU, use
+ * zero_engine_grad_copy_on_stream below. */
 int zero_engine_grad_copy(zero_engine* engine, size_t param, const void* data, size_t bytes);
 
 /* zero_engine_grad_copy for a caller computing on a stream: on a GPU engine, `data` is the

@@ -269,20 +269,31 @@ int zero_engine_grad_ready(zero_engine* engine, size_t param) {
   });
 }
 
+namespace {
+
+// zero_engine_grad, the caller's gradient copied into the slot (on `stream`, through the device),
+// and zero_engine_grad_ready: the body of both one-call copies.
+void copy_into_slot(zero_engine* engine, zero::Engine& e, size_t param, const void* data,
+                    size_t bytes, void* stream) {
+  ZERO_C_REQUIRE(data != nullptr || bytes == 0, "data is null");
+  const std::span<std::byte> slot = e.grad(param);
+  ZERO_C_REQUIRE(bytes == slot.size(), "parameter {} ('{}'): {} bytes given, its slot holds {}",
+                 param, e.spec(param).name, bytes, slot.size());
+  engine->device->copy_on_native_stream(slot.data(), data, bytes, stream);
+  e.grad_ready(param);
+}
+
+}  // namespace
+
 int zero_engine_grad_copy(zero_engine* engine, size_t param, const void* data, size_t bytes) {
   return guarded("zero_engine_grad_copy", [&] {
     zero::Engine& e = checked(engine);
     check_param(e, param);
     ZERO_C_REQUIRE(engine->device->gpu_ordinal() < 0,
                    "zero_engine_grad_copy takes host memory, but this engine is on GPU {}: use "
-                   "zero_engine_grad and zero_engine_grad_ready",
+                   "zero_engine_grad_copy_on_stream, or zero_engine_grad and zero_engine_grad_ready",
                    engine->device->gpu_ordinal());
-    ZERO_C_REQUIRE(data != nullptr || bytes == 0, "data is null");
-    const std::span<std::byte> slot = e.grad(param);
-    ZERO_C_REQUIRE(bytes == slot.size(), "parameter {} ('{}'): {} bytes given, its slot holds {}",
-                   param, e.spec(param).name, bytes, slot.size());
-    if (bytes > 0) std::memcpy(slot.data(), data, bytes);
-    e.grad_ready(param);
+    copy_into_slot(engine, e, param, data, bytes, nullptr);
   });
 }
 
@@ -291,12 +302,7 @@ int zero_engine_grad_copy_on_stream(zero_engine* engine, size_t param, const voi
   return guarded("zero_engine_grad_copy_on_stream", [&] {
     zero::Engine& e = checked(engine);
     check_param(e, param);
-    ZERO_C_REQUIRE(data != nullptr || bytes == 0, "data is null");
-    const std::span<std::byte> slot = e.grad(param);
-    ZERO_C_REQUIRE(bytes == slot.size(), "parameter {} ('{}'): {} bytes given, its slot holds {}",
-                   param, e.spec(param).name, bytes, slot.size());
-    engine->device->copy_on_native_stream(slot.data(), data, bytes, stream);
-    e.grad_ready(param);
+    copy_into_slot(engine, e, param, data, bytes, stream);
   });
 }
 

@@ -128,6 +128,11 @@ class Engine {
   virtual void gather(int unit) = 0;
   // Stage 3: the unit's gathered copy may be freed. REQUIRES: gathered. Other stages: checks.
   virtual void release(int unit) = 0;
+  // Stage 3: whether the unit stays gathered for the engine's life (the persistence thresholds):
+  // gather() and release() of it do nothing, and param() of its parameters keeps its address
+  // (each optimizer step refreshes the values in place). False at stages 0-2, where every
+  // parameter keeps its address anyway. Throws for an unknown unit.
+  virtual bool unit_persistent(int unit) const = 0;
   // The low-precision model copy of `param` (spec dtype, numel elements, row-major).
   // Throws when the parameter's unit is not gathered (stage 3) or the id is unknown.
   virtual std::span<const std::byte> param(std::size_t param) const = 0;
@@ -144,6 +149,15 @@ class Engine {
   virtual std::span<std::byte> grad(std::size_t param) = 0;
   // The gradient in grad(param) is complete. Stage 2/3: may start a bucket reduction (collective).
   virtual void grad_ready(std::size_t param) = 0;
+  // Instead of grad(), a copy and grad_ready(): the trainer's own memory at `data` holding the
+  // gradient (spec dtype, numel elements, host memory) is reduced where it is, when the engine is
+  // on the host and the parameter's unit is that one parameter alone (unpadded, reduced without a
+  // bucket). Returns true when so: the gradient is then ready (as after grad_ready(); collective
+  // likewise), and the engine reads and may overwrite those bytes until step() returns or the
+  // engine is destroyed, so the trainer keeps them alive and leaves them alone until then.
+  // Returns false, having done nothing, otherwise (the trainer copies into grad()). Throws as
+  // grad() does.
+  virtual bool grad_in_place(std::size_t param, std::byte* data) = 0;
   // Ends the micro-step. At the accumulation boundary: reduce (stage 0/1), overflow vote, loss
   // scale update, clip by the global norm, optimizer, refresh of the low-precision copy,
   // LR schedule. A trainable parameter without grad_ready() this micro-step counts as a zero

@@ -231,6 +231,11 @@ int zero_engine_info_get(const zero_engine* engine, zero_engine_info* info);
 int zero_engine_gather(zero_engine* engine, int unit);
 /* Stage 3: the unit's gathered copy may be freed. */
 int zero_engine_release(zero_engine* engine, int unit);
+/* Stage 3: *persistent = 1 when the unit stays gathered for the engine's life (the persistence
+ * thresholds): gathering and releasing it do nothing, and zero_engine_param of its parameters
+ * keeps its address (each optimizer step refreshes the values in place), so a framework may
+ * alias them once. 0 at stages 0–2 (where every parameter keeps its address anyway). */
+int zero_engine_unit_persistent(const zero_engine* engine, int unit, int* persistent);
 
 /* The model copy of `param`: *data points at *bytes bytes (numel elements of the param's dtype,
  * row-major). Stages 0–2: the same address for the engine's whole life (each step refreshes the
@@ -250,6 +255,14 @@ int zero_engine_grad_ready(zero_engine* engine, size_t param);
  * memory, and `bytes` must be the slot's size. Host engines only (device "cpu"): on a GPU, use
  * zero_engine_grad_copy_on_stream below. */
 int zero_engine_grad_copy(zero_engine* engine, size_t param, const void* data, size_t bytes);
+
+/* zero_engine_grad_copy without the copy where the engine can: when the parameter's unit is that
+ * one parameter alone (unpadded, reduced without a bucket) and `data` is 64-byte aligned, the
+ * engine reduces the gradient where it is and sets *lent = 1. It then reads and may overwrite those
+ * `bytes` until zero_engine_step returns or the engine is destroyed: keep them alive and unused
+ * until then. Otherwise it copies them as zero_engine_grad_copy does and sets *lent = 0. Either
+ * way the gradient is ready. Host engines only, as zero_engine_grad_copy. */
+int zero_engine_grad_lend(zero_engine* engine, size_t param, void* data, size_t bytes, int* lent);
 
 /* zero_engine_grad_copy for a caller computing on a stream: on a GPU engine, `data` is the
  * gradient in memory of the engine's GPU (or memory CUDA can copy from), copied into the slot on

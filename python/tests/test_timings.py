@@ -1,6 +1,7 @@
 """engine.timings(): the C++ engine's phases and, under "python", the package's own work (issue
 34's profile), counted per call and reset on request. One rank, in this process."""
 import pytest
+import torch
 
 import cases
 import zero
@@ -9,11 +10,11 @@ STEPS = 3
 ALONE_MIN_SLICE = 1 << 14  # GradientReducer::kAloneMinSliceElems (zero/engine/gradient_reducer.h)
 
 
-def train(stage, steps=STEPS):
+def train(stage, steps=STEPS, **zero_optimization):
     model = cases.build("transformer")
     cfg = {"train_micro_batch_size_per_gpu": cases.GLOBAL_BATCH, "gradient_accumulation_steps": 1,
            "optimizer": {"type": "AdamW", "params": {"lr": cases.LR}},
-           "zero_optimization": {"stage": stage}}
+           "zero_optimization": {"stage": stage, **zero_optimization}}
     engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     trainable = sum(1 for p in model.parameters() if p.requires_grad)
     # One rank: a unit's slice is the whole unit (a module's own parameters).
@@ -47,21 +48,81 @@ def test_timings_count_the_hooks_checks_and_reductions(stage):
     engine.close()
 
 
-def test_stage3_makes_each_placeholder_once():
-    """Stage 3 gathers and releases every unit in every micro-step: a released parameter gets the
-    placeholder made for it at start (making one per release cost more than a small unit's
-    gather, issue 34), and the tensors over gathered copies are kept per address, a few at most."""
-    engine, trainable, _ = train(3, steps=1)
+def test_stage3_makes_each_placeholder_once_and_binds_persistent_units_once():
+    """Stage 3 gathers and releases every unit over the persistence thresholds in every
+    micro-step: a released parameter gets the placeholder made for it at start (making one per
+    release cost more than a small unit's gather, issue 34), and the tensors over gathered copies
+    are kept per address, a few at most. A persistent unit is never gathered or released by the
+    package: its parameters view the engine's copy, which each step refreshes in place, and its
+    modules have no hooks."""
+    engine, trainable, _ = train(3, steps=1, stage3_param_persistence_threshold=100)
     fetcher = engine._fetcher
+    assert fetcher.persistent and set(fetcher.params_of) - fetcher.persistent  # both kinds
     placeholders = {i: t.data_ptr() for i, t in fetcher.placeholders.items()}
     assert len(placeholders) == sum(len(v) for v in fetcher.params_of.values())
+    bound = {r.index: r.param.data_ptr() for u in fetcher.persistent for r in fetcher.params_of[u]}
+    # A module whose parameters are all persistent has no hooks; the others a pre- and a post-hook.
+    unit_of = {id(r.param): u for u, rs in fetcher.params_of.items() for r in rs}
+    hooked = [m for m in engine.module.modules()
+              if {unit_of[id(p)] for p in m.parameters(recurse=False)} - fetcher.persistent]
+    assert len(fetcher.hooks) == 2 * len(hooked)
+    before = {r.index: r.param.detach().clone() for u in fetcher.persistent
+              for r in fetcher.params_of[u]}
     for step in range(1, 4):
         x, y = cases.global_batch("transformer", step)
         engine.backward(cases.loss_fn("transformer", engine(x), y))
         engine.step()
     assert not fetcher.gathered and not fetcher.by_storage
+    for u, params in fetcher.params_of.items():
+        for r in params:
+            if u in fetcher.persistent:
+                # Where it was, holding the stepped values (fp32: the master weights).
+                assert r.param.data_ptr() == bound[r.index] != placeholders[r.index]
+                assert len(fetcher.views[r.index]) == 1
+                master = engine.gather_master(r.name)
+                assert torch.equal(r.param.detach().reshape(master.shape), master)
+                assert not torch.equal(r.param.detach(), before[r.index])
+            else:
+                assert r.param.data.data_ptr() == placeholders[r.index]
+                assert 1 <= len(fetcher.views[r.index]) <= 4
+    engine.close()
+    # Closing hands every parameter its placeholder: none views the engine's freed memory.
     for params in fetcher.params_of.values():
         for r in params:
-            assert r.param.data.data_ptr() == placeholders[r.index]
-            assert 1 <= len(fetcher.views[r.index]) <= 4
-    engine.close()
+            assert r.param.data_ptr() == placeholders[r.index]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_gradients_reduced_where_autograd_wrote_them_train_bitwise_as_copied(stage):
+    """A parameter alone in its unit (a Linear without bias), large enough to be reduced without a
+    bucket: the engine reduces its gradient in autograd's tensor instead of copying it into a slot
+    (zero_engine_grad_lend), with bitwise the result of the copy. ZERO_GRAD_IN_PLACE=0's switch
+    (engine._lend_grads) turns it off for the comparison."""
+    import copy
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False), torch.nn.GELU(),
+                               torch.nn.Linear(256, 16))
+    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+           "zero_optimization": {"stage": stage}}
+    runs = []
+    for lend in (True, False):
+        model = copy.deepcopy(base)
+        engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        engine._lend_grads = lend
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3 * 2):
+            x, y = torch.randn(8, 256, generator=g), torch.randn(8, 16, generator=g)
+            engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+            engine.step()
+        assert engine.global_steps == 3
+        masters = {n: engine.gather_master(n) for n, _ in base.named_parameters()}
+        runs.append((engine.timings()["python"]["grads_lent"], masters))
+        assert not engine._lent  # released once step() returned
+        engine.close()
+    (lent, with_lending), (copied, without) = runs
+    assert lent == 3 * 2 and copied == 0  # the first Linear's weight, every micro-step
+    for name, p in base.named_parameters():
+        assert torch.equal(with_lending[name], without[name]), name
+        assert not torch.equal(with_lending[name], p.detach()), name  # the steps moved it

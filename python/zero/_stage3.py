@@ -11,7 +11,10 @@ saved-tensors hook replaces every saved tensor that views a gathered parameter b
 autograd runs unchanged, so stage 3 computes bitwise what stages 0-2 compute. A unit is released
 in backward once every trainable parameter in it has handed its gradient to the engine; whatever
 is still gathered at step() is released then. Persistence
-thresholds, trace prefetch and the live cap are the engine's (gather() prefetches)."""
+thresholds, trace prefetch and the live cap are the engine's (gather() prefetches). A persistent
+unit (under the persistence thresholds) stays gathered where it is for the engine's life, each
+step refreshing it in place: its parameters are views of it from the start, and its modules get
+no hooks."""
 import ctypes
 
 import torch
@@ -40,15 +43,38 @@ class UnitFetcher:
         # copy has had.
         self.placeholders = {r.index: self._placeholder(r) for r in registered}
         self.views = {r.index: {} for r in registered}  # index -> {(ptr, nbytes): tensor}
+        self.current = {}  # index -> the tensor over its gathered copy (set at each gather)
         self._gather = bind("zero_engine_gather")
         self._release = bind("zero_engine_release")
         self._param = bind("zero_engine_param")
         self._ptr, self._nbytes = ctypes.c_void_p(), ctypes.c_size_t()
         self._ptr_ref, self._nbytes_ref = ctypes.byref(self._ptr), ctypes.byref(self._nbytes)
+        unit_persistent, flag = bind("zero_engine_unit_persistent"), ctypes.c_int()
+        self.persistent = set()
+        for u in self.params_of:
+            unit_persistent(handle, u, ctypes.byref(flag))
+            if flag.value:
+                self.persistent.add(u)
+        self.bound = {}  # index -> the tensor a persistent unit's parameter is
         for r in registered:
             r.param.ds_shape, r.param.ds_numel = r.shape, r.numel
             r.param._zero_fetcher, r.param._zero_unit = self, r.unit
             r.param.data = self.placeholders[r.index]
+        self.bind_persistent()
+
+    def bind_persistent(self):
+        """Every parameter of a persistent unit becomes a view of the engine's copy. The copy
+        stays where it is (zero_engine_unit_persistent), so after the first call this only checks
+        the addresses (a unit's first parameter: they move together): called after every
+        optimizer step and checkpoint load."""
+        for u in self.persistent:
+            params = self.params_of[u]
+            first, _ = self._view(params[0])
+            if self.bound.get(params[0].index) is first:
+                continue
+            for r in params:
+                tensor, _ = self._view(r)
+                r.param.data = self.bound[r.index] = tensor
 
     def _placeholder(self, r):
         """What a released parameter holds: its shape over one element (stride 0), so that
@@ -72,7 +98,7 @@ class UnitFetcher:
 
     # --- units ---
     def ensure_gathered(self, unit):
-        if unit in self.gathered:
+        if unit in self.gathered or unit in self.persistent:
             return
         self._gather(self.handle, unit)
         self.gathered.add(unit)
@@ -80,7 +106,7 @@ class UnitFetcher:
         keys = self.storages_of[unit] = []
         for r in params:
             tensor, key = self._view(r)
-            r.param.data = tensor
+            r.param.data = self.current[r.index] = tensor
             if key is not None:
                 self.by_storage[key] = r
                 keys.append(key)
@@ -104,7 +130,7 @@ class UnitFetcher:
 
     def on_access(self, unit):
         """A stage-3 parameter of `unit` was read as a module attribute."""
-        if unit in self.gathered:
+        if unit in self.gathered or unit in self.persistent:
             return
         self.ensure_gathered(unit)
         if self.running:
@@ -124,7 +150,8 @@ class UnitFetcher:
     def install(self, model, unit_of_param):
         _watch_attribute_reads(True)
         for module in model.modules():
-            units = sorted({unit_of_param[id(p)] for p in module.parameters(recurse=False)})
+            units = sorted({unit_of_param[id(p)] for p in module.parameters(recurse=False)}
+                           - self.persistent)
             if units:
                 self.hooks.append(module.register_forward_pre_hook(self._pre_hook(units)))
                 self.hooks.append(module.register_forward_hook(self._post_hook(units)))
@@ -137,6 +164,10 @@ class UnitFetcher:
         for params in self.params_of.values():
             for r in params:
                 r.param._zero_fetcher = None
+                # The engine's memory goes with it: no parameter may view it afterwards.
+                r.param.data = self.placeholders[r.index]
+        self.gathered.clear()
+        self.bound.clear()
 
     def _pre_hook(self, units):
         def hook(module, inputs):
@@ -173,7 +204,7 @@ class UnitFetcher:
             return packed
         _, r, size, stride, offset = packed
         self.ensure_gathered(r.unit)
-        return r.param.data.as_strided(size, stride, offset)
+        return self.current[r.index].as_strided(size, stride, offset)
 
 
 class _SavedView:
@@ -192,7 +223,8 @@ _watchers = 0
 
 def _getattr_watching_stage3(module, name):
     value = _original_getattr(module, name)
-    if isinstance(value, torch.nn.Parameter):
+    # isinstance(value, Parameter) runs Python (its metaclass); most reads are of submodules.
+    if isinstance(value, torch.Tensor):
         fetcher = getattr(value, "_zero_fetcher", None)
         if fetcher is not None:
             fetcher.on_access(value._zero_unit)

@@ -10,8 +10,9 @@ A model on a GPU gets an engine on that GPU: the model copy, gathered units, gra
 master weights and optimizer states are device memory (or where the config offloads them), and
 the parameters are views of it. One C call copies a gradient into its slot on torch's current
 stream and marks it ready: the engine's kernels (on the legacy default stream) wait for that copy
-without the host waiting. On the CPU, one C call copies a gradient into its slot and marks it
-ready."""
+without the host waiting. On the CPU, one C call hands a gradient in and marks it ready: the
+engine reduces it where autograd wrote it when its unit is that one parameter (the tensor is kept
+until step() returns), and copies it into its slot otherwise."""
 import contextlib
 import ctypes
 import json
@@ -38,6 +39,7 @@ SCHEDULER_STATE_KEY = "zero:lr_scheduler"
 # The Python side's share of engine.timings() (under "python"): seconds and counts.
 PY_TIMINGS = {"grad_hook_s": 0.0,  # in the per-parameter gradient hooks (copy and C calls)
               "grad_hooks": 0,
+              "grads_lent": 0,  # of them, gradients the engine reduced where autograd wrote them
               "check_unchanged_s": 0.0,  # checking that the module's parameters are the engine's
               "check_unchanged_calls": 0}
 
@@ -91,6 +93,10 @@ class ZeroEngine(torch.nn.Module):
         self._tree = ModuleTree(model)
         self._py_timings = dict(PY_TIMINGS)
         self._views = {}
+        # Gradients the engine reduces where autograd wrote them (zero_engine_grad_lend): kept
+        # alive until step() returns. ZERO_GRAD_IN_PLACE=0 copies every gradient instead.
+        self._lent = []
+        self._lend_grads = os.environ.get("ZERO_GRAD_IN_PLACE", "1") != "0"
         self._grad_hooks = []
         self._fetcher = None
         if info.stage == 3:
@@ -220,28 +226,37 @@ class ZeroEngine(torch.nn.Module):
         return hook
 
     def _grad_writer(self, r):
-        """One C call copies the gradient into its slot and marks it ready: on the CPU
-        zero_engine_grad_copy; on a GPU zero_engine_grad_copy_on_stream, on torch's current stream
-        (the engine's kernels ordered after the copy, the host not waiting). No tensor is made
-        over the slot."""
+        """One C call hands the gradient in and marks it ready. On a GPU
+        zero_engine_grad_copy_on_stream copies it on torch's current stream (the engine's kernels
+        ordered after the copy, the host not waiting). On the CPU zero_engine_grad_lend lets the
+        engine reduce it where it is when it can (the tensor is then kept until step() returns),
+        else copies it. No tensor is made over the slot."""
         handle, index = self._handle, r.index
         dtype, nbytes = self._torch_dtype, r.numel * self._torch_dtype.itemsize
         if self.device.type == "cuda":
             copy_on, current_stream = (_lib.bind("zero_engine_grad_copy_on_stream"),
                                        _current_stream_getter(self.device))
 
-            def copy(ptr):
-                copy_on(handle, index, ptr, nbytes, current_stream())
+            def hand_in(grad):
+                copy_on(handle, index, grad.data_ptr(), nbytes, current_stream())
         else:
-            copy_now = _lib.bind("zero_engine_grad_copy")
+            copy_now, lend = _lib.bind("zero_engine_grad_copy"), _lib.bind("zero_engine_grad_lend")
+            lent = ctypes.c_int()
+            lent_ref, kept = ctypes.byref(lent), self._lent
 
-            def copy(ptr):
-                copy_now(handle, index, ptr, nbytes)
+            def hand_in(grad):
+                if not self._lend_grads:
+                    copy_now(handle, index, grad.data_ptr(), nbytes)
+                    return
+                lend(handle, index, grad.data_ptr(), nbytes, lent_ref)
+                if lent.value:
+                    kept.append(grad)
+                    self._py_timings["grads_lent"] += 1
 
         def write(grad):
             if grad.dtype != dtype or not grad.is_contiguous():
                 grad = grad.to(dtype).contiguous()
-            copy(grad.data_ptr())
+            hand_in(grad)
         return write
 
     # --- training ---
@@ -309,12 +324,15 @@ class ZeroEngine(torch.nn.Module):
              -1 if boundary is None else int(boundary))
         result = _lib.StepResult()
         call("zero_engine_step", self._handle, ctypes.byref(result))
+        self._lent.clear()  # the engine has reduced them (a failed step keeps them until close)
         self._backward_open = False
         self.micro_steps += 1
         self._last_result = result
         if result.boundary:
             self.global_steps = result.global_steps
             self.skipped_steps = result.skipped_steps
+            if self._fetcher is not None:
+                self._fetcher.bind_persistent()
             optimizer = getattr(self, "optimizer", None)
             if optimizer is not None:
                 optimizer.refresh()
@@ -507,6 +525,8 @@ class ZeroEngine(torch.nn.Module):
         state, path = ctypes.c_void_p(), ctypes.c_void_p()
         call("zero_engine_load_checkpoint", self._handle, load_dir.encode(),
              None if tag is None else str(tag).encode(), ctypes.byref(state), ctypes.byref(path))
+        if self._fetcher is not None:
+            self._fetcher.bind_persistent()
         client_state = json.loads(take_string(state))
         scheduler_state = client_state.pop(SCHEDULER_STATE_KEY, None)
         if (load_lr_scheduler_states and scheduler_state is not None
@@ -579,6 +599,7 @@ class ZeroEngine(torch.nn.Module):
                 r.param.data = r.param.data.clone()
         _lib.lib.zero_engine_destroy(self._handle)
         self._handle = None
+        self._lent.clear()
         self._comm.close()
 
     def __del__(self):

@@ -231,6 +231,13 @@ int zero_engine_release(zero_engine* engine, int unit) {
   return guarded("zero_engine_release", [&] { checked(engine).release(unit); });
 }
 
+int zero_engine_unit_persistent(const zero_engine* engine, int unit, int* persistent) {
+  return guarded("zero_engine_unit_persistent", [&] {
+    ZERO_C_REQUIRE(persistent != nullptr, "persistent must not be null");
+    *persistent = checked(engine).unit_persistent(unit) ? 1 : 0;
+  });
+}
+
 int zero_engine_param(zero_engine* engine, size_t param, const void** data, size_t* bytes) {
   return guarded("zero_engine_param", [&] {
     zero::Engine& e = checked(engine);
@@ -293,6 +300,29 @@ int zero_engine_grad_copy(zero_engine* engine, size_t param, const void* data, s
                    "zero_engine_grad_copy takes host memory, but this engine is on GPU {}: use "
                    "zero_engine_grad_copy_on_stream, or zero_engine_grad and zero_engine_grad_ready",
                    engine->device->gpu_ordinal());
+    copy_into_slot(engine, e, param, data, bytes, nullptr);
+  });
+}
+
+int zero_engine_grad_lend(zero_engine* engine, size_t param, void* data, size_t bytes, int* lent) {
+  return guarded("zero_engine_grad_lend", [&] {
+    zero::Engine& e = checked(engine);
+    check_param(e, param);
+    ZERO_C_REQUIRE(lent != nullptr, "lent must not be null");
+    ZERO_C_REQUIRE(engine->device->gpu_ordinal() < 0,
+                   "zero_engine_grad_lend takes host memory, but this engine is on GPU {}: use "
+                   "zero_engine_grad_copy_on_stream",
+                   engine->device->gpu_ordinal());
+    const zero::ParamSpec& spec = e.spec(param);
+    const std::size_t want = zero::numel_of(spec.shape) * zero::dtype_size(spec.dtype);
+    ZERO_C_REQUIRE(bytes == want, "parameter {} ('{}'): {} bytes given, its gradient holds {}",
+                   param, spec.name, bytes, want);
+    ZERO_C_REQUIRE(data != nullptr || bytes == 0, "data is null");
+    *lent = 0;
+    if (bytes > 0 && e.grad_in_place(param, static_cast<std::byte*>(data))) {
+      *lent = 1;
+      return;
+    }
     copy_into_slot(engine, e, param, data, bytes, nullptr);
   });
 }

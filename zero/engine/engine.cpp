@@ -68,6 +68,14 @@ void EngineImpl::release(int unit) {
     params_[i].quantized->release();
 }
 
+bool EngineImpl::unit_persistent(int unit) const {
+  check_unit(unit, "unit_persistent");
+  // A unit with int8 frozen parameters is gathered per use whatever the thresholds say.
+  return fetcher_ != nullptr && static_cast<std::size_t>(unit) < layout_units_ &&
+         fetcher_->persistent(unit) &&
+         units_[static_cast<std::size_t>(unit)].quantized_frozen.empty();
+}
+
 std::span<const std::byte> EngineImpl::param(std::size_t param) const {
   check_param(param, "param");
   const ParamState& ps = params_[param];
@@ -107,6 +115,21 @@ std::span<std::byte> EngineImpl::grad(std::size_t param) {
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
   std::byte* staging = reducer_->staging(pl.unit);
   return {staging + pl.offset * dtype_size(model_dtype_), ps.numel * dtype_size(model_dtype_)};
+}
+
+bool EngineImpl::grad_in_place(std::size_t param, std::byte* data) {
+  check_param(param, "grad_in_place");
+  ParamState& ps = params_[param];
+  ZERO_CHECK(ps.layout_index.has_value(),
+             "grad_in_place: parameter '{}' is frozen (trainable = false)", specs_[param].name);
+  ZERO_CHECK(!ps.ready, "grad_in_place: parameter '{}' is already ready in this micro-step",
+             specs_[param].name);
+  if (ps.numel == 0 || device_.gpu_ordinal() >= 0) return false;
+  const int unit = layout_->placement(*ps.layout_index).unit;
+  if (!reducer_->lend(unit, data)) return false;
+  ps.slot_out = true;
+  grad_ready(param);
+  return true;
 }
 
 void EngineImpl::grad_ready(std::size_t param) {

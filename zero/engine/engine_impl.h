@@ -97,6 +97,8 @@ class EngineImpl final : public Engine, private SliceMap {
 
   void gather(int unit) override;
   void release(int unit) override;
+  bool unit_persistent(int unit) const override;
+  bool grad_in_place(std::size_t param, std::byte* data) override;
   std::span<const std::byte> param(std::size_t param) const override;
 
   double backward_scale() const override { return scaler_->scale() / gas_; }

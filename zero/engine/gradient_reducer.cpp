@@ -72,6 +72,7 @@ std::byte* GradientReducer::staging(int unit) {
   UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
   const std::size_t n = layout_.unit(unit).padded_elems;
   if (n == 0) return nullptr;
+  ZERO_ASSERT(ub.lent == nullptr);  // a lent unit's one parameter is ready already
   if (ub.staging.empty()) {
     ub.staging = alloc(n, options_.grad_dtype);
     // Only what no parameter covers: the parameters' ranges are written (or zeroed) by the engine.
@@ -90,6 +91,19 @@ std::byte* GradientReducer::staging(int unit) {
     zero_until(n);
   }
   return static_cast<std::byte*>(ub.staging.data());
+}
+
+bool GradientReducer::lend(int unit, std::byte* data) {
+  UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
+  const UnitLayout& ul = layout_.unit(unit);
+  if (!goes_alone(unit) || ul.params.size() != 1 || !ub.staging.empty() || ub.lent != nullptr ||
+      reinterpret_cast<std::uintptr_t>(data) % kLentAlignment != 0) {
+    return false;
+  }
+  const ParamPlacement& pl = layout_.placement(ul.params.front());
+  if (pl.offset != 0 || pl.numel != ul.padded_elems) return false;
+  ub.lent = data;
+  return true;
 }
 
 std::byte* GradientReducer::accumulated(int rank, int unit, std::size_t slice_offset) const {
@@ -155,8 +169,7 @@ void GradientReducer::reduce_alone(int unit) {
 
 void GradientReducer::issue(Alone& alone) {
   const UnitLayout& ul = layout_.unit(alone.unit);
-  std::byte* staging =
-      static_cast<std::byte*>(units_[static_cast<std::size_t>(alone.unit)].staging.data());
+  std::byte* staging = staged(units_[static_cast<std::size_t>(alone.unit)]);
   std::byte* straight = straight_target(alone);
   alone.issued = true;
   alone.landed = straight != nullptr;
@@ -203,7 +216,7 @@ void GradientReducer::finish(std::span<Alone* const> done) {
         for (int d = 0; d < domains_.count(); ++d) {
           const auto q = static_cast<std::size_t>(domains_.rank_of(d));
           unpack.push_back({target_.gradient(d, a->unit, 0), options_.accum_dtype,
-                            element_at(ub.staging, options_.comm_dtype, q * S),
+                            staged(ub) + q * S * dtype_size(options_.comm_dtype),
                             options_.comm_dtype, S});
         }
       }
@@ -212,7 +225,11 @@ void GradientReducer::finish(std::span<Alone* const> done) {
       }
     }
   }
-  for (const Alone* a : done) units_[static_cast<std::size_t>(a->unit)].staging.reset();
+  for (const Alone* a : done) {
+    UnitBuffers& ub = units_[static_cast<std::size_t>(a->unit)];
+    ub.staging.reset();
+    ub.lent = nullptr;
+  }
 }
 
 void GradientReducer::end_micro_step() {

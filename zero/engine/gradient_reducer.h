@@ -13,11 +13,13 @@
 // landing): it is reduced alone, straight from its staging buffer (already W rank slices), so
 // nothing is packed; in the first micro-step of a window, when the landing would be a plain copy
 // (consume_scale 1, accumulation dtype = comm dtype), the collective writes straight into the
-// target and nothing is landed either. Lone units wait or stay in flight (with their staging
-// buffers) up to a bucket's elements per slot, and the drain reduces the rest. With overlap_comm
-// a lone unit's reduction starts at once, during backward; without, it starts when that budget
-// or the drain asks for it, so backward keeps the cores (as a bucket waits until it is full). Each reduced element is the same sum over ranks in rank
-// order whichever way it travels, so both ways give bitwise the same gradients.
+// target and nothing is landed either. A lone unit of one parameter may even be reduced in the
+// trainer's own gradient memory (lend()), so that nothing is copied into a staging buffer at all.
+// Lone units wait or stay in flight (with their staging buffers) up to a bucket's elements per
+// slot, and the drain reduces the rest. With overlap_comm a lone unit's reduction starts at once,
+// during backward; without, it starts when that budget or the drain asks for it, so backward keeps
+// the cores (as a bucket waits until it is full). Each reduced element is the same sum over ranks
+// in rank order whichever way it travels, so both ways give bitwise the same gradients.
 // A finished reduction lands in the SliceMap the engine passes in: domain d's reduced chunk is
 // written to gradients(d, unit, offset), added to what is there for all but the first micro-step
 // of a window. Packing scales by pack_scale before the sum, landing by consume_scale after it
@@ -107,8 +109,18 @@ class GradientReducer {
   // REQUIRES: unit < layout.num_units(); the unit is not complete in this micro-step.
   std::byte* staging(int unit);
 
-  // Every gradient of `unit` is in staging(unit) for this micro-step: submitted to the buckets (a
-  // full bucket starts a reduction). A unit without elements, or beyond the layout, is a no-op.
+  // Instead of staging(unit): the caller's memory at `data` serves as the unit's staging buffer for
+  // this micro-step, without a copy, when the unit is one parameter that fills it (no alignment
+  // gap, no padding), it is reduced alone, `data` is aligned to kLentAlignment and the unit has no
+  // staging buffer yet in this micro-step. Returns whether it does; if so the reducer reads and may
+  // overwrite those bytes until the micro-step's reductions are waited for (end_micro_step()) or
+  // the reducer is destroyed. REQUIRES: the memory is the device's kind, its gradient dtype.
+  bool lend(int unit, std::byte* data);
+  static constexpr std::size_t kLentAlignment = 64;
+
+  // Every gradient of `unit` is in staging(unit) (or the lent memory) for this micro-step:
+  // submitted to the buckets (a full bucket starts a reduction), or reduced alone. A unit without
+  // elements, or beyond the layout, is a no-op.
   void unit_complete(int unit);
 
   // The end of a micro-step's backward (every unit complete): reduces the open bucket and waits
@@ -157,7 +169,8 @@ class GradientReducer {
   };
   struct UnitBuffers {
     Buffer staging;
-    Buffer accum;              // stage 0: the reduced gradients (the target's)
+    std::byte* lent = nullptr;  // the caller's memory in place of staging (lend())
+    Buffer accum;               // stage 0: the reduced gradients (the target's)
     std::size_t unpacked = 0;  // pieces submitted but not yet packed
   };
 
@@ -167,6 +180,9 @@ class GradientReducer {
   QuantizationFeedback* feedback(std::deque<QuantizationFeedback>& states, std::size_t index);
   Buffer alloc(std::size_t elems, DType dtype);
   bool goes_alone(int unit) const;
+  std::byte* staged(const UnitBuffers& ub) const {
+    return ub.lent != nullptr ? ub.lent : static_cast<std::byte*>(ub.staging.data());
+  }
   // Where a straight collective of the unit writes (every domain's slices, one after the other),
   // or null when the landing is more than a copy or the target's slices are not laid out so.
   std::byte* straight_target(const Alone& alone);

@@ -74,9 +74,13 @@ ParamFetcher::~ParamFetcher() {
 void ParamFetcher::start_gather(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   const UnitLayout& ul = layout_.unit(unit);
-  u.buffer =
-      device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
-                       u.persistent ? MemoryTag::LowPrecisionParams : MemoryTag::GatherBuffers);
+  // A persistent unit is refreshed in place: its parameters keep their address for the engine's
+  // life, so that a framework may alias them as it aliases the model copy at stages 0-2.
+  if (!u.persistent || u.buffer.empty()) {
+    u.buffer =
+        device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
+                         u.persistent ? MemoryTag::LowPrecisionParams : MemoryTag::GatherBuffers);
+  }
   ++timings_.gathers;
   timings_.gathered_elems += static_cast<std::int64_t>(u.elems);
   if (!u.persistent) live_elems_ += u.elems;
@@ -271,7 +275,7 @@ void ParamFetcher::end_micro_step() {
 
 void ParamFetcher::refresh_after_step() {
   for (Unit& u : units_) {
-    free(u);
+    if (!u.persistent) free(u);
     u.secondary.reset();
   }
   for (std::size_t i = 0; i < units_.size(); ++i) {

@@ -70,8 +70,6 @@ class CheckpointMethods:
         state, path = ctypes.c_void_p(), ctypes.c_void_p()
         call("zero_engine_load_checkpoint", self._handle, load_dir.encode(),
              None if tag is None else str(tag).encode(), ctypes.byref(state), ctypes.byref(path))
-        if self._fetcher is not None:
-            self._fetcher.bind_persistent()
         client_state = json.loads(take_string(state))
         scheduler_state = client_state.pop(SCHEDULER_STATE_KEY, None)
         if (load_lr_scheduler_states and scheduler_state is not None

@@ -55,26 +55,15 @@ class UnitFetcher:
             unit_persistent(handle, u, ctypes.byref(flag))
             if flag.value:
                 self.persistent.add(u)
-        self.bound = {}  # index -> the tensor a persistent unit's parameter is
         for r in registered:
             r.param.ds_shape, r.param.ds_numel = r.shape, r.numel
             r.param._zero_fetcher, r.param._zero_unit = self, r.unit
-            r.param.data = self.placeholders[r.index]
-        self.bind_persistent()
-
-    def bind_persistent(self):
-        """Every parameter of a persistent unit becomes a view of the engine's copy. The copy
-        stays where it is (zero_engine_unit_persistent), so after the first call this only checks
-        the addresses (a unit's first parameter: they move together): called after every
-        optimizer step and checkpoint load."""
-        for u in self.persistent:
-            params = self.params_of[u]
-            first, _ = self._view(params[0])
-            if self.bound.get(params[0].index) is first:
-                continue
-            for r in params:
-                tensor, _ = self._view(r)
-                r.param.data = self.bound[r.index] = tensor
+            if r.unit in self.persistent:
+                # The engine's copy, which stays where it is for the engine's life
+                # (zero_engine_unit_persistent): bound once, never gathered or released here.
+                r.param.data, _ = self._view(r)
+            else:
+                r.param.data = self.placeholders[r.index]
 
     def _placeholder(self, r):
         """What a released parameter holds: its shape over one element (stride 0), so that
@@ -167,7 +156,6 @@ class UnitFetcher:
                 # The engine's memory goes with it: no parameter may view it afterwards.
                 r.param.data = self.placeholders[r.index]
         self.gathered.clear()
-        self.bound.clear()
 
     def _pre_hook(self, units):
         def hook(module, inputs):

@@ -329,8 +329,6 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
         if result.boundary:
             self.global_steps = result.global_steps
             self.skipped_steps = result.skipped_steps
-            if self._fetcher is not None:
-                self._fetcher.bind_persistent()
             optimizer = getattr(self, "optimizer", None)
             if optimizer is not None:
                 optimizer.refresh()

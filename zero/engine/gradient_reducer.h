@@ -171,7 +171,7 @@ class GradientReducer {
     Buffer staging;
     std::byte* lent = nullptr;  // the caller's memory in place of staging (lend())
     Buffer accum;               // stage 0: the reduced gradients (the target's)
-    std::size_t unpacked = 0;  // pieces submitted but not yet packed
+    std::size_t unpacked = 0;   // pieces submitted but not yet packed
   };
 
   bool scatters() const { return world_ > 1 && options_.stage != 0 && options_.reduce_scatter; }

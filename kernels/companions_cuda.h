@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
+#include "kernels/compute.h"
 #include "kernels/reduce.h"
 #include "zero/base/dtype.h"
 
@@ -30,6 +32,13 @@ void unscale_and_check_cuda_async(void* data, DType dtype, std::size_t numel, fl
 void squared_norm_blocks_cuda_async(const void* data, DType dtype, std::size_t numel,
                                     double* block_sums, void* stream);
 std::size_t squared_norm_cuda_block_count(std::size_t numel);
+
+// squared_norm_blocks_cuda_async of every array at once: array a's block sums start at
+// block_sums + the block counts of the arrays before it. The small and middle-sized arrays share
+// launches (up to kCudaNormTableArrays a launch; cuda_geometry.h), so a model's slices take a few
+// launches, not one each; the sums are bitwise the single calls'.
+void squared_norm_blocks_many_cuda_async(std::span<const ArrayRef> arrays, double* block_sums,
+                                         void* stream);
 
 // combine_cpu on the GPU: dst ← src·scale (+ dst), rounded once to dst's dtype.
 void combine_cuda_async(void* dst, DType dst_dtype, const void* src, DType src_dtype,

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/array_checks.h"
 #include "kernels/companions_cuda.h"
@@ -54,6 +55,45 @@ void squared_norm_blocks_cuda_async(const void* data, DType dtype, std::size_t n
   check_launch(detail::launch_squared_norm_blocks(data, dtype, static_cast<long long>(numel),
                                                   block_sums, stream),
                numel, dtype);
+}
+
+void squared_norm_blocks_many_cuda_async(std::span<const ArrayRef> arrays, double* block_sums,
+                                         void* stream) {
+  std::vector<std::size_t> numels(arrays.size());
+  std::vector<std::size_t> first(arrays.size() + 1, 0);  // each array's first block sum
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    detail::check_float_array("squared_l2_norm (cuda)", "data", arrays[a].data, arrays[a].dtype,
+                              arrays[a].numel);
+    numels[a] = arrays[a].numel;
+    first[a + 1] = first[a] + squared_norm_cuda_block_count(numels[a]);
+  }
+  if (first.back() == 0) return;
+  ZERO_CHECK(block_sums != nullptr, "squared_l2_norm (cuda): block_sums is null");
+  const auto tables = detail::plan_norm_tables(numels, detail::kNormBlockElems);
+  std::vector<bool> in_table(arrays.size(), false);
+  for (const std::vector<std::size_t>& members : tables) {
+    detail::CudaNormTable table{};
+    table.count = static_cast<int>(members.size());
+    for (int s = 0; s < table.count; ++s) {
+      const ArrayRef& a = arrays[members[s]];
+      table.data[s] = a.data;
+      table.numel[s] = static_cast<long long>(a.numel);
+      table.dtype[s] = a.dtype;
+      table.out_offset[s] = static_cast<long long>(first[members[s]]);
+      table.first_block[s + 1] =
+          table.first_block[s] + static_cast<long long>(squared_norm_cuda_block_count(a.numel));
+      in_table[members[s]] = true;
+    }
+    check_launch(detail::launch_squared_norm_table(table, block_sums, stream),
+                 static_cast<std::size_t>(table.first_block[table.count]) * detail::kNormBlockElems,
+                 arrays[members[0]].dtype);
+  }
+  for (std::size_t a = 0; a < arrays.size(); ++a) {
+    if (!in_table[a] && arrays[a].numel > 0) {
+      squared_norm_blocks_cuda_async(arrays[a].data, arrays[a].dtype, arrays[a].numel,
+                                     block_sums + first[a], stream);
+    }
+  }
 }
 
 void combine_cuda_async(void* dst, DType dst_dtype, const void* src, DType src_dtype,

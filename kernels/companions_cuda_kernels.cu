@@ -56,15 +56,15 @@ __global__ void __launch_bounds__(kCudaElementwiseThreads)
   if (nonfinite) *flag = 1;  // every writer writes the same value
 }
 
-// Norm block blockIdx.x into shared memory as fp32 (the value each lane converts to double), zeros
-// past numel: adding +0.0 leaves a non-negative double sum's bits alone, so the tail needs no
+// Norm block `block` of data into shared memory as fp32 (the value each lane converts to double),
+// zeros past numel: adding +0.0 leaves a non-negative double sum's bits alone, so the tail needs no
 // second loop. Every thread's kNormBlockElems / kCudaNormThreads loads are issued before any is
 // stored.
 template <DType kType>
-__device__ __forceinline__ void stage_norm_block(const void* data, long long numel, float* tile) {
+__device__ __forceinline__ void stage_norm_block(const void* data, long long numel,
+                                                 long long block, float* tile) {
   constexpr int kPerThread = static_cast<int>(kNormBlockElems) / kCudaNormThreads;
-  const long long begin =
-      static_cast<long long>(blockIdx.x) * static_cast<long long>(kNormBlockElems);
+  const long long begin = block * static_cast<long long>(kNormBlockElems);
   float x[kPerThread];
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
@@ -84,16 +84,17 @@ __device__ __forceinline__ double add_lanes(double acc) {
   return acc;
 }
 
-__global__ void __launch_bounds__(kCudaNormThreads)
-    squared_norm_staged_kernel(const void* data, DType dtype, long long numel,
-                               double* block_sums) {
+// The staged kernels' block: *sum ← the sum of squares of norm block `block` of data, by every
+// thread of a kCudaNormThreads-thread CUDA block.
+__device__ __forceinline__ void staged_norm_block(const void* data, DType dtype, long long numel,
+                                                  long long block, double* sum) {
   __shared__ float tile[kNormBlockElems];
   if (dtype == DType::F32) {
-    stage_norm_block<DType::F32>(data, numel, tile);
+    stage_norm_block<DType::F32>(data, numel, block, tile);
   } else if (dtype == DType::BF16) {
-    stage_norm_block<DType::BF16>(data, numel, tile);
+    stage_norm_block<DType::BF16>(data, numel, block, tile);
   } else {
-    stage_norm_block<DType::F16>(data, numel, tile);
+    stage_norm_block<DType::F16>(data, numel, block, tile);
   }
   __syncthreads();
   if (threadIdx.x >= 32) return;
@@ -109,7 +110,24 @@ __global__ void __launch_bounds__(kCudaNormThreads)
     }
   }
   acc = add_lanes(acc);
-  if (lane == 0) block_sums[blockIdx.x] = acc;
+  if (lane == 0) *sum = acc;
+}
+
+__global__ void __launch_bounds__(kCudaNormThreads)
+    squared_norm_staged_kernel(const void* data, DType dtype, long long numel,
+                               double* block_sums) {
+  staged_norm_block(data, dtype, numel, blockIdx.x, block_sums + blockIdx.x);
+}
+
+// One CUDA block per norm block of every table entry (the table's entries are uniform within a
+// block, so its dtype switch never diverges).
+__global__ void __launch_bounds__(kCudaNormThreads)
+    squared_norm_table_kernel(const CudaNormTable table, double* block_sums) {
+  const long long g = blockIdx.x;
+  const int s = norm_table_slot(table.first_block, table.count, g);
+  const long long block = g - table.first_block[s];
+  staged_norm_block(table.data[s], table.dtype[s], table.numel[s], block,
+                    block_sums + table.out_offset[s] + block);
 }
 
 // Thread t is lane t % 8 of norm block t / 8: it sums elements lane, lane + 8, ... of the block
@@ -227,6 +245,15 @@ CudaLaunchStatus launch_squared_norm_blocks_as(NormKernel kernel, const void* da
                                                                         block_sums);
   }
   return status_of("squared_norm_lanes_kernel");
+}
+
+CudaLaunchStatus launch_squared_norm_table(const CudaNormTable& table, double* block_sums,
+                                           void* stream) {
+  clear_stale_error();
+  const auto blocks = static_cast<unsigned>(table.first_block[table.count]);
+  squared_norm_table_kernel<<<blocks, kCudaNormThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      table, block_sums);
+  return status_of("squared_norm_table_kernel");
 }
 
 CudaLaunchStatus launch_squared_norm_blocks(const void* data, DType dtype, long long numel,

@@ -33,6 +33,18 @@ struct CudaReduceArgs {
   float divisor;  // 0: none
 };
 
+// A table launch of the staged norm (cuda_geometry.h, plan_norm_tables), passed to the kernel by
+// value: entry s sums its norm blocks into block_sums[out_offset[s] ...].
+struct CudaNormTable {
+  const void* data[kCudaNormTableArrays];
+  long long numel[kCudaNormTableArrays];
+  long long first_block[kCudaNormTableArrays + 1];  // grid block of entry s's first norm block
+  long long out_offset[kCudaNormTableArrays];
+  DType dtype[kCudaNormTableArrays];
+  int count;
+};
+static_assert(sizeof(CudaNormTable) <= 4096, "a kernel's arguments take at most 4 KB");
+
 CudaLaunchStatus launch_unscale(void* data, DType dtype, long long numel, float scale, int* flag,
                                 void* stream);
 // The norm's block sums by the kernel norm_geometry picks for numel; _as: by `kernel` (the
@@ -41,6 +53,8 @@ CudaLaunchStatus launch_squared_norm_blocks(const void* data, DType dtype, long 
                                             double* block_sums, void* stream);
 CudaLaunchStatus launch_squared_norm_blocks_as(NormKernel kernel, const void* data, DType dtype,
                                                long long numel, double* block_sums, void* stream);
+CudaLaunchStatus launch_squared_norm_table(const CudaNormTable& table, double* block_sums,
+                                           void* stream);
 CudaLaunchStatus launch_combine(const CudaCombineArgs& args, void* stream);
 CudaLaunchStatus launch_reduce(const CudaReduceArgs& args, void* stream);
 

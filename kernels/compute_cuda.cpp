@@ -146,12 +146,7 @@ double squared_l2_norm_many(std::span<const ArrayRef> arrays, const CpuExec& exe
   ResultScratch& scratch = ResultScratch::of_thread();
   auto* device_sums = static_cast<double*>(scratch.device(blocks * sizeof(double)));
   auto* host_sums = static_cast<double*>(scratch.host(blocks * sizeof(double)));
-  for (std::size_t a = 0; a < arrays.size(); ++a) {
-    if (arrays[a].numel > 0) {
-      squared_norm_blocks_cuda_async(arrays[a].data, arrays[a].dtype, arrays[a].numel,
-                                     device_sums + first[a], exec.cuda_stream);
-    }
-  }
+  squared_norm_blocks_many_cuda_async(arrays, device_sums, exec.cuda_stream);
   ZERO_CUDA_CHECK(cudaMemcpyAsync(host_sums, device_sums, blocks * sizeof(double),
                                   cudaMemcpyDeviceToHost, stream_of(exec)));
   synchronize(exec);

@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <span>
+#include <vector>
+
+#include "zero/base/hd.h"
 
 namespace zero::kernels::detail {
 
@@ -75,6 +79,49 @@ constexpr NormGeometry norm_geometry(std::size_t numel, std::size_t norm_block_e
   return staged.norm_blocks < kCudaNormLanesMinBlocks
              ? staged
              : norm_geometry_of(NormKernel::Lanes, numel, norm_block_elems);
+}
+
+// The staged norm of many arrays in few launches (squared_l2_norm_many: a model's gradient
+// slices, most of them small). One launch takes a table of up to kCudaNormTableArrays arrays, each
+// of fewer than kCudaNormLanesMinBlocks norm blocks, whose norm blocks follow one another on the
+// grid: CUDA block g sums norm block g − first[s] of table entry s = norm_table_slot(first, count,
+// g), bitwise what that array's own staged launch gives. The table travels in the kernel's
+// arguments (64 entries: about 2.3 KB of the 4 KB every architecture takes). A launch per array,
+// as before, made the norm of a model's hundreds of small slices mostly launch latency.
+inline constexpr int kCudaNormTableArrays = 64;
+
+// The table entry grid block `block` lies in: the last s < count with first[s] <= block, where
+// first[0] = 0 and first is strictly increasing (a table holds no empty array).
+ZERO_HD inline int norm_table_slot(const long long* first, int count, long long block) {
+  int lo = 0;
+  int hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid] <= block) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Which arrays share which table launch: the indices of the non-empty arrays that take the staged
+// kernel, in order, cut into groups of at most kCudaNormTableArrays. The other arrays (empty, or
+// large enough for the lanes kernel) are in no group.
+inline std::vector<std::vector<std::size_t>> plan_norm_tables(std::span<const std::size_t> numels,
+                                                              std::size_t norm_block_elems) {
+  std::vector<std::vector<std::size_t>> tables;
+  for (std::size_t a = 0; a < numels.size(); ++a) {
+    if (numels[a] == 0 || norm_geometry(numels[a], norm_block_elems).kernel != NormKernel::Staged) {
+      continue;
+    }
+    if (tables.empty() || tables.back().size() == static_cast<std::size_t>(kCudaNormTableArrays)) {
+      tables.emplace_back();
+    }
+    tables.back().push_back(a);
+  }
+  return tables;
 }
 
 }  // namespace zero::kernels::detail

@@ -165,6 +165,51 @@ TEST_CASE("the _many entries on the GPU give the CPU's bits with one wait for ev
   }
 }
 
+TEST_CASE("the norm of more small arrays than one launch's table, of mixed dtypes, is the CPU's") {
+  // 150 arrays as a model's slices: many tiny ones (biases, norms), odd sizes, empties, one for
+  // the lanes kernel; dtypes mixed within each table launch.
+  const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
+  std::vector<std::vector<std::byte>> host;
+  std::vector<std::unique_ptr<DeviceBytes>> device;
+  std::vector<zk::ArrayRef> host_refs, device_refs;
+  for (std::size_t k = 0; k < 150; ++k) {
+    const std::size_t n = k == 77 ? zk::detail::kCudaNormLanesMinBlocks * 4096 + 5
+                          : k % 29 == 4 ? 0
+                          : k % 3 == 0  ? 1 + k
+                                        : k * 1531 + 4093;
+    const DType dtype = dtypes[k % 3];
+    host.push_back(random_array(n, dtype, static_cast<std::uint32_t>(300 + k), -3.0f, 3.0f));
+    device.push_back(std::make_unique<DeviceBytes>(host.back()));
+    host_refs.push_back({host.back().data(), dtype, n});
+    device_refs.push_back({device.back()->ptr, dtype, n});
+  }
+  std::vector<std::size_t> numels;
+  for (const auto& r : host_refs) numels.push_back(r.numel);
+  REQUIRE(zk::detail::plan_norm_tables(numels, zk::detail::kNormBlockElems).size() >= 3);
+  const double expected = cpu().squared_l2_norm_many(host_refs, {});
+  REQUIRE(expected > 0.0);  // not vacuous
+  const double got = gpu().squared_l2_norm_many(device_refs, {});
+  REQUIRE(std::memcmp(&got, &expected, sizeof got) == 0);
+  // Each array alone, too: the table's block sums land where the array's own would.
+  for (std::size_t k = 0; k < host_refs.size(); k += 7) {
+    INFO("array " << k);
+    const double one = cpu().squared_l2_norm_many(std::span(&host_refs[k], 1), {});
+    const double one_gpu = gpu().squared_l2_norm_many(std::span(&device_refs[k], 1), {});
+    REQUIRE(std::memcmp(&one, &one_gpu, sizeof one) == 0);
+  }
+  // A changed element of the last table's last array changes the norm alike: its blocks are read.
+  const std::size_t last = 149;
+  REQUIRE(host_refs[last].numel > 0);
+  const float big = 1000.0f;
+  cpu().combine(host[last].data(), host_refs[last].dtype, &big, DType::F32, 1, 1.0f, false, {});
+  REQUIRE(cudaMemcpy(device[last]->ptr, host[last].data(), host[last].size(),
+                     cudaMemcpyHostToDevice) == cudaSuccess);
+  const double changed = cpu().squared_l2_norm_many(host_refs, {});
+  REQUIRE(changed > expected + 1e5);
+  const double changed_gpu = gpu().squared_l2_norm_many(device_refs, {});
+  REQUIRE(std::memcmp(&changed, &changed_gpu, sizeof changed) == 0);
+}
+
 TEST_CASE("combine on the GPU equals the CPU's for every dtype pair, scale and accumulate") {
   const DType dtypes[] = {DType::F32, DType::BF16, DType::F16};
   const std::size_t n = 256 * 4096 + 4099;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <vector>
 
 #include "kernels/cpu_kernels.h"
 
@@ -62,4 +63,52 @@ TEST_CASE("large arrays take the lanes norm: one thread per lane, whole warps, e
   REQUIRE(zd::norm_geometry_of(zd::NormKernel::Lanes, 7, b).cuda_blocks == 1);
   REQUIRE(zd::norm_geometry_of(zd::NormKernel::Staged, min_elems, b).cuda_blocks ==
           zd::kCudaNormLanesMinBlocks);
+}
+
+TEST_CASE("the norm's table launches cover every staged array's blocks once, in order") {
+  const std::size_t b = zd::kNormBlockElems;
+  const std::size_t lanes = zd::kCudaNormLanesMinBlocks * b;  // takes the lanes kernel
+  // 150 arrays: empties, one-element ones, odd sizes, two for the lanes kernel.
+  std::vector<std::size_t> numels;
+  for (std::size_t k = 0; k < 150; ++k) {
+    numels.push_back(k % 37 == 5 ? 0 : k % 41 == 3 ? lanes + k : k % 3 == 0 ? 1 : k * 977 + 13);
+  }
+  const auto tables = zd::plan_norm_tables(numels, b);
+  std::vector<std::size_t> seen;
+  for (const auto& t : tables) {
+    REQUIRE(!t.empty());
+    REQUIRE(t.size() <= static_cast<std::size_t>(zd::kCudaNormTableArrays));
+    seen.insert(seen.end(), t.begin(), t.end());
+  }
+  REQUIRE(tables.size() >= 3);  // 150 arrays need more than two tables
+  REQUIRE(std::is_sorted(seen.begin(), seen.end()));
+  REQUIRE(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
+  std::size_t staged = 0;
+  for (std::size_t a = 0; a < numels.size(); ++a) {
+    const bool in = std::binary_search(seen.begin(), seen.end(), a);
+    const bool wanted =
+        numels[a] > 0 && zd::norm_geometry(numels[a], b).kernel == zd::NormKernel::Staged;
+    INFO("array " << a << " of " << numels[a] << " elements");
+    REQUIRE(in == wanted);
+    staged += wanted;
+  }
+  REQUIRE(staged == seen.size());
+  REQUIRE(staged < numels.size());  // some arrays are empty or take the lanes kernel
+
+  // Each grid block of a table finds the entry whose blocks it lies in.
+  for (const auto& t : tables) {
+    std::vector<long long> first{0};
+    for (std::size_t a : t) first.push_back(first.back() + zd::norm_geometry(numels[a], b).norm_blocks);
+    const int count = static_cast<int>(t.size());
+    for (long long g = 0; g < first.back(); ++g) {
+      const int s = zd::norm_table_slot(first.data(), count, g);
+      REQUIRE(s >= 0);
+      REQUIRE(s < count);
+      REQUIRE(first[s] <= g);
+      REQUIRE(g < first[s + 1]);
+    }
+  }
+  std::vector<long long> one{0, 5};
+  REQUIRE(zd::norm_table_slot(one.data(), 1, 0) == 0);
+  REQUIRE(zd::norm_table_slot(one.data(), 1, 4) == 0);
 }

@@ -126,6 +126,12 @@ class Engine {
   // Stage 3: makes the unit's parameters readable (all-gathers it unless already gathered).
   // Other stages: only checks the unit id. Collective at stage 3.
   virtual void gather(int unit) = 0;
+  // gather(), for a framework whose forward reads the copy on `native_stream` (a cudaStream_t;
+  // null: CUDA's legacy default stream): where the all-gather runs on a CUDA stream (NCCL), that
+  // stream waits for it on the GPU and the call returns without the host waiting, so the forward
+  // keeps running ahead of the GPU. Only work enqueued on that stream after the call may read the
+  // copy; release() orders the engine's later work after that stream's. Elsewhere it is gather().
+  virtual void gather_on_stream(int unit, void* native_stream) = 0;
   // Stage 3: the unit's gathered copy may be freed. REQUIRES: gathered. Other stages: checks.
   virtual void release(int unit) = 0;
   // Stage 3: whether the unit stays gathered for the engine's life (the persistence thresholds):

@@ -229,6 +229,13 @@ int zero_engine_info_get(const zero_engine* engine, zero_engine_info* info);
 
 /* Stage 3: makes the unit's parameters readable; other stages only check the unit id. */
 int zero_engine_gather(zero_engine* engine, int unit);
+/* zero_engine_gather for a framework whose forward reads the parameters on `stream` (a
+ * cudaStream_t; null: the legacy default stream): on a GPU engine whose all-gathers run through
+ * NCCL, `stream` waits for the all-gather on the GPU and the call returns without the host
+ * waiting. Only work enqueued on `stream` after the call may read the parameters. Elsewhere (a host
+ * engine, in-process ranks on one GPU, hpZ, qwZ, parameters read from NVMe) it is
+ * zero_engine_gather. */
+int zero_engine_gather_on_stream(zero_engine* engine, int unit, void* stream);
 /* Stage 3: the unit's gathered copy may be freed. */
 int zero_engine_release(zero_engine* engine, int unit);
 /* Stage 3: *persistent = 1 when the unit stays gathered for the engine's life (the persistence

@@ -18,8 +18,20 @@ class _DeviceMemory:
         self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr,
                                          "data": (ptr, False), "version": 3, "strides": None,
                                          # The memory is ready: every engine call returns with its
-                                         # device work complete.
+                                         # device work complete, or (a stage-3 gather) ordered
+                                         # before torch's current stream's later work.
                                          "stream": None}
+
+
+def current_stream_getter(device):
+    """A function giving torch's current CUDA stream on `device` as a raw cudaStream_t (an int;
+    0 is the legacy default stream): torch's internal accessor where it has one (a fraction of a
+    microsecond), else torch.cuda.current_stream(device).cuda_stream."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return lambda: raw(index)
+    return lambda: torch.cuda.current_stream(index).cuda_stream
 
 
 # torch's own constructor of a storage over memory it does not own (no deleter), where torch has

@@ -20,7 +20,7 @@ import ctypes
 import torch
 
 from ._lib import bind
-from ._memory import tensor_at
+from ._memory import current_stream_getter, tensor_at
 
 
 class UnitFetcher:
@@ -44,7 +44,13 @@ class UnitFetcher:
         self.placeholders = {r.index: self._placeholder(r) for r in registered}
         self.views = {r.index: {} for r in registered}  # index -> {(ptr, nbytes): tensor}
         self.current = {}  # index -> the tensor over its gathered copy (set at each gather)
-        self._gather = bind("zero_engine_gather")
+        if device.type == "cuda":
+            # On a GPU the all-gather is waited for by torch's current stream, on the GPU, not by
+            # the host (zero_engine_gather_on_stream): the forward keeps running ahead.
+            gather_on, stream = bind("zero_engine_gather_on_stream"), current_stream_getter(device)
+            self._gather = lambda h, unit: gather_on(h, unit, stream())
+        else:
+            self._gather = bind("zero_engine_gather")
         self._release = bind("zero_engine_release")
         self._param = bind("zero_engine_param")
         self._ptr, self._nbytes = ctypes.c_void_p(), ctypes.c_size_t()

@@ -28,7 +28,7 @@ from ._lib import ZeroError, call, take_string
 from ._comm import Comm
 from ._config import ZeroConfigWarning, load_config
 from ._engine_checkpoints import CheckpointMethods
-from ._memory import tensor_at
+from ._memory import current_stream_getter, tensor_at
 from ._model import (TORCH_DTYPES, ModuleTree, check_unchanged, model_device,
                      register, snapshot, training_dtype)
 from ._stage3 import UnitFetcher
@@ -40,17 +40,6 @@ PY_TIMINGS = {"grad_hook_s": 0.0,  # in the per-parameter gradient hooks (copy a
               "grads_lent": 0,  # of them, gradients the engine reduced where autograd wrote them
               "check_unchanged_s": 0.0,  # checking that the module's parameters are the engine's
               "check_unchanged_calls": 0}
-
-
-def _current_stream_getter(device):
-    """A function giving torch's current CUDA stream on `device` as a raw cudaStream_t (an int;
-    0 is the legacy default stream): torch's internal accessor where it has one (a fraction of a
-    microsecond), else torch.cuda.current_stream(device).cuda_stream."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return lambda: raw(index)
-    return lambda: torch.cuda.current_stream(index).cuda_stream
 
 
 class ZeroEngine(CheckpointMethods, torch.nn.Module):
@@ -233,7 +222,7 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
         dtype, nbytes = self._torch_dtype, r.numel * self._torch_dtype.itemsize
         if self.device.type == "cuda":
             copy_on, current_stream = (_lib.bind("zero_engine_grad_copy_on_stream"),
-                                       _current_stream_getter(self.device))
+                                       current_stream_getter(self.device))
 
             def hand_in(grad):
                 copy_on(handle, index, grad.data_ptr(), nbytes, current_stream())

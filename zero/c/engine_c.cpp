@@ -227,6 +227,11 @@ int zero_engine_gather(zero_engine* engine, int unit) {
   return guarded("zero_engine_gather", [&] { checked(engine).gather(unit); });
 }
 
+int zero_engine_gather_on_stream(zero_engine* engine, int unit, void* stream) {
+  return guarded("zero_engine_gather_on_stream",
+                 [&] { checked(engine).gather_on_stream(unit, stream); });
+}
+
 int zero_engine_release(zero_engine* engine, int unit) {
   return guarded("zero_engine_release", [&] { checked(engine).release(unit); });
 }

@@ -96,6 +96,11 @@ class WorkState {
   virtual ~WorkState() = default;
   virtual void wait() = 0;
   virtual bool test() = 0;
+  // Work::order_stream's backend part; the default: the op does not complete on a CUDA stream.
+  virtual bool order_stream(void* native_stream) {
+    (void)native_stream;
+    return false;
+  }
 };
 
 // Completion handle of one collective. Cheap to copy (copies share the op).
@@ -112,6 +117,16 @@ class Work {
   }
   // Does not block. True once the op completed successfully; throws like wait() if it failed.
   bool test() { return state_ ? state_->test() : true; }
+  // Where the op completes on a CUDA stream (NCCL): makes `native_stream` (a cudaStream_t; null:
+  // CUDA's legacy default stream) wait for it on the GPU and returns true at once, the host not
+  // waiting; the op's buffers are then ready for work enqueued on that stream afterwards (not for
+  // the host, nor for other streams). False, doing nothing, where the op is the host's to wait for
+  // (every other backend): call wait(). A failure of an op only ordered so surfaces at a later
+  // wait() on the same communicator (the communicator is broken then), not here. Throws like
+  // wait() where the op already failed.
+  bool order_stream(void* native_stream) {
+    return state_ ? state_->order_stream(native_stream) : true;
+  }
 
  private:
   std::shared_ptr<WorkState> state_;

@@ -164,6 +164,14 @@ class NcclWork final : public WorkState {
     run([&] { done_ = poll_once(probe(), target_, abort()); });
     return done_;
   }
+  bool order_stream(void* native_stream) override {
+    if (finished()) return true;
+    ZERO_CUDA_CHECK(cudaSetDevice(state_->ordinal));  // the legacy stream is the device's
+    const auto stream = native_stream == nullptr ? cudaStreamLegacy
+                                                 : static_cast<cudaStream_t>(native_stream);
+    ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream, done_event_, 0));
+    return true;
+  }
 
  private:
   bool finished() const {

@@ -286,7 +286,13 @@ void CudaDevice::copy_on_native_stream_impl(void* dst, const void* src, std::siz
   make_current(ordinal_);
   const auto stream = static_cast<cudaStream_t>(native_stream);
   ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  order_after_native_stream_impl(native_stream);
+}
+
+void CudaDevice::order_after_native_stream_impl(void* native_stream) {
+  const auto stream = static_cast<cudaStream_t>(native_stream);
   if (stream == nullptr || stream == cudaStreamLegacy) return;  // compute() runs there already
+  make_current(ordinal_);
   const std::lock_guard lock(order_mutex_);
   if (order_event_ == nullptr) {
     cudaEvent_t event = nullptr;

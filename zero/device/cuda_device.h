@@ -61,6 +61,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<Event> create_event_impl() override;
   void copy_async_impl(void* dst, const void* src, std::size_t bytes, Stream& stream) override;
   void copy_impl(void* dst, const void* src, std::size_t bytes) override;
+  void order_after_native_stream_impl(void* native_stream) override;
   void copy_on_native_stream_impl(void* dst, const void* src, std::size_t bytes,
                                   void* native_stream) override;
   void launch_host_impl(Stream& stream, std::function<void()> fn) override;

@@ -92,6 +92,17 @@ void Device::copy_on_native_stream_impl(void* dst, const void* src, std::size_t 
   copy_impl(dst, src, bytes);
 }
 
+void Device::order_after_native_stream(void* native_stream) {
+  if (native_stream != nullptr) order_after_native_stream_impl(native_stream);
+}
+
+void Device::order_after_native_stream_impl(void* native_stream) {
+  ZERO_CHECK(native_stream == nullptr,
+             "{} device: ordering after native stream {} asked for, but this device has no "
+             "native streams (pass null)",
+             name(), native_stream);
+}
+
 std::optional<std::size_t> Device::device_room() const {
   std::optional<std::size_t> room = free_device_bytes();
   if (const std::optional<std::size_t> budget = ledger_.budget(MemoryKind::Device)) {

@@ -160,6 +160,9 @@ class Device {
   // framework's gradient goes into an engine slot this way without the host waiting. The host
   // device copies now and takes null only. Same REQUIRES as copy_async.
   void copy_on_native_stream(void* dst, const void* src, std::size_t bytes, void* native_stream);
+  // Orders compute()'s later work after what `native_stream` (as above) holds now, the host not
+  // waiting: nothing for null (compute()'s own stream). The host device takes null only.
+  void order_after_native_stream(void* native_stream);
   // Enqueues host code on `stream`, ordered like any other operation on it (CPU kernels on
   // CpuDevice; cudaLaunchHostFunc-style on a GPU). An exception it throws is reported by the
   // stream's or a later event's synchronize().
@@ -191,6 +194,8 @@ class Device {
   // Default: the host's way (null only, copy_impl now).
   virtual void copy_on_native_stream_impl(void* dst, const void* src, std::size_t bytes,
                                           void* native_stream);
+  // Default: the host's way (null only, nothing to order).
+  virtual void order_after_native_stream_impl(void* native_stream);
   virtual void launch_host_impl(Stream& stream, std::function<void()> fn) = 0;
 
  private:

@@ -61,6 +61,19 @@ void EngineImpl::gather(int unit) {
     params_[i].quantized->gather();
 }
 
+void EngineImpl::gather_on_stream(int unit, void* native_stream) {
+  check_unit(unit, "gather");
+  ZERO_CHECK(native_stream == nullptr || !device_.host_addressable(),
+             "gather_on_stream: stream {} given, but the engine runs on the {} device, which has "
+             "no native streams (pass null)",
+             native_stream, device_.name());
+  if (!fetcher_ || !units_[static_cast<std::size_t>(unit)].quantized_frozen.empty()) {
+    gather(unit);
+    return;
+  }
+  fetcher_->gather_for_stream(unit, native_stream);
+}
+
 void EngineImpl::release(int unit) {
   check_unit(unit, "release");
   if (fetcher_) fetcher_->release(unit);

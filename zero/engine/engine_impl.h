@@ -96,6 +96,7 @@ class EngineImpl final : public Engine, private SliceMap {
   std::size_t num_units() const override { return num_units_; }
 
   void gather(int unit) override;
+  void gather_on_stream(int unit, void* native_stream) override;
   void release(int unit) override;
   bool unit_persistent(int unit) const override;
   bool grad_in_place(std::size_t param, std::byte* data) override;

@@ -63,7 +63,7 @@ ParamFetcher::~ParamFetcher() {
     }
   }
   for (Unit& u : units_) {
-    if (u.state != State::InFlight) continue;
+    if (u.state != State::InFlight && !u.device_ordered) continue;
     try {
       u.work.wait();
     } catch (...) {
@@ -116,10 +116,25 @@ void ParamFetcher::start_gather(int unit) {
 }
 
 void ParamFetcher::wait(Unit& u) {
+  if (u.device_ordered) {
+    u.work.wait();
+    u.device_ordered = false;
+    return;
+  }
   if (u.state != State::InFlight) return;
   const auto start = std::chrono::steady_clock::now();
   u.work.wait();
   timings_.gather_wait_s += seconds_since(start);
+  settle(u);
+}
+
+// Neither a staged slice, quantized payloads nor an hpZ copy: nothing the host must do, or free,
+// once the all-gather is done.
+bool ParamFetcher::can_order(const Unit& u) const {
+  return u.source.empty() && u.quantized.empty() && options_.secondary == nullptr;
+}
+
+void ParamFetcher::settle(Unit& u) {
   u.source.reset();
   u.state = State::Gathered;
   if (u.prefetched) inflight_elems_ -= u.elems;
@@ -147,7 +162,15 @@ void ParamFetcher::wait(Unit& u) {
 
 void ParamFetcher::free(Unit& u) {
   if (u.state == State::Released) return;
-  wait(u);
+  if (u.device_ordered) {
+    // No host wait: compute()'s stream, and every later collective with it, comes after the
+    // consumer's stream, which comes after the all-gather.
+    device_.order_after_native_stream(u.consumer);
+    u.device_ordered = false;
+    u.work = Work();
+  } else {
+    wait(u);
+  }
   u.buffer.reset();
   u.state = State::Released;
   u.prefetched = false;
@@ -155,6 +178,14 @@ void ParamFetcher::free(Unit& u) {
 }
 
 void ParamFetcher::gather(int unit) {
+  gather_impl(unit, nullptr);
+}
+
+void ParamFetcher::gather_for_stream(int unit, void* native_stream) {
+  gather_impl(unit, &native_stream);
+}
+
+void ParamFetcher::gather_impl(int unit, void* const* native_stream) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   if (u.elems == 0) return;
   if (u.persistent) {
@@ -171,7 +202,14 @@ void ParamFetcher::gather(int unit) {
     make_room(unit);
     start_gather(unit);
   }
-  wait(u);
+  if (native_stream != nullptr && u.state == State::InFlight && can_order(u) &&
+      u.work.order_stream(*native_stream)) {
+    settle(u);
+    u.device_ordered = true;
+    u.consumer = *native_stream;
+  } else if (!(native_stream != nullptr && u.device_ordered && u.consumer == *native_stream)) {
+    wait(u);
+  }
   u.prefetched = false;
   if (mode_ == Trace::Complete && options_.prefetch_bucket_elems > 0) prefetch();
   timings_.gather_s += seconds_since(start);

@@ -81,7 +81,18 @@ class ParamFetcher {
   ParamFetcher(const ParamFetcher&) = delete;
   ParamFetcher& operator=(const ParamFetcher&) = delete;
 
+  // Gathers the unit and waits on the host for its all-gather.
   void gather(int unit);
+  // gather(), for work on `native_stream` (a cudaStream_t; null: CUDA's legacy default stream):
+  // where the all-gather completes on a CUDA stream (NCCL), that stream waits for it on the GPU
+  // and the host goes on (Work::order_stream), so a framework's forward keeps running ahead of the
+  // GPU; only work enqueued on that stream afterwards may read the copy. Elsewhere (host memory,
+  // in-process device ranks, hpZ, qwZ, slices read from NVMe) it is gather(). A later gather()
+  // of the unit, or one for another stream, waits on the host. When the unit is freed, compute()'s
+  // stream is ordered after `native_stream` (Device::order_after_native_stream), so neither the
+  // engine's kernels nor a later collective (which waits for compute()'s stream) touch the memory
+  // before that stream's reads of it are done.
+  void gather_for_stream(int unit, void* native_stream);
   void release(int unit);
   // The unit's gathered flat buffer, or null when it is not gathered (or holds nothing).
   const std::byte* data(int unit) const;
@@ -127,12 +138,18 @@ class ParamFetcher {
     Buffer secondary;  // hpZ: this rank's block of the gathered unit, until the next step
     Buffer quantized;  // qwZ: every rank's quantized slice, while the all-gather runs
     Work work;
+    // Gathered for a stream that waits for `work` on the GPU; the host has not waited for it.
+    bool device_ordered = false;
+    void* consumer = nullptr;  // that stream
   };
   enum class Trace { Record, Complete, Invalid };
 
+  void gather_impl(int unit, void* const* native_stream);
   void start_gather(int unit);
   Buffer copy_slice(int unit);  // the unit's slice out of source_, in a staging buffer
-  void wait(Unit& u);
+  void wait(Unit& u);     // on the host
+  void settle(Unit& u);   // the bookkeeping once an all-gather is waited for (or ordered)
+  bool can_order(const Unit& u) const;
   void free(Unit& u);
   void prefetch();
   void invalidate_trace();

@@ -117,6 +117,14 @@ def test_gradients_from_a_side_stream_are_taken_in_order(out):
                    "stage 2 fp32 on a side stream vs the default stream")
 
 
+def test_stage3_gathers_waited_for_by_a_side_stream_train_as_on_the_default_one(out):
+    # The forward's gathers are waited for on the GPU by torch's current stream
+    # (zero_engine_gather_on_stream): a side stream must see each all-gather done, and the engine's
+    # next collectives must wait for that stream's reads of released units.
+    assert_bitwise(master(out, "stream-3-fp32"), master(out, "3-fp32"),
+                   "stage 3 fp32 on a side stream vs the default stream")
+
+
 def test_a_checkpoint_saved_on_the_gpu_resumes_there_and_on_the_cpu(out):
     straight = master(out, "1-fp32")
     assert_bitwise(master(out, "resume-gpu-1-fp32"), straight, "resumed on the GPU")

@@ -3,6 +3,7 @@ with zero at stages 0-3 in fp32 and bf16, and with torch.optim.AdamW, and writes
   S-D.safetensors       fp32 master weights after STEPS steps (engine.gather_master)
   S-D.json              losses, the engine's device peak, torch's peak, the view checks
   stream-2-fp32.*       stage 2 fp32 with forward/backward on a side stream
+  stream-3-fp32.*       stage 3 fp32 the same: its gathers waited for by that stream, on the GPU
   resume-gpu-1-fp32.*   stage 1 fp32 resumed on the GPU from the checkpoint saved at MID
   resume-cpu-1-fp32.*   the same checkpoint resumed with the model on the CPU
   reference.*           torch.optim.AdamW (foreach) on the GPU, same model and data
@@ -132,6 +133,8 @@ def main():
             runs.append((f"{stage}-{dtype}", lambda n=f"{stage}-{dtype}", s=stage, d=dtype, c=save:
                          train_zero(zero, out, n, s, d, save=c)))
     runs += [("stream-2-fp32", lambda: train_zero(zero, out, "stream-2-fp32", 2, "fp32",
+                                                  stream=torch.cuda.Stream())),
+             ("stream-3-fp32", lambda: train_zero(zero, out, "stream-3-fp32", 3, "fp32",
                                                   stream=torch.cuda.Stream())),
              ("resume-gpu-1-fp32", lambda: train_zero(zero, out, "resume-gpu-1-fp32", 1, "fp32",
                                                       load=str(out / "ckpt"))),

@@ -185,6 +185,22 @@ TEST_CASE("collectives issued back to back run in issue order and can be waited 
   REQUIRE(tally.checks() == 9);
 }
 
+TEST_CASE("a host collective cannot be left to a stream: order_stream says so and does nothing") {
+  zero::Work done;
+  REQUIRE(done.order_stream(nullptr));  // complete already
+  zt::Tally tally;
+  run_ranks(2, [&](Communicator& comm) {
+    std::vector<float> a(1000, static_cast<float>(comm.rank() + 1));
+    zero::Work work = comm.all_reduce(a.data(), a.data(), a.size(), DType::F32, ReduceOp::Sum);
+    tally.check(!work.order_stream(nullptr), "order_stream of a host collective");
+    work.wait();
+    tally.check(a[999] == 3.0f, "all_reduce");
+  });
+  INFO(tally.report());
+  REQUIRE(tally.failed() == 0);
+  REQUIRE(tally.checks() == 4);
+}
+
 // ---- split
 // -----------------------------------------------------------------------------------------
 

@@ -147,6 +147,57 @@ TEST_CASE("a collective is ordered after the work the legacy default stream hold
   });
 }
 
+// Work::order_stream: a stream waits for the collective on the GPU, the host not waiting (stage 3's
+// gathers for a framework's stream). The collective itself waits for milliseconds of work queued
+// on the legacy stream, so a copy on a non-blocking stream not ordered after it would read the
+// destination's old values at once.
+TEST_CASE("order_stream makes a stream wait for the collective on the GPU, not the host") {
+  const int world = gpus();
+  constexpr std::size_t kElems = 1 << 18;
+  constexpr std::size_t kBusyBytes = std::size_t{64} << 20;
+  on_every_gpu([&](zero::NcclComm& comm) {
+    const int r = comm.rank();
+    std::vector<float> mine(kElems);
+    for (std::size_t i = 0; i < kElems; ++i) mine[i] = static_cast<float>(r * 1000 + i % 997);
+    void* src = upload(mine);
+    void* dst = upload(std::vector<float>(world * kElems, -3.0f));
+    void* seen_legacy = upload(std::vector<float>(world * kElems, 0.0f));
+    void* seen_side = upload(std::vector<float>(world * kElems, 0.0f));
+    void* busy_a = nullptr;
+    void* busy_b = nullptr;
+    REQUIRE(cudaMalloc(&busy_a, kBusyBytes) == cudaSuccess);
+    REQUIRE(cudaMalloc(&busy_b, kBusyBytes) == cudaSuccess);
+    cudaStream_t side = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+
+    for (int i = 0; i < 100; ++i) {
+      REQUIRE(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, nullptr) ==
+              cudaSuccess);
+    }
+    zero::Work work = comm.all_gather(src, dst, kElems, DType::F32);
+    REQUIRE(work.order_stream(nullptr));  // the legacy default stream
+    REQUIRE(work.order_stream(side));
+    const std::size_t bytes = world * kElems * sizeof(float);
+    REQUIRE(cudaMemcpyAsync(seen_legacy, dst, bytes, cudaMemcpyDeviceToDevice, nullptr) ==
+            cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(seen_side, dst, bytes, cudaMemcpyDeviceToDevice, side) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    work.wait();  // done already; still fine to wait for
+
+    for (void* seen : {seen_legacy, seen_side}) {
+      const auto got = download<float>(seen, world * kElems);
+      for (int q = 0; q < world; ++q) {
+        for (std::size_t i = 0; i < kElems; i += 4099) {
+          REQUIRE(got[q * kElems + i] == static_cast<float>(q * 1000 + i % 997));
+        }
+      }
+    }
+    REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
+    for (void* p : {src, dst, seen_legacy, seen_side, busy_a, busy_b}) cudaFree(p);
+  });
+}
+
 TEST_CASE("a bf16 sum is reduced in fp32 and rounded once") {
   const int world = gpus();
   on_every_gpu([&](zero::NcclComm& comm) {

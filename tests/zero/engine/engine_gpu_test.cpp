@@ -117,6 +117,32 @@ TEST_CASE("two in-process ranks on GPU 0 train every stage alike and as the CPU 
   }
 }
 
+// A framework's forward reads stage 3's gathered units on its stream: gather_on_stream makes that
+// stream (here the legacy default stream, where device->copy reads the weights) wait for each
+// NCCL all-gather on the GPU instead of the host. The same bits as host waits, with the trace's
+// prefetches and with units released and gathered again within a micro-step.
+TEST_CASE("stage 3 gathered for the legacy stream trains bitwise as with host waits", "[gpu]") {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (const bool regather : {false, true}) {
+      INFO(precision << (regather ? ", regathered" : ""));
+      TrainSpec spec;
+      spec.config = base_config(3, precision, 2, 2);
+      spec.world = 1;
+      spec.steps = 4;
+      spec.device = "cuda";
+      spec.regather = regather;
+      const TrainResult host_waits = train(spec);
+      REQUIRE(max_abs_diff(host_waits.params, host_waits.initial) > 1e-4);
+      spec.gather_on_stream = true;
+      const TrainResult stream_waits = train(spec);
+      CHECK(bitwise_equal(stream_waits, host_waits));
+      REQUIRE(stream_waits.losses.size() == host_waits.losses.size());
+      for (std::size_t s = 0; s < host_waits.losses.size(); ++s)
+        CHECK(stream_waits.losses[s] == host_waits.losses[s]);
+    }
+  }
+}
+
 TEST_CASE("a run resumed on the GPU from its checkpoint equals the uninterrupted one", "[gpu]") {
   const int world = gpu_world();
   for (int stage : {1, 3}) {

@@ -115,6 +115,18 @@ TEST_CASE("stages 0-3 give bitwise identical parameters with accumulation 2 and 
   }
 }
 
+TEST_CASE("stage 3 gathered for a framework's stream trains as with gather()", "[engine]") {
+  // On the host gather_on_stream(null) waits as gather() does (the GPU form: engine_gpu_test).
+  TrainSpec spec;
+  spec.config = base_config(3, "fp32", 2);
+  spec.world = 2;
+  spec.steps = 3;
+  const TrainResult plain = train(spec);
+  REQUIRE(max_abs_diff(plain.params, plain.initial) > 1e-3);
+  spec.gather_on_stream = true;
+  require_bitwise_equal(plain, train(spec));
+}
+
 TEST_CASE("every stage matches a single-rank reference optimizer fed the mean gradient",
           "[engine]") {
   const std::string model = "mlp:8,24,16,4";
@@ -547,6 +559,14 @@ TEST_CASE("misuse is an error that says what and where", "[engine]") {
     REQUIRE_THROWS_WITH(engine->release(0), Catch::Contains("release without gather"));
     REQUIRE_THROWS_WITH(engine->param(9), Catch::Contains("unknown parameter id 9"));
     engine->gather(0);
+    REQUIRE(engine->param(0).size() == 12 * sizeof(float));
+    engine->release(0);
+    // A host engine has no streams: gather_on_stream takes null only, and then is gather().
+    int stream_token = 0;
+    REQUIRE_THROWS_WITH(engine->gather_on_stream(0, &stream_token),
+                        Catch::Contains("no native streams") && Catch::Contains("cpu"));
+    REQUIRE_THROWS_WITH(engine->gather_on_stream(7, nullptr), Catch::Contains("unknown unit 7"));
+    engine->gather_on_stream(0, nullptr);
     REQUIRE(engine->param(0).size() == 12 * sizeof(float));
     engine->release(0);
     REQUIRE_THROWS_WITH(engine->grad(2), Catch::Contains("'c' is frozen"));

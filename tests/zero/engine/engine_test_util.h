@@ -61,6 +61,9 @@ struct TrainSpec {
   // Stage 3 as a backward that re-gathers: each micro-step releases every unit after reading the
   // weights once and gathers them again; the re-gathered weights feed forward and backward.
   bool regather = false;
+  // Gathers through gather_on_stream(unit, null): on a GPU with NCCL the legacy default stream,
+  // where device->copy reads the weights, waits for each all-gather instead of the host.
+  bool gather_on_stream = false;
 };
 
 struct TrainResult {
@@ -166,15 +169,22 @@ inline TrainResult train(const TrainSpec& spec) {
       engine->load_checkpoint(spec.load_dir);
       first_step = static_cast<int>(engine->global_steps());
     }
+    auto gather = [&](int u) {
+      if (spec.gather_on_stream) {
+        engine->gather_on_stream(u, nullptr);
+      } else {
+        engine->gather(u);
+      }
+    };
     for (int t = first_step; t < spec.steps; ++t) {
       double loss_sum = 0;
       for (int k = 0; k < gas; ++k) {
-        for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
+        for (std::size_t u = 0; u < engine->num_units(); ++u) gather(static_cast<int>(u));
         for (std::size_t i = 0; i < specs.size(); ++i)
           weights[i] = to_f32(host_bytes(engine->param(i)), dtype);
         if (spec.regather) {
           for (std::size_t u = engine->num_units(); u-- > 0;) engine->release(static_cast<int>(u));
-          for (std::size_t u = 0; u < engine->num_units(); ++u) engine->gather(static_cast<int>(u));
+          for (std::size_t u = 0; u < engine->num_units(); ++u) gather(static_cast<int>(u));
           for (std::size_t i = 0; i < specs.size(); ++i)
             weights[i] = to_f32(host_bytes(engine->param(i)), dtype);
         }

@@ -14,7 +14,9 @@
 #      zero2_offload_cpu.json;
 #   7. benchmarks/peers/cuda_train_peers.py: zero.initialize at stages 0-3 against plain PyTorch
 #      (fused AdamW, autocast bf16) and a bare forward+backward, training the same 110M-parameter
-#      GPT on this GPU; PASS when every peer ran and the losses agree;
+#      GPT on this GPU, and stage 3 again with its gathers waited for by the host
+#      (zero-s3-hostwait, the comparison for the stream-ordered gathers); PASS when every peer ran
+#      and the losses agree;
 #   8. benchmarks/peers/cuda_optimizer_peers.py: zero's AdamW (64M and 1G parameters in 100
 #      tensors) against its traffic probe and torch.optim.AdamW(fused=True) on this GPU, and
 #      DeepSpeed's FusedAdam where the offline set carries DeepSpeed (for context: its extension

@@ -8,6 +8,8 @@ Peers:
           fp32 and computes under torch.autocast (PyTorch's own mixed precision)
   zero-sS zero.initialize at ZeRO stage S (0-3); bf16: zero's bf16 config (a bf16 model, fp32
           master weights and states in the engine)
+  zero-s3-hostwait  stage 3 with every gather waited for by the host (ZERO_GATHER_ON_STREAM=0)
+          instead of by torch's stream on the GPU: the comparison for zero-s3 (with stage 3)
   bare    forward and backward only (bf16: on a bf16 model), gradients dropped: the floor every
           peer's step sits on
 Per peer: ms per step (the median over --steps timed steps after --warmup; with --repeats R, the
@@ -33,6 +35,7 @@ torch, or zero does not import).
 import argparse
 import gzip
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -88,9 +91,16 @@ def run_peer(peer, cls, args, profile=False):
     else:
         import zero
 
-        stage = int(peer.removeprefix("zero-s"))
-        engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(),
-                                     config=zero_config(stage, cls.BATCH, args.dtype))
+        stage = int(peer.removeprefix("zero-s").removesuffix("-hostwait"))
+        host_wait = peer.endswith("-hostwait")
+        if host_wait:
+            os.environ["ZERO_GATHER_ON_STREAM"] = "0"  # read once, by the engine's construction
+        try:
+            engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(),
+                                         config=zero_config(stage, cls.BATCH, args.dtype))
+        finally:
+            if host_wait:
+                del os.environ["ZERO_GATHER_ON_STREAM"]
         forward, backward, step = engine, engine.backward, engine.step
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -215,6 +225,8 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for every peer
     stages = [int(s) for s in args.stages.split(",") if s != ""]
     peers = ["bare", "torch"] + [f"zero-s{s}" for s in stages]
+    if 3 in stages:
+        peers.append("zero-s3-hostwait")
     where = torch.cuda.get_device_name(0) if args.device == "cuda" else "the CPU"
     params = sum(q.numel() for q in cls().parameters())
     print(f"{name} ({params / 1e6:.1f}M parameters, batch {cls.BATCH} x {cls.SEQ} tokens), "

@@ -16,6 +16,7 @@ unit (under the persistence thresholds) stays gathered where it is for the engin
 step refreshing it in place: its parameters are views of it from the start, and its modules get
 no hooks."""
 import ctypes
+import os
 
 import torch
 
@@ -44,9 +45,10 @@ class UnitFetcher:
         self.placeholders = {r.index: self._placeholder(r) for r in registered}
         self.views = {r.index: {} for r in registered}  # index -> {(ptr, nbytes): tensor}
         self.current = {}  # index -> the tensor over its gathered copy (set at each gather)
-        if device.type == "cuda":
+        if device.type == "cuda" and os.environ.get("ZERO_GATHER_ON_STREAM", "1") != "0":
             # On a GPU the all-gather is waited for by torch's current stream, on the GPU, not by
             # the host (zero_engine_gather_on_stream): the forward keeps running ahead.
+            # ZERO_GATHER_ON_STREAM=0 waits on the host, for comparison.
             gather_on, stream = bind("zero_engine_gather_on_stream"), current_stream_getter(device)
             self._gather = lambda h, unit: gather_on(h, unit, stream())
         else:

@@ -130,7 +130,8 @@ class Engine {
   // null: CUDA's legacy default stream): where the all-gather runs on a CUDA stream (NCCL), that
   // stream waits for it on the GPU and the call returns without the host waiting, so the forward
   // keeps running ahead of the GPU. Only work enqueued on that stream after the call may read the
-  // copy; release() orders the engine's later work after that stream's. Elsewhere it is gather().
+  // copy; release() orders the engine's later work after that stream's, so the stream must live
+  // until then. Elsewhere it is gather().
   virtual void gather_on_stream(int unit, void* native_stream) = 0;
   // Stage 3: the unit's gathered copy may be freed. REQUIRES: gathered. Other stages: checks.
   virtual void release(int unit) = 0;

@@ -232,7 +232,8 @@ int zero_engine_gather(zero_engine* engine, int unit);
 /* zero_engine_gather for a framework whose forward reads the parameters on `stream` (a
  * cudaStream_t; null: the legacy default stream): on a GPU engine whose all-gathers run through
  * NCCL, `stream` waits for the all-gather on the GPU and the call returns without the host
- * waiting. Only work enqueued on `stream` after the call may read the parameters. Elsewhere (a host
+ * waiting. Only work enqueued on `stream` after the call may read the parameters, and `stream` must
+ * live until the unit is released (the release orders the engine after it). Elsewhere (a host
  * engine, in-process ranks on one GPU, hpZ, qwZ, parameters read from NVMe) it is
  * zero_engine_gather. */
 int zero_engine_gather_on_stream(zero_engine* engine, int unit, void* stream);

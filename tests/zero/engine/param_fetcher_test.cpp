@@ -3,8 +3,12 @@
 // persistence, prefetch by trace, and ranks that gather different units.
 #include "zero/engine/param_fetcher.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <catch2/catch.hpp>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "zero/base/error.h"
@@ -135,6 +139,125 @@ TEST_CASE("after the first micro-step the trace prefetches the next units") {
   REQUIRE(prefetches[0] == 0);
   REQUIRE(prefetches[1] > 0);
   REQUIRE(prefetches[2] > prefetches[1]);
+}
+
+// NCCL's collectives as gather_for_stream sees them, on the host: order_stream stands for the
+// stream's wait (it waits on the host, so the memory is ready as the stream would find it) and
+// records the stream; wait() counts the host's waits.
+class StreamOrderedComm final : public Communicator {
+ public:
+  explicit StreamOrderedComm(Communicator& inner)
+      : Communicator(CommOptions{inner.timeout()}), inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend_name() const override { return "stream-ordered"; }
+
+  std::vector<void*> ordered;  // the streams order_stream was asked for
+  int host_waits = 0;
+
+ protected:
+  Work start_impl(const CollectiveArgs& args) override {
+    return Work(std::make_shared<State>(inner_.start(args), *this));
+  }
+  std::unique_ptr<Communicator> split_impl(int color, int key) override {
+    return inner_.split(color, key);
+  }
+
+ private:
+  struct State final : WorkState {
+    State(Work w, StreamOrderedComm& c) : inner(std::move(w)), comm(c) {}
+    void wait() override {
+      inner.wait();
+      ++comm.host_waits;
+    }
+    bool test() override { return inner.test(); }
+    bool order_stream(void* stream) override {
+      inner.wait();
+      comm.ordered.push_back(stream);
+      return true;
+    }
+    Work inner;
+    StreamOrderedComm& comm;
+  };
+  Communicator& inner_;
+};
+
+// Records the streams the engine's work is ordered after (a CPU device refuses any).
+class StreamRecordingDevice final : public CpuDevice {
+ public:
+  using CpuDevice::CpuDevice;
+  std::vector<void*> ordered_after;
+
+ protected:
+  void order_after_native_stream_impl(void* stream) override { ordered_after.push_back(stream); }
+};
+
+TEST_CASE("a unit gathered for a stream leaves the wait to it, and its release orders after it") {
+  FetchOptions options;
+  options.param_persistence_threshold_elems = 0;
+  options.max_reuse_distance_elems = 0;
+  options.prefetch_bucket_elems = 0;
+  const FlatLayout layout = FlatLayout::build(model_params(), {2, 1, 1});
+  // Checked on the test's thread: what failed on which rank.
+  std::mutex mu;
+  std::vector<std::string> failed;
+  std::size_t checks = 0;
+  run_ranks(2, [&](Communicator& base) {
+    StreamOrderedComm comm(base);
+    StreamRecordingDevice device(comm.rank());
+    auto check = [&](bool ok, const char* what) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++checks;
+      if (!ok) failed.push_back(fmt::format("rank {}: {}", comm.rank(), what));
+    };
+    std::vector<float> partition(layout.partition_elems());
+    for (std::size_t j = 0; j < partition.size(); ++j) partition[j] = slice_value(comm.rank(), j);
+    EngineTimings timings;
+    int a = 0, b = 0;  // two streams' handles
+    int before_destruction = 0;
+    {
+      ParamFetcher fetcher(comm, device, layout, layout.num_units(), DType::F32,
+                           reinterpret_cast<const std::byte*>(partition.data()), options,
+                           timings);
+      // Left to stream a: no host wait, the values right.
+      fetcher.gather_for_stream(1, &a);
+      check(comm.ordered == std::vector<void*>{&a}, "unit 1 ordered for stream a");
+      check(comm.host_waits == 0, "no host wait for unit 1");
+      check(wrong_elements(fetcher, layout, 1) == 0, "unit 1's values");
+      // Asked again for the same stream: nothing more to order or wait for.
+      fetcher.gather_for_stream(1, &a);
+      check(comm.ordered.size() == 1 && comm.host_waits == 0, "unit 1 again for a: nothing");
+      // Released: the engine's stream is ordered after a, still without a host wait.
+      fetcher.release(1);
+      check(device.ordered_after == std::vector<void*>{&a}, "release orders after a");
+      check(comm.host_waits == 0, "no host wait at the release");
+      // Gathered for a, then asked for b: the host waits, and the release orders after nothing.
+      fetcher.gather_for_stream(3, &a);
+      fetcher.gather_for_stream(3, &b);
+      check(comm.host_waits == 1, "unit 3 for another stream: one host wait");
+      check(wrong_elements(fetcher, layout, 3) == 0, "unit 3's values");
+      fetcher.release(3);
+      check(device.ordered_after.size() == 1, "unit 3's release orders after nothing");
+      // A plain gather waits on the host and orders nothing; the legacy stream (null) is the
+      // engine's own, so its release orders after nothing either.
+      fetcher.gather(4);
+      check(comm.host_waits == 2, "a plain gather waits on the host");
+      fetcher.release(4);
+      fetcher.gather_for_stream(1, nullptr);
+      check(comm.ordered == std::vector<void*>{&a, &a, nullptr}, "the streams asked for");
+      fetcher.release(1);
+      check(device.ordered_after.size() == 1, "the legacy stream needs no ordering");
+      // Still ordered for a stream when the fetcher ends: it waits for that all-gather first.
+      fetcher.gather_for_stream(3, &b);
+      fetcher.end_micro_step();
+      fetcher.finish_order_check();
+      before_destruction = comm.host_waits;
+    }
+    check(comm.host_waits == before_destruction + 1, "the destructor waits for unit 3");
+  });
+  INFO(fmt::format("{}", fmt::join(failed, "\n")));
+  REQUIRE(failed.empty());
+  REQUIRE(checks == 2 * 13);
 }
 
 TEST_CASE("ranks that gather different units get an error naming the difference, not a hang") {

@@ -1,4 +1,3 @@
-#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -36,16 +35,11 @@ double squared_l2_norm_cpu(const void* data, DType dtype, std::size_t numel, con
   const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
   const std::size_t blocks = (numel + detail::kNormBlockElems - 1) / detail::kNormBlockElems;
   std::vector<double> block_sums(blocks);
-  constexpr std::size_t kGroup = detail::kNormBlockElems * detail::kNormBlocksAtOnce;
-  detail::for_each_tile(numel, kGroup, threads, [&](std::size_t begin, std::size_t end) {
-    double* sums = &block_sums[begin / detail::kNormBlockElems];
-    if (end - begin == kGroup) {
-      kernels.squared_norm_blocks(data, dtype, begin, sums);
-      return;
-    }
-    for (std::size_t b = begin; b < end; b += detail::kNormBlockElems, ++sums)
-      *sums = kernels.squared_norm_block(data, dtype, b, std::min(end, b + detail::kNormBlockElems));
-  });
+  detail::for_each_tile(blocks, detail::kNormBlocksAtOnce, threads,
+                        [&](std::size_t first, std::size_t end) {
+                          detail::norm_block_sums(kernels, data, dtype, numel, first, end - first,
+                                                  &block_sums[first]);
+                        });
   double sum = 0.0;
   for (double s : block_sums) sum += s;
   return sum;

@@ -54,26 +54,18 @@ double squared_l2_norm_many(std::span<const ArrayRef> arrays, const CpuExec& exe
   }
   const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
   std::vector<double> block_sums(first.back());
-  // Blocks in groups of kNormBlocksAtOnce (by index over all arrays): a group of whole blocks of
-  // one array is summed side by side, any other block alone.
+  // Blocks in groups of kNormBlocksAtOnce by index over all arrays, each group's part in each
+  // array summed by norm_block_sums.
   detail::for_each_tile(
       block_sums.size(), detail::kNormBlocksAtOnce, resolve_threads(exec.threads),
-      [&](std::size_t first_block, std::size_t end_block) {
-        const auto a = static_cast<std::size_t>(
-            std::upper_bound(first.begin(), first.end(), first_block) - first.begin() - 1);
-        const ArrayRef& array = arrays[a];
-        const std::size_t begin = (first_block - first[a]) * detail::kNormBlockElems;
-        if (end_block - first_block == detail::kNormBlocksAtOnce && end_block <= first[a + 1] &&
-            begin + detail::kNormBlocksAtOnce * detail::kNormBlockElems <= array.numel) {
-          kernels.squared_norm_blocks(array.data, array.dtype, begin, &block_sums[first_block]);
-          return;
-        }
-        for (std::size_t b = first_block; b < end_block; ++b) {
-          const auto k = static_cast<std::size_t>(
+      [&](std::size_t b, std::size_t end) {
+        while (b < end) {
+          const auto a = static_cast<std::size_t>(
               std::upper_bound(first.begin(), first.end(), b) - first.begin() - 1);
-          const std::size_t from = (b - first[k]) * detail::kNormBlockElems;
-          const std::size_t to = std::min(arrays[k].numel, from + detail::kNormBlockElems);
-          block_sums[b] = kernels.squared_norm_block(arrays[k].data, arrays[k].dtype, from, to);
+          const std::size_t count = std::min(end, first[a + 1]) - b;
+          detail::norm_block_sums(kernels, arrays[a].data, arrays[a].dtype, arrays[a].numel,
+                                  b - first[a], count, &block_sums[b]);
+          b += count;
         }
       });
   return sum_norm_blocks(block_sums, first);

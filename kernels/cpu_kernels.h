@@ -3,6 +3,7 @@
 // these on [begin, end) element ranges; the range functions assume valid arguments.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 
 #include "kernels/isa.h"
@@ -46,5 +47,22 @@ const CpuKernels& cpu_kernels_avx512();
 
 // The table for an ISA already resolved by resolve_isa().
 const CpuKernels& cpu_kernels(Isa resolved);
+
+// sums[0, count) ← the sums of norm blocks [first, first + count) of an array of numel elements:
+// runs of kNormBlocksAtOnce whole blocks side by side, the others one by one (the same bits).
+inline void norm_block_sums(const CpuKernels& kernels, const void* data, DType dtype,
+                            std::size_t numel, std::size_t first, std::size_t count,
+                            double* sums) {
+  std::size_t b = first;
+  const std::size_t end = first + count;
+  for (; b + kNormBlocksAtOnce <= end && (b + kNormBlocksAtOnce) * kNormBlockElems <= numel;
+       b += kNormBlocksAtOnce) {
+    kernels.squared_norm_blocks(data, dtype, b * kNormBlockElems, sums + (b - first));
+  }
+  for (; b < end; ++b) {
+    sums[b - first] = kernels.squared_norm_block(data, dtype, b * kNormBlockElems,
+                                                 std::min(numel, (b + 1) * kNormBlockElems));
+  }
+}
 
 }  // namespace zero::kernels::detail

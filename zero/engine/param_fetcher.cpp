@@ -178,14 +178,14 @@ void ParamFetcher::free(Unit& u) {
 }
 
 void ParamFetcher::gather(int unit) {
-  gather_impl(unit, nullptr);
+  gather_impl(unit, std::nullopt);
 }
 
 void ParamFetcher::gather_for_stream(int unit, void* native_stream) {
-  gather_impl(unit, &native_stream);
+  gather_impl(unit, native_stream);
 }
 
-void ParamFetcher::gather_impl(int unit, void* const* native_stream) {
+void ParamFetcher::gather_impl(int unit, std::optional<void*> native_stream) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   if (u.elems == 0) return;
   if (u.persistent) {
@@ -202,12 +202,12 @@ void ParamFetcher::gather_impl(int unit, void* const* native_stream) {
     make_room(unit);
     start_gather(unit);
   }
-  if (native_stream != nullptr && u.state == State::InFlight && can_order(u) &&
+  if (native_stream && u.state == State::InFlight && can_order(u) &&
       u.work.order_stream(*native_stream)) {
     settle(u);
     u.device_ordered = true;
     u.consumer = *native_stream;
-  } else if (!(native_stream != nullptr && u.device_ordered && u.consumer == *native_stream)) {
+  } else if (!(native_stream && u.device_ordered && u.consumer == *native_stream)) {
     wait(u);
   }
   u.prefetched = false;

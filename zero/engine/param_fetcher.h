@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "zero/base/dtype.h"
@@ -144,7 +145,7 @@ class ParamFetcher {
   };
   enum class Trace { Record, Complete, Invalid };
 
-  void gather_impl(int unit, void* const* native_stream);
+  void gather_impl(int unit, std::optional<void*> native_stream);  // nullopt: the host waits
   void start_gather(int unit);
   Buffer copy_slice(int unit);  // the unit's slice out of source_, in a staging buffer
   void wait(Unit& u);     // on the host

@@ -59,6 +59,45 @@ void* upload(const std::vector<T>& host) {
   return p;
 }
 
+// Two 64 MiB device buffers; keep() queues 100 copies between them on the legacy default stream,
+// milliseconds of work for a collective to be ordered (or not) after.
+class BusyLegacyStream {
+ public:
+  BusyLegacyStream() {
+    REQUIRE(cudaMalloc(&a_, kBytes) == cudaSuccess);
+    REQUIRE(cudaMalloc(&b_, kBytes) == cudaSuccess);
+  }
+  ~BusyLegacyStream() {
+    cudaFree(a_);
+    cudaFree(b_);
+  }
+  BusyLegacyStream(const BusyLegacyStream&) = delete;
+  BusyLegacyStream& operator=(const BusyLegacyStream&) = delete;
+  void keep() {
+    for (int i = 0; i < 100; ++i) {
+      REQUIRE(cudaMemcpyAsync(b_, a_, kBytes, cudaMemcpyDeviceToDevice, nullptr) == cudaSuccess);
+    }
+  }
+
+ private:
+  static constexpr std::size_t kBytes = std::size_t{64} << 20;
+  void* a_ = nullptr;
+  void* b_ = nullptr;
+};
+
+// What rank q contributes at element i of the ordering tests' all-gathers.
+float rank_value(int q, std::size_t i) {
+  return static_cast<float>(q * 1000 + i % 997);
+}
+
+// Every rank's chunk of `elems` in a gathered device buffer holds rank_value (sampled).
+void require_gathered(const void* device, int world, std::size_t elems) {
+  const auto got = download<float>(device, world * elems);
+  for (int q = 0; q < world; ++q) {
+    for (std::size_t i = 0; i < elems; i += 4099) REQUIRE(got[q * elems + i] == rank_value(q, i));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("all_reduce, reduce_scatter, all_gather and broadcast give the expected values") {
@@ -105,27 +144,20 @@ TEST_CASE("all_reduce, reduce_scatter, all_gather and broadcast give the expecte
 TEST_CASE("a collective is ordered after the work the legacy default stream holds") {
   const int world = gpus();
   constexpr std::size_t kElems = 1 << 18;
-  constexpr std::size_t kBusyBytes = std::size_t{64} << 20;
   on_every_gpu([&](zero::NcclComm& comm) {
     const int r = comm.rank();
     float* pinned = nullptr;
     REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), kElems * sizeof(float)) ==
             cudaSuccess);
-    for (std::size_t i = 0; i < kElems; ++i) pinned[i] = static_cast<float>(r * 1000 + i % 997);
+    for (std::size_t i = 0; i < kElems; ++i) pinned[i] = rank_value(r, i);
     void* src = upload(std::vector<float>(kElems, 0.0f));
     const std::vector<float> old_values(world * kElems, -3.0f);
     void* dst = upload(old_values);
     void* seen = upload(std::vector<float>(world * kElems, 0.0f));
-    void* busy_a = nullptr;
-    void* busy_b = nullptr;
-    REQUIRE(cudaMalloc(&busy_a, kBusyBytes) == cudaSuccess);
-    REQUIRE(cudaMalloc(&busy_b, kBusyBytes) == cudaSuccess);
+    BusyLegacyStream busy;
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 
-    for (int i = 0; i < 100; ++i) {
-      REQUIRE(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, nullptr) ==
-              cudaSuccess);
-    }
+    busy.keep();
     // Written on the legacy stream before the collective starts: the source, and a read of the
     // destination's old values.
     REQUIRE(cudaMemcpyAsync(src, pinned, kElems * sizeof(float), cudaMemcpyHostToDevice,
@@ -135,14 +167,9 @@ TEST_CASE("a collective is ordered after the work the legacy default stream hold
     comm.all_gather(src, dst, kElems, DType::F32).wait();
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 
-    const auto gathered = download<float>(dst, world * kElems);
-    for (int q = 0; q < world; ++q) {
-      for (std::size_t i = 0; i < kElems; i += 4099) {
-        REQUIRE(gathered[q * kElems + i] == static_cast<float>(q * 1000 + i % 997));
-      }
-    }
+    require_gathered(dst, world, kElems);
     REQUIRE(download<float>(seen, world * kElems) == old_values);
-    for (void* p : {src, dst, seen, busy_a, busy_b}) cudaFree(p);
+    for (void* p : {src, dst, seen}) cudaFree(p);
     cudaFreeHost(pinned);
   });
 }
@@ -154,27 +181,20 @@ TEST_CASE("a collective is ordered after the work the legacy default stream hold
 TEST_CASE("order_stream makes a stream wait for the collective on the GPU, not the host") {
   const int world = gpus();
   constexpr std::size_t kElems = 1 << 18;
-  constexpr std::size_t kBusyBytes = std::size_t{64} << 20;
   on_every_gpu([&](zero::NcclComm& comm) {
     const int r = comm.rank();
     std::vector<float> mine(kElems);
-    for (std::size_t i = 0; i < kElems; ++i) mine[i] = static_cast<float>(r * 1000 + i % 997);
+    for (std::size_t i = 0; i < kElems; ++i) mine[i] = rank_value(r, i);
     void* src = upload(mine);
     void* dst = upload(std::vector<float>(world * kElems, -3.0f));
     void* seen_legacy = upload(std::vector<float>(world * kElems, 0.0f));
     void* seen_side = upload(std::vector<float>(world * kElems, 0.0f));
-    void* busy_a = nullptr;
-    void* busy_b = nullptr;
-    REQUIRE(cudaMalloc(&busy_a, kBusyBytes) == cudaSuccess);
-    REQUIRE(cudaMalloc(&busy_b, kBusyBytes) == cudaSuccess);
+    BusyLegacyStream busy;
     cudaStream_t side = nullptr;
     REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
 
-    for (int i = 0; i < 100; ++i) {
-      REQUIRE(cudaMemcpyAsync(busy_b, busy_a, kBusyBytes, cudaMemcpyDeviceToDevice, nullptr) ==
-              cudaSuccess);
-    }
+    busy.keep();
     zero::Work work = comm.all_gather(src, dst, kElems, DType::F32);
     REQUIRE(work.order_stream(nullptr));  // the legacy default stream
     REQUIRE(work.order_stream(side));
@@ -185,16 +205,10 @@ TEST_CASE("order_stream makes a stream wait for the collective on the GPU, not t
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     work.wait();  // done already; still fine to wait for
 
-    for (void* seen : {seen_legacy, seen_side}) {
-      const auto got = download<float>(seen, world * kElems);
-      for (int q = 0; q < world; ++q) {
-        for (std::size_t i = 0; i < kElems; i += 4099) {
-          REQUIRE(got[q * kElems + i] == static_cast<float>(q * 1000 + i % 997));
-        }
-      }
-    }
+    require_gathered(seen_legacy, world, kElems);
+    require_gathered(seen_side, world, kElems);
     REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
-    for (void* p : {src, dst, seen_legacy, seen_side, busy_a, busy_b}) cudaFree(p);
+    for (void* p : {src, dst, seen_legacy, seen_side}) cudaFree(p);
   });
 }
 

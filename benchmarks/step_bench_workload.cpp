@@ -372,14 +372,18 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
         static_cast<double>(traffic_after.inter_bytes - traffic_before.inter_bytes) / counted;
     out.timings = engine->timings();
     out.memory = engine->memory();
-    out.optimizer_elems = tag_bytes(out.memory, MemoryTag::MasterParams, false) / sizeof(float);
   }
   // The arrays of the engine's optimizer call (engine.cpp, step()): gradients in the accumulation
-  // dtype, fp32 master and states, the fused low-precision write; in fp32 the engine copies the
-  // master into the model instead, one more read and write per element.
+  // dtype, fp32 master and states, the fused low-precision write. In fp32 the master weights are
+  // the model copy itself where nothing is offloaded (no master_params in the ledger); else the
+  // kernel writes the model copy as well, one more write per element and its read for ownership.
   kernels::OptimizerHyper hyper;
   hyper.kind = kernels::OptimizerKind::AdamW;
   const int state_count = kernels::optimizer_state_count(hyper);
+  // AdamW's fp32 states cover the elements this rank steps (every domain at stage 0).
+  out.optimizer_elems = tag_bytes(out.memory, MemoryTag::OptimizerStates, false) /
+                        (static_cast<std::size_t>(state_count) * sizeof(float));
+  const bool separate_master = tag_bytes(out.memory, MemoryTag::MasterParams, false) > 0;
   kernels::OptimizerTensors shape;
   shape.grad_dtype = cfg.data_types.grad_accum_dtype.value_or(dtype);
   shape.state_dtype = DType::F32;
@@ -388,7 +392,7 @@ void run_rank(const StepArgs& args, const Workload& w, const config::DsConfig& c
   shape.param_out_dtype = dtype != DType::F32 ? dtype : DType::BF16;
   out.probe_bytes_per_elem = kernels::optimizer_bytes_per_elem(shape, state_count);
   out.optimizer_bytes_per_elem =
-      out.probe_bytes_per_elem + (dtype == DType::F32 ? 2 * sizeof(float) : 0);
+      out.probe_bytes_per_elem + (dtype == DType::F32 && separate_master ? 2 * sizeof(float) : 0);
 
   // After the engine is gone, so the limits do not compete with its memory.
   out.memcpy_bytes = out.optimizer_elems * out.optimizer_bytes_per_elem / 2;

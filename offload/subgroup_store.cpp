@@ -32,7 +32,9 @@ void fill_value(std::byte* out, DType dtype, std::size_t n, float value) {
 SubgroupStore::SubgroupStore(Device& device, std::vector<StoreTensor> tensors,
                              const StoreOptions& options)
     : device_(device), tensors_(std::move(tensors)), options_(options) {
-  ZERO_CHECK(!tensors_.empty(), "SubgroupStore: no tensors");
+  // No tensors (an optimizer without state whose master weights live elsewhere) is an empty
+  // store, in memory only.
+  ZERO_CHECK(!tensors_.empty() || !options.nvme, "SubgroupStore: no tensors for the NVMe tier");
   ZERO_CHECK(options.ratio >= 0.0 && options.ratio <= 1.0,
              "offload_optimizer.ratio must be in [0, 1], got {}", options.ratio);
   std::vector<std::size_t> edges = options.boundaries;

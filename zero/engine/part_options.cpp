@@ -125,6 +125,12 @@ PartOptions part_options(const config::DsConfig& cfg, int rank, int world,
     }
   }
 
+  // An fp32 model whose master weights stay where the kernels compute keeps them in the model copy
+  // itself (PartitionOptimizer's master_in_model): no second fp32 copy, one write pass less a step.
+  po.master_in_model = po.master_dtype == DType::F32 && po.model_dtype == DType::F32 &&
+                       !so.nvme && (!offloaded(zo.offload_optimizer) || stage == 0) &&
+                       !(stage == 3 && offloaded(zo.offload_param));
+
   out.allgather_bucket_elems = std::max<std::size_t>(elems(zo.allgather_bucket_elems), 1);
   FetchOptions& fo = out.fetch;
   fo.prefetch_bucket_elems = elems(zo.prefetch_bucket_elems);

@@ -27,7 +27,18 @@ PartitionOptimizer::PartitionOptimizer(Device& device, const kernels::ComputeKer
   ZERO_CHECK(options.rank >= 0 && options.rank < layout.world_size(),
              "PartitionOptimizer: rank {} outside the layout's {} ranks", options.rank,
              layout.world_size());
-  std::vector<offload::StoreTensor> tensors{{options_.master_dtype, MemoryTag::MasterParams, 0.0f}};
+  std::vector<offload::StoreTensor> tensors;
+  if (options_.master_in_model) {
+    const offload::StoreOptions& so = options_.store;
+    ZERO_CHECK(options_.master_dtype == DType::F32 && options_.model_dtype == DType::F32 &&
+                   !so.nvme && (so.offload_kind == options_.kind || so.ratio == 0.0),
+               "PartitionOptimizer: master weights kept in the model copy need an fp32 master and "
+               "model and no offloaded sub-group (got {} and {}, ratio {})",
+               dtype_name(options_.master_dtype), dtype_name(options_.model_dtype), so.ratio);
+    first_state_ = 0;
+  } else {
+    tensors.push_back({options_.master_dtype, MemoryTag::MasterParams, 0.0f});
+  }
   const int nstates = kernels::optimizer_state_count(options_.optimizer);
   for (int k = 0; k < nstates; ++k) {
     tensors.push_back({options_.state_dtype, MemoryTag::OptimizerStates,
@@ -76,17 +87,30 @@ void PartitionOptimizer::build_runs() {
 }
 
 void PartitionOptimizer::for_runs(
-    const offload::SubgroupStore::View& view,
+    std::size_t begin, std::size_t end,
     const std::function<void(const Run&, std::size_t, std::size_t)>& fn) const {
-  // Runs are in ascending store order: the first that ends after the view begins.
+  // Runs are in ascending store order: the first that ends after `begin`.
   auto it = std::partition_point(runs_.begin(), runs_.end(), [&](const Run& r) {
-    return r.flat + (r.end - r.begin) <= view.begin;
+    return r.flat + (r.end - r.begin) <= begin;
   });
-  for (; it != runs_.end() && it->flat < view.end; ++it) {
-    const std::size_t lo = std::max(view.begin, it->flat);
-    const std::size_t hi = std::min(view.end, it->flat + (it->end - it->begin));
+  for (; it != runs_.end() && it->flat < end; ++it) {
+    const std::size_t lo = std::max(begin, it->flat);
+    const std::size_t hi = std::min(end, it->flat + (it->end - it->begin));
     if (hi > lo) fn(*it, it->begin + (lo - it->flat), it->begin + (hi - it->flat));
   }
+}
+
+void PartitionOptimizer::for_runs(
+    const offload::SubgroupStore::View& view,
+    const std::function<void(const Run&, std::size_t, std::size_t)>& fn) const {
+  for_runs(view.begin, view.end, fn);
+}
+
+std::byte* PartitionOptimizer::master_at(const Run& run, std::size_t first,
+                                         const offload::SubgroupStore::View& view) {
+  if (options_.master_in_model) return slices_.model(run.domain, run.unit, first);
+  return view.tensors[0] +
+         (run.flat + (first - run.begin) - view.begin) * dtype_size(options_.master_dtype);
 }
 
 void PartitionOptimizer::set_master(int unit, std::span<const float> unit_flat) {
@@ -97,6 +121,13 @@ void PartitionOptimizer::set_master(int unit, std::span<const float> unit_flat) 
   for (int d = 0; d < domains(); ++d) {
     const std::size_t base = partition_offset(d, unit);
     const float* src = unit_flat.data() + static_cast<std::size_t>(domain_rank(d)) * S;
+    if (options_.master_in_model) {
+      if (S == 0) continue;
+      compute_.combine(slices_.model(d, unit, 0), DType::F32, src, DType::F32, S, 1.0f, false,
+                       options_.exec);
+      slices_.model_written(d, unit, 0, S);
+      continue;
+    }
     store_->modify(base, base + S, [&](const offload::SubgroupStore::View& v) {
       const std::size_t lo = std::max(base, v.begin), hi = std::min(base + S, v.end);
       compute_.combine(v.tensors[0] + (lo - v.begin) * dtype_size(dt), dt, src + (lo - base),
@@ -142,6 +173,7 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
     std::vector<std::byte> bytes;
   };
   std::vector<Undo> undo;
+  ZERO_ASSERT(!options_.master_in_model || model_store == nullptr);
   const std::size_t msize = dtype_size(options_.model_dtype);
   // With the model copy in a swap store, resident sub-groups write theirs before the agreement
   // too: from a step on copies of their state (ModelOnly), their state itself being stepped after
@@ -229,21 +261,26 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
   const std::size_t n = last - first;
   const bool write_model = mode != PartMode::StateOnly;
   const bool on_copies = mode == PartMode::ModelOnly;
-  std::byte* model_out = write_model ? slices_.model(run.domain, run.unit, first) : nullptr;
+  // With the master in the model copy, the step writes the model copy as the master.
+  const bool in_model = options_.master_in_model;
+  ZERO_ASSERT(!in_model || mode == PartMode::Full);
+  std::byte* model_out =
+      write_model && !in_model ? slices_.model(run.domain, run.unit, first) : nullptr;
   const std::byte* grad = slices_.gradient(run.domain, run.unit, first);
   kernels::OptimizerTensors t;
   t.grad_dtype = options_.grad_dtype;
   t.state_dtype = options_.state_dtype;
   // The model copy is written by the kernel, from the updated master while it is in registers:
   // rounded once to 16 bits, or (fp32) the master's own bits, with no second pass over it.
-  if (write_model) t.param_out_dtype = model_dtype;
+  if (model_out != nullptr) t.param_out_dtype = model_dtype;
   const std::size_t tile =
       master_dtype == DType::F32 && !on_copies ? std::max<std::size_t>(n, 1) : kMasterTileElems;
   const std::size_t ssize = dtype_size(options_.state_dtype);
-  const std::size_t states = view.tensors.size() - 1;
+  const std::size_t states = view.tensors.size() - static_cast<std::size_t>(first_state_);
+  std::byte* const run_master = master_at(run, first, view);
   for (std::size_t b = 0; b < n; b += tile) {
     const std::size_t m = std::min(tile, n - b);
-    std::byte* master = view.tensors[0] + (off + b) * dtype_size(master_dtype);
+    std::byte* master = run_master + b * dtype_size(master_dtype);
     if (master_dtype == DType::F32 && !on_copies) {
       t.master = reinterpret_cast<float*>(master);
     } else {
@@ -258,7 +295,7 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
     t.grad = grad + b * dtype_size(options_.grad_dtype);
     std::byte* state[2] = {nullptr, nullptr};
     for (std::size_t k = 0; k < states && k < 2; ++k) {
-      state[k] = view.tensors[k + 1] + (off + b) * ssize;
+      state[k] = view.tensors[k + static_cast<std::size_t>(first_state_)] + (off + b) * ssize;
       if (on_copies) {
         // The kernel steps copies; the state itself is stepped after the agreement.
         state_tiles_[k].assign(state[k], state[k] + m * ssize);
@@ -267,7 +304,7 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
     }
     t.state0 = state[0];
     t.state1 = state[1];
-    if (write_model) t.param_out = model_out + b * dtype_size(model_dtype);
+    if (model_out != nullptr) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
     if (batch != nullptr && master_dtype == DType::F32 && !on_copies) {
       batch->tensors.push_back(t);  // one tile: the whole run, stepped in place
@@ -284,6 +321,7 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
 }
 
 void PartitionOptimizer::write_model() {
+  if (options_.master_in_model) return;  // it is the master
   const DType dt = options_.master_dtype;
   store_->read(0, store_->total_elems(), [&](const offload::SubgroupStore::View& view) {
     for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
@@ -297,15 +335,20 @@ void PartitionOptimizer::write_model() {
   slices_.model_settled();
 }
 
-std::vector<std::byte> PartitionOptimizer::model_from(offload::SubgroupStore::Replacement& master) {
+std::vector<std::byte> PartitionOptimizer::model_from(Replacement& master) {
   ZERO_ASSERT(master.tensor() == 0);
   const std::size_t msize = dtype_size(options_.model_dtype);
   const std::size_t total = static_cast<std::size_t>(domains()) * partition_elems_;
   std::vector<std::byte> model(total * msize);
-  master.read_range(0, total, [&](const std::byte* src, std::size_t first, std::size_t n) {
+  auto convert = [&](const std::byte* src, std::size_t first, std::size_t n) {
     compute_.combine(model.data() + first * msize, options_.model_dtype, src, options_.master_dtype,
                      n, 1.0f, false, options_.exec);
-  });
+  };
+  if (master.stored_) {
+    master.stored_->read_range(0, total, convert);
+  } else {
+    convert(static_cast<const std::byte*>(master.master_.data()), 0, total);
+  }
   return model;
 }
 
@@ -360,15 +403,44 @@ void PartitionOptimizer::read_tensor(int tensor, int domain, std::size_t offset,
   ZERO_ASSERT(offset + count <= partition_elems_);
   const std::size_t begin = static_cast<std::size_t>(domain) * partition_elems_ + offset;
   const std::size_t esize = dtype_size(tensor_dtype(tensor));
+  if (tensor == 0 && options_.master_in_model) {
+    // The model copy's runs, and zeros (the master's value there) where the partition has none.
+    static constexpr float kZeros[1024] = {};
+    auto zeros = [&](std::size_t n) {
+      for (std::size_t b = 0; b < n; b += std::size(kZeros))
+        visit(reinterpret_cast<const std::byte*>(kZeros), std::min(std::size(kZeros), n - b));
+    };
+    std::size_t at = begin;
+    for_runs(begin, begin + count, [&](const Run& run, std::size_t first, std::size_t last) {
+      const std::size_t flat = run.flat + (first - run.begin);
+      zeros(flat - at);
+      visit(slices_.model(run.domain, run.unit, first), last - first);
+      at = flat + (last - first);
+    });
+    zeros(begin + count - at);
+    return;
+  }
+  const auto t = static_cast<std::size_t>(tensor - 1 + first_state_);
   store_->read(begin, begin + count, [&](const offload::SubgroupStore::View& v) {
     const std::size_t lo = std::max(begin, v.begin), hi = std::min(begin + count, v.end);
-    visit(v.tensors[static_cast<std::size_t>(tensor)] + (lo - v.begin) * esize, hi - lo);
+    visit(v.tensors[t] + (lo - v.begin) * esize, hi - lo);
   });
 }
 
 PartitionOptimizer::Replacement PartitionOptimizer::replacement(int tensor) {
   ZERO_ASSERT(tensor >= 0 && tensor < tensors());
-  return store_->replacement(tensor);
+  Replacement r;
+  r.tensor_ = tensor;
+  r.dtype_ = tensor_dtype(tensor);
+  if (tensor == 0 && options_.master_in_model) {
+    // New master weights wait beside the model copy until adopt() writes them into it.
+    r.master_ = device_.allocate(static_cast<std::size_t>(domains()) * partition_elems_ *
+                                     sizeof(float),
+                                 options_.kind, MemoryTag::Staging);
+  } else {
+    r.stored_.emplace(store_->replacement(tensor - 1 + first_state_));
+  }
+  return r;
 }
 
 // `first` is passed on relative to `offset`, so a caller need not know the store's order.
@@ -377,13 +449,34 @@ void PartitionOptimizer::write_replacement(Replacement& r, int domain, std::size
   ZERO_ASSERT(domain >= 0 && domain < domains());
   ZERO_ASSERT(offset + count <= partition_elems_);
   const std::size_t begin = static_cast<std::size_t>(domain) * partition_elems_ + offset;
-  r.for_range(begin, begin + count, [&](std::byte* data, std::size_t first, std::size_t n) {
+  if (!r.stored_) {
+    visit(static_cast<std::byte*>(r.master_.data()) + begin * sizeof(float), 0, count);
+    return;
+  }
+  r.stored_->for_range(begin, begin + count, [&](std::byte* data, std::size_t first, std::size_t n) {
     visit(data, first - begin, n);
   });
 }
 
 void PartitionOptimizer::adopt(std::vector<Replacement>&& all) {
-  store_->adopt(std::move(all));
+  std::vector<offload::SubgroupStore::Replacement> stored;
+  for (Replacement& r : all) {
+    if (r.stored_) {
+      stored.push_back(std::move(*r.stored_));
+      continue;
+    }
+    // master_in_model: the new master weights become the model copy (the padding has none).
+    const auto* master = static_cast<const std::byte*>(r.master_.data());
+    for_runs(0, static_cast<std::size_t>(domains()) * partition_elems_,
+             [&](const Run& run, std::size_t first, std::size_t last) {
+               const std::size_t flat = run.flat + (first - run.begin);
+               device_.copy(slices_.model(run.domain, run.unit, first), master + flat * sizeof(float),
+                            (last - first) * sizeof(float));
+               slices_.model_written(run.domain, run.unit, first, last - first);
+             });
+    slices_.model_settled();
+  }
+  store_->adopt(std::move(stored));
 }
 
 }  // namespace zero::engine_detail

@@ -22,6 +22,13 @@
 // check and the squared norm walk the rank's own slices unit by unit, so every stage sums the same
 // numbers in the same order.
 //
+// With `master_in_model` (an fp32 model whose master weights stay in memory where the kernels
+// compute) the master weights are no tensor of their own: they *are* the model copy, reached through
+// the SliceMap, and step() updates it in place. That saves the master's 4 bytes a parameter (of
+// every domain) and one write pass a step (AdamW moves 28 bytes an element instead of 36), with the
+// same bits: an fp32 model copy holds the master's bits either way. The store then holds the
+// optimizer states only; the checkpoint accessors read and replace tensor 0 in the model copy.
+//
 // Gradients are read, and the model copy written, through the engine's SliceMap. Nothing here is
 // collective. Thread safety: the rank's thread only.
 #pragma once
@@ -29,6 +36,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,6 +58,11 @@ struct PartitionOptions {
   DType state_dtype = DType::F32;
   DType grad_dtype = DType::F32;         // the accumulation dtype
   DType model_dtype = DType::F32;        // the low-precision copy step() writes
+  // The master weights are the model copy itself (see above). REQUIRES: fp32 master and model,
+  // no offloaded sub-group (no NVMe tier; ratio 0 or no other kind), and the SliceMap's model() in
+  // memory the kernels
+  // compute on, that nothing but this class writes between steps.
+  bool master_in_model = false;
   MemoryKind kind = MemoryKind::Device;  // where gradients and resident sub-groups live
   // Sub-groups, ratio, host offload kind and NVMe tier of master and states (total_elems is
   // filled in here).
@@ -74,7 +87,9 @@ class PartitionOptimizer {
   int own_domain() const { return domains_.own(); }
   std::size_t partition_elems() const { return partition_elems_; }
   DType master_dtype() const { return options_.master_dtype; }
-  int state_count() const { return static_cast<int>(store_->tensors().size()) - 1; }
+  bool master_in_model() const { return options_.master_in_model; }
+  int state_count() const { return static_cast<int>(store_->tensors().size()) - first_state_; }
+  // Master weights and states, or (master_in_model) the states only.
   offload::SubgroupStore& store() { return *store_; }
 
   // Sets every domain's slice of `unit` from the unit's whole flat fp32 value
@@ -106,13 +121,14 @@ class PartitionOptimizer {
             const offload::SubgroupStore::Agree& agree = nullptr,
             offload::SubgroupStore* model_store = nullptr,
             const std::function<void()>& before_commit = nullptr);
-  // The model copy ← master weights, rounded.
+  // The model copy ← master weights, rounded (nothing to do with master_in_model).
   void write_model();
+  class Replacement;  // new values of a checkpoint tensor (below)
   // What the model copy becomes with the master weights of `master` (a replacement of tensor 0,
   // every element written): domains() × partition_elems() elements in the model dtype, domain
   // after domain. Reads NVMe sub-groups back (IoError). With write_model(model) after the
   // replacement is adopted, the same bits as write_model(), without reading the store.
-  std::vector<std::byte> model_from(offload::SubgroupStore::Replacement& master);
+  std::vector<std::byte> model_from(Replacement& master);
   // The model copy ← `model` (as model_from() returns it), through the SliceMap.
   void write_model(std::span<const std::byte> model);
   // The model copy at elements [offset, offset + count) of `domain`'s partition ← `master`
@@ -138,10 +154,22 @@ class PartitionOptimizer {
   // memory for one (the old values untouched; NVMe sub-groups write their spare slots),
   // write_replacement() visits elements [offset, offset + count) of domain `domain` of it as
   // writable stretches — visit(data, first, elems): data holds elements [offset + first, offset +
-  // first + elems), in tensor_dtype(tensor) — and adopt() makes them the tensors
-  // (SubgroupStore::Replacement). The caller writes every element of every domain, in increasing
-  // domain and offset order, and adopts one replacement of every tensor at once.
-  using Replacement = offload::SubgroupStore::Replacement;
+  // first + elems), in tensor_dtype(tensor) — and adopt() makes them the tensors (the store's
+  // through SubgroupStore::Replacement; master_in_model's tensor 0 waits in memory of its own and
+  // adopt() copies it into the model copy). The caller writes every element of every domain, in
+  // increasing domain and offset order, and adopts one replacement of every tensor at once.
+  class Replacement {
+   public:
+    int tensor() const { return tensor_; }
+    DType dtype() const { return dtype_; }
+
+   private:
+    friend class PartitionOptimizer;
+    int tensor_ = 0;
+    DType dtype_ = DType::F32;
+    std::optional<offload::SubgroupStore::Replacement> stored_;  // a tensor of the store
+    Buffer master_;  // master_in_model's tensor 0: every domain's partition, in memory
+  };
   Replacement replacement(int tensor);
   using TensorWrite = std::function<void(std::byte* data, std::size_t first, std::size_t elems)>;
   void write_replacement(Replacement& r, int domain, std::size_t offset, std::size_t count,
@@ -161,6 +189,13 @@ class PartitionOptimizer {
   };
   void build_runs();
   std::size_t partition_offset(int domain, int unit) const;
+  // Calls fn(run, first, last) for the part [first, last) (inside the unit's slice) of every run
+  // overlapping the partition elements [begin, end) (all domains, domain after domain).
+  void for_runs(std::size_t begin, std::size_t end,
+                const std::function<void(const Run&, std::size_t, std::size_t)>& fn) const;
+  // The master weights of [first, last) of `run`'s slice: in the store's view, or (master_in_model)
+  // the model copy.
+  std::byte* master_at(const Run& run, std::size_t first, const offload::SubgroupStore::View& view);
   // Calls fn(run, first, last) for the part [first, last) (inside the unit's slice) of every run
   // overlapping the sub-group `view`.
   void for_runs(const offload::SubgroupStore::View& view,
@@ -195,6 +230,7 @@ class PartitionOptimizer {
   const Domains domains_;
   const std::size_t partition_elems_;
   std::unique_ptr<offload::SubgroupStore> store_;
+  int first_state_ = 1;  // the store's tensor of optimizer state 0 (0 with master_in_model)
   Buffer gradients_;  // own_gradients only
   std::vector<Run> runs_;
   // 16-bit master weights (and PartMode::ModelOnly's copies) are stepped in fp32 tiles of

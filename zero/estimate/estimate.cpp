@@ -68,7 +68,12 @@ EstimateResult estimate_model_states(const EstimateInput& in) {
   const OffloadTier param_tier = in.stage == 3 ? in.offload_param : OffloadTier::None;
   place(r.lp_params, param_tier, lp * params_share);
 
-  place(r.fp32_master, in.offload_optimizer, 4.0 * optim_share);
+  // An fp32 model's master weights are its model copy wherever both stay on the device (zero's
+  // engine keeps no second fp32 copy then; DeepSpeed does).
+  const bool master_in_model = in.precision == Precision::Fp32 &&
+                               in.offload_optimizer == OffloadTier::None &&
+                               param_tier == OffloadTier::None;
+  if (!master_in_model) place(r.fp32_master, in.offload_optimizer, 4.0 * optim_share);
   place(r.optimizer_states, in.offload_optimizer, k_states * optim_share);
 
   place(r.gradients, OffloadTier::None, lp * grads_share);

@@ -4,7 +4,9 @@
 //   stage 0: (2 + 2 + K)·Ψ       stage 1: 2Ψ + 2Ψ + K·Ψ/N
 //   stage 2: 2Ψ + (2 + K)·Ψ/N    stage 3: (2 + 2 + K)·Ψ/N
 // bytes, where the 2s are the low-precision parameters and gradients. zero's engine keeps the same
-// categories (DESIGN.md §3), so this is also what its memory ledger is checked against.
+// categories (DESIGN.md §3), so this is also what its memory ledger is checked against. One
+// difference from the paper: in fp32 with nothing offloaded the model copy (4 bytes a parameter)
+// holds the master weights itself, so the fp32 master row is 0.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // PartitionOptimizer alone, without an engine or a communicator: one rank's partition of a
 // two-group model, stepped against the optimizer kernel applied by hand to each parameter's
-// elements; the fused low-precision write, 16-bit master weights, the overflow and norm walk,
-// stage 0's every-domain mode and the checkpoint accessors.
+// elements; the fused low-precision write, 16-bit master weights, fp32 master weights kept in the
+// model copy, the overflow and norm walk, stage 0's every-domain mode and the checkpoint accessors.
 #include "zero/engine/partition_optimizer.h"
 
 #include <algorithm>
@@ -101,6 +101,7 @@ struct Setup {
   bool every_domain = false;
   int rank = 1;
   std::string nvme_path;  // non-empty: master and states in small sub-groups, some on NVMe
+  bool master_in_model = false;
 };
 
 // Sub-groups of 8 elements, the first half of them in swap files under `path`.
@@ -139,12 +140,22 @@ void check_against_reference(const Setup& s) {
   o.model_dtype = s.model_dtype;
   o.optimizer = adamw(0.01);
   o.exec.threads = 1;
+  o.master_in_model = s.master_in_model;
   if (!s.nvme_path.empty()) o.store = nvme_store(s.nvme_path);
   PartitionOptimizer opt(device, device.compute(), layout, o, slices);
   slices.attach(&opt);
   if (!s.nvme_path.empty()) REQUIRE(opt.store().nvme_count() > 1);
   REQUIRE(opt.domains() == (s.every_domain ? kWorld : 1));
   REQUIRE(opt.state_count() == 2);
+  // Master weights in the model copy take no memory of their own; else a partition's worth per
+  // domain (in memory without NVMe).
+  const std::size_t master_bytes =
+      device.ledger().usage(MemoryKind::Device, MemoryTag::MasterParams).current_bytes;
+  if (s.nvme_path.empty()) {
+    REQUIRE(master_bytes == (s.master_in_model ? 0
+                                               : opt.domains() * opt.partition_elems() *
+                                                     dtype_size(s.master_dtype)));
+  }
 
   for (std::size_t u = 0; u < layout.num_units(); ++u) {
     const UnitLayout& ul = layout.unit(static_cast<int>(u));
@@ -246,6 +257,28 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("fp32 master weights kept in the model copy step exactly as the kernel steps them") {
+  for (int rank : {0, kWorld - 1}) {
+    INFO("rank " << rank);
+    check_against_reference({DType::F32, DType::F32, false, rank, "", true});
+  }
+  SECTION("stage 0: every rank's partition") {
+    check_against_reference({DType::F32, DType::F32, true, 1, "", true});
+  }
+}
+
+TEST_CASE("master weights in the model copy are refused for a 16-bit model or master") {
+  const FlatLayout layout = FlatLayout::build(model_params(DType::BF16), {kWorld, 1, 4});
+  CpuDevice device(0);
+  TestSlices slices(layout, DType::BF16, false);
+  PartitionOptions o;
+  o.model_dtype = DType::BF16;
+  o.master_in_model = true;
+  o.optimizer = adamw(0.0);
+  CHECK_THROWS_WITH(PartitionOptimizer(device, device.compute(), layout, o, slices),
+                    Catch::Contains("fp32 master and model") && Catch::Contains("bf16"));
+}
+
 TEST_CASE("16-bit master weights are stepped in fp32 and stored rounded") {
   check_against_reference({DType::BF16, DType::BF16, false, 2, ""});
 }
@@ -310,8 +343,8 @@ TEST_CASE(
     "checkpoint accessors read back what a replacement held once adopted, and nothing before; "
     "states start at their initial value") {
   test::TempDir nvme("zero_po_nvme");
-  for (bool on_nvme : {false, true}) {
-    INFO("sub-groups on NVMe: " << on_nvme);
+  for (const auto& [on_nvme, in_model] : {std::pair{false, false}, {true, false}, {false, true}}) {
+    INFO("sub-groups on NVMe: " << on_nvme << ", master weights in the model copy: " << in_model);
     const FlatLayout layout = FlatLayout::build(model_params(DType::F32), {kWorld, 1, 4});
     CpuDevice device(0);
     TestSlices slices(layout, DType::F32, true);
@@ -322,6 +355,7 @@ TEST_CASE(
     o.state_dtype = DType::BF16;
     o.optimizer.kind = kernels::OptimizerKind::Adagrad;
     o.optimizer.initial_accumulator_value = 0.25;
+    o.master_in_model = in_model;
     if (on_nvme) o.store = nvme_store(nvme.str());
     PartitionOptimizer opt(device, device.compute(), layout, o, slices);
     slices.attach(&opt);
@@ -355,6 +389,21 @@ TEST_CASE(
     const std::vector<float> two = tensor_f32(opt, 0, 2, 3);
     REQUIRE(std::equal(two.begin(), two.end(),
                        values.begin() + static_cast<std::ptrdiff_t>(2 * opt.partition_elems())));
+    // Master weights in the model copy: adopt() wrote them there, every domain's slices.
+    if (!in_model) continue;
+    std::size_t compared = 0;
+    for (std::size_t u = 0; u < layout.num_units(); ++u) {
+      const UnitLayout& ul = layout.unit(static_cast<int>(u));
+      const std::vector<float> model = slices.model_f32(static_cast<int>(u));
+      for (int d = 0; d < opt.domains(); ++d) {
+        for (std::size_t j = 0; j < ul.slice_elems; ++j, ++compared) {
+          REQUIRE(model[static_cast<std::size_t>(d) * ul.slice_elems + j] ==
+                  values[static_cast<std::size_t>(d) * opt.partition_elems() +
+                         ul.partition_offset + j]);
+        }
+      }
+    }
+    REQUIRE(compared > 0);
   }
 }
 

@@ -76,7 +76,18 @@ TEST_CASE("estimate uses 4-byte model copies in fp32 and the optimizer's own sta
   CHECK(r.lp_params.device == 400);
   CHECK(r.gradients.device == 400);
   CHECK(r.optimizer_states.device == 0);
-  CHECK(r.total().device == 1200);
+  // The fp32 model copy is the master: no second copy unless one of them is offloaded.
+  CHECK(r.fp32_master.device == 0);
+  CHECK(r.total().device == 800);
+  in.offload_optimizer = zero::OffloadTier::Cpu;
+  CHECK(zero::estimate_model_states(in).fp32_master.host == 400);
+  in.offload_optimizer = zero::OffloadTier::None;
+  in.stage = 3;
+  in.offload_param = zero::OffloadTier::Cpu;
+  CHECK(zero::estimate_model_states(in).fp32_master.device == 400);
+  in.precision = zero::Precision::Bf16;
+  in.offload_param = zero::OffloadTier::None;
+  CHECK(zero::estimate_model_states(in).fp32_master.device == 400);
 }
 
 TEST_CASE("estimate rejects impossible inputs with the offending value") {

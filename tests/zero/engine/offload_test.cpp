@@ -1,6 +1,7 @@
 // Offload tiers change where the optimizer state lives, never the numbers: NVMe, host and a
 // partial (ratio) offload, at stages 1-3, fp32 and bf16, on 1-3 ranks, give bitwise the
-// parameters of the same run without offload; the ledger shows the NVMe bytes; a checkpoint
+// parameters of the same run without offload (in fp32 that run keeps its master weights in the
+// model copy, the offloaded ones apart); the ledger shows the NVMe bytes; a checkpoint
 // saved from NVMe resumes bitwise; no swap file outlives the engine.
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -47,10 +48,20 @@ TEST_CASE("NVMe, host and partial offload give bitwise the run without offload",
       for (int world : {1, 3}) {
         const json plain = base_config(stage, precision, 1);
         const TrainResult a = run_world(plain, world);
+        // Master weights of their own, in any memory kind (both NVMe slots count).
+        auto master_bytes = [](const TrainResult& r) {
+          std::size_t sum = 0;
+          for (std::size_t k = 0; k < kNumMemoryKinds; ++k)
+            sum += r.memory[0].at(static_cast<MemoryKind>(k), MemoryTag::MasterParams).current_bytes;
+          return sum;
+        };
+        // Without offload an fp32 model's master weights are its model copy: none of their own.
+        CHECK((master_bytes(a) == 0) == (std::string(precision) == "fp32"));
         for (const char* kind : {"nvme", "cpu", "ratio"}) {
           INFO(precision << " stage " << stage << " world " << world << " " << kind);
           const TrainResult b = run_world(with_offload(plain, kind, nvme.str()), world);
           require_bitwise_equal(a, b);
+          CHECK(master_bytes(b) > 0);
           const std::size_t on_nvme = b.memory[0].total(MemoryKind::Nvme).current_bytes;
           if (std::string(kind) == "cpu") {
             CHECK(on_nvme == 0);

@@ -1,8 +1,9 @@
 // Offload tiers change where the optimizer state lives, never the numbers: NVMe, host and a
 // partial (ratio) offload, at stages 1-3, fp32 and bf16, on 1-3 ranks, give bitwise the
 // parameters of the same run without offload (in fp32 that run keeps its master weights in the
-// model copy, the offloaded ones apart); the ledger shows the NVMe bytes; a checkpoint
-// saved from NVMe resumes bitwise; no swap file outlives the engine.
+// model copy, the offloaded ones apart, and an optimizer without state then keeps nothing at
+// all); the ledger shows the NVMe bytes; a checkpoint saved from NVMe resumes bitwise; no swap
+// file outlives the engine.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -74,6 +75,27 @@ TEST_CASE("NVMe, host and partial offload give bitwise the run without offload",
     }
   }
   CHECK(std::filesystem::is_empty(nvme.path()));  // no swap folder left behind
+}
+
+TEST_CASE("plain SGD in fp32 (no optimizer state, master weights in the model copy) stays bitwise "
+          "across stages", "[engine]") {
+  json c = base_config(0, "fp32", 2);
+  c["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.1}}}};
+  c.erase("scheduler");
+  c["zero_allow_untested_optimizer"] = true;
+  const TrainResult s0 = run_world(c, 3, 5);
+  REQUIRE(max_abs_diff(s0.params, s0.initial) > 1e-3);
+  for (int stage = 0; stage <= 3; ++stage) {
+    c["zero_optimization"]["stage"] = stage;
+    INFO("stage " << stage);
+    const TrainResult r = run_world(c, 3, 5);
+    require_bitwise_equal(s0, r);
+    for (std::size_t k = 0; k < kNumMemoryKinds; ++k) {
+      const auto kind = static_cast<MemoryKind>(k);
+      CHECK(r.memory[0].at(kind, MemoryTag::MasterParams).current_bytes == 0);
+      CHECK(r.memory[0].at(kind, MemoryTag::OptimizerStates).current_bytes == 0);
+    }
+  }
 }
 
 // max_in_cpu 0 keeps one unit record in host memory (every gather reads its record), the default

@@ -234,7 +234,9 @@ void EngineImpl::init_state(const InitFn& init) {
     if (world_ > 1 && !flat.empty())
       control_.broadcast(flat.data(), flat.size(), DType::F32, 0).wait();
     const float* values = readable(flat);
-    // The model copy first: with master_in_model, set_master() writes its master weights there.
+    // With master_in_model the model copy written below is the master weights already.
+    if (!optimizer_->master_in_model())
+      optimizer_->set_master(static_cast<int>(u), {host_step_ ? flat.data() : values, flat.size()});
     if (stage_ == 3) {
       const std::size_t mine = static_cast<std::size_t>(rank_) * ul.slice_elems;
       std::byte* slice = ul.slice_elems > 0 ? own_slice(static_cast<int>(u), 0) : nullptr;
@@ -247,7 +249,6 @@ void EngineImpl::init_state(const InitFn& init) {
       units_[u].model = alloc(ul.padded_elems, model_dtype_, MemoryTag::LowPrecisionParams);
       combine(units_[u].model.data(), model_dtype_, values, DType::F32, ul.padded_elems);
     }
-    optimizer_->set_master(static_cast<int>(u), {host_step_ ? flat.data() : values, flat.size()});
   }
   optimizer_->store().flush();  // the last NVMe sub-group set, to its swap file
   if (param_store_) param_store_->flush();

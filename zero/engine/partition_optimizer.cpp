@@ -35,7 +35,6 @@ PartitionOptimizer::PartitionOptimizer(Device& device, const kernels::ComputeKer
                "PartitionOptimizer: master weights kept in the model copy need an fp32 master and "
                "model and no offloaded sub-group (got {} and {}, ratio {})",
                dtype_name(options_.master_dtype), dtype_name(options_.model_dtype), so.ratio);
-    first_state_ = 0;
   } else {
     tensors.push_back({options_.master_dtype, MemoryTag::MasterParams, 0.0f});
   }
@@ -276,7 +275,7 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
   const std::size_t tile =
       master_dtype == DType::F32 && !on_copies ? std::max<std::size_t>(n, 1) : kMasterTileElems;
   const std::size_t ssize = dtype_size(options_.state_dtype);
-  const std::size_t states = view.tensors.size() - static_cast<std::size_t>(first_state_);
+  const std::size_t states = view.tensors.size() - static_cast<std::size_t>(first_state());
   std::byte* const run_master = master_at(run, first, view);
   for (std::size_t b = 0; b < n; b += tile) {
     const std::size_t m = std::min(tile, n - b);
@@ -295,7 +294,7 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
     t.grad = grad + b * dtype_size(options_.grad_dtype);
     std::byte* state[2] = {nullptr, nullptr};
     for (std::size_t k = 0; k < states && k < 2; ++k) {
-      state[k] = view.tensors[k + static_cast<std::size_t>(first_state_)] + (off + b) * ssize;
+      state[k] = view.tensors[k + static_cast<std::size_t>(first_state())] + (off + b) * ssize;
       if (on_copies) {
         // The kernel steps copies; the state itself is stepped after the agreement.
         state_tiles_[k].assign(state[k], state[k] + m * ssize);
@@ -420,7 +419,7 @@ void PartitionOptimizer::read_tensor(int tensor, int domain, std::size_t offset,
     zeros(begin + count - at);
     return;
   }
-  const auto t = static_cast<std::size_t>(tensor - 1 + first_state_);
+  const auto t = static_cast<std::size_t>(tensor - 1 + first_state());
   store_->read(begin, begin + count, [&](const offload::SubgroupStore::View& v) {
     const std::size_t lo = std::max(begin, v.begin), hi = std::min(begin + count, v.end);
     visit(v.tensors[t] + (lo - v.begin) * esize, hi - lo);
@@ -438,7 +437,7 @@ PartitionOptimizer::Replacement PartitionOptimizer::replacement(int tensor) {
                                      sizeof(float),
                                  options_.kind, MemoryTag::Staging);
   } else {
-    r.stored_.emplace(store_->replacement(tensor - 1 + first_state_));
+    r.stored_.emplace(store_->replacement(tensor - 1 + first_state()));
   }
   return r;
 }

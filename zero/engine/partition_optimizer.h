@@ -60,8 +60,7 @@ struct PartitionOptions {
   DType model_dtype = DType::F32;        // the low-precision copy step() writes
   // The master weights are the model copy itself (see above). REQUIRES: fp32 master and model,
   // no offloaded sub-group (no NVMe tier; ratio 0 or no other kind), and the SliceMap's model() in
-  // memory the kernels
-  // compute on, that nothing but this class writes between steps.
+  // memory the kernels compute on, that nothing but this class writes between steps.
   bool master_in_model = false;
   MemoryKind kind = MemoryKind::Device;  // where gradients and resident sub-groups live
   // Sub-groups, ratio, host offload kind and NVMe tier of master and states (total_elems is
@@ -88,7 +87,7 @@ class PartitionOptimizer {
   std::size_t partition_elems() const { return partition_elems_; }
   DType master_dtype() const { return options_.master_dtype; }
   bool master_in_model() const { return options_.master_in_model; }
-  int state_count() const { return static_cast<int>(store_->tensors().size()) - first_state_; }
+  int state_count() const { return static_cast<int>(store_->tensors().size()) - first_state(); }
   // Master weights and states, or (master_in_model) the states only.
   offload::SubgroupStore& store() { return *store_; }
 
@@ -189,6 +188,8 @@ class PartitionOptimizer {
   };
   void build_runs();
   std::size_t partition_offset(int domain, int unit) const;
+  // The store's tensor of optimizer state 0: 1, after the master weights, or 0 with master_in_model.
+  int first_state() const { return options_.master_in_model ? 0 : 1; }
   // Calls fn(run, first, last) for the part [first, last) (inside the unit's slice) of every run
   // overlapping the partition elements [begin, end) (all domains, domain after domain).
   void for_runs(std::size_t begin, std::size_t end,
@@ -230,7 +231,6 @@ class PartitionOptimizer {
   const Domains domains_;
   const std::size_t partition_elems_;
   std::unique_ptr<offload::SubgroupStore> store_;
-  int first_state_ = 1;  // the store's tensor of optimizer state 0 (0 with master_in_model)
   Buffer gradients_;  // own_gradients only
   std::vector<Run> runs_;
   // 16-bit master weights (and PartMode::ModelOnly's copies) are stepped in fp32 tiles of

@@ -81,9 +81,12 @@ kernels::CpuExec exec_of(const EngineOptions& options) {
 EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& device,
                        std::span<const ParamSpec> params, const EngineOptions& options)
     : cfg_(cfg),
-      mics_(make_mics_comm(cfg, comm, options)),
+      mics_(make_mics_comm(cfg, comm)),
+      mics_control_(make_mics_control(cfg, mics_.get(), options)),
       comm_(mics_ ? *mics_ : comm),
-      control_(options.control_comm != nullptr ? *options.control_comm : comm_),
+      control_(mics_control_               ? *mics_control_
+               : options.control_comm != nullptr ? *options.control_comm
+                                                 : comm_),
       host_memory_(device.host_addressable()),
       device_(device),
       compute_(device.compute()),

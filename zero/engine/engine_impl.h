@@ -45,8 +45,13 @@ constexpr std::size_t kSliceAlignElems = 16;
 // for MiCS at stage 3 with shard groups smaller than the world. Collective over `comm`. Throws
 // ConfigError naming the key for a shard size that does not divide the world size and for what
 // MiCS cannot be combined with here.
-std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicator& comm,
-                                         const EngineOptions& options);
+std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicator& comm);
+// The same shard groups over EngineOptions::control_comm, for the host-memory collectives of an
+// engine whose own communicator takes device memory: null without MiCS or without a control
+// communicator (the engine's MiCS view is then its control communicator too). Collective over
+// the control communicator.
+std::unique_ptr<MicsComm> make_mics_control(const config::DsConfig& cfg, const MicsComm* mics,
+                                            const EngineOptions& options);
 
 // qgZ (engine_mics.cpp): the bits gradients cross nodes in (4), or 0 when the config does not ask
 // for it or `comm` is not a HierarchicalComm of several nodes of several ranks (what carries the
@@ -249,6 +254,9 @@ class EngineImpl final : public Engine, private SliceMap {
   // MiCS (stage 3 with mics_shard_size below the world size): the shard group's view that comm_
   // and control_ then are (engine_mics.cpp); null otherwise.
   std::unique_ptr<MicsComm> mics_;
+  // MiCS on an engine with a control communicator: the shard groups of that one, which control_
+  // then is (make_mics_control); null otherwise.
+  std::unique_ptr<MicsComm> mics_control_;
   std::vector<std::string> notes_;  // Engine::notes()
   Communicator& comm_;
   Communicator& control_;  // host-memory collectives (EngineOptions::control_comm)

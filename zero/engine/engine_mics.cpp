@@ -10,16 +10,10 @@
 
 namespace zero::engine_detail {
 
-std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicator& comm,
-                                         const EngineOptions& options) {
+std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicator& comm) {
   const auto& z = cfg.zero_optimization;
   if (z.stage != 3 || z.mics_shard_size <= 0 || z.mics_shard_size == comm.size()) return nullptr;
   const char* key = "zero_optimization.mics_shard_size";
-  if (options.control_comm != nullptr) {
-    throw ConfigError(key,
-                      "MiCS runs on engines whose collectives take host memory (the CPU) in "
-                      "this version; on a GPU drop mics_shard_size");
-  }
   if (cfg.prescale_gradients || cfg.gradient_predivide_factor != 1.0 ||
       cfg.gradient_allreduce_sum) {
     throw ConfigError(key,
@@ -33,6 +27,13 @@ std::unique_ptr<MicsComm> make_mics_comm(const config::DsConfig& cfg, Communicat
                       "zero_optimization.reduce_scatter to true");
   }
   return MicsComm::create(comm, static_cast<int>(z.mics_shard_size));
+}
+
+std::unique_ptr<MicsComm> make_mics_control(const config::DsConfig& cfg, const MicsComm* mics,
+                                            const EngineOptions& options) {
+  if (mics == nullptr || options.control_comm == nullptr) return nullptr;
+  return MicsComm::create(*options.control_comm,
+                          static_cast<int>(cfg.zero_optimization.mics_shard_size));
 }
 
 int qgz_bits(const config::DsConfig& cfg, Communicator& comm, const EngineOptions& options,
@@ -108,7 +109,9 @@ void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
     }
   }
   float failed = failure ? 1.0f : 0.0f;
-  mics_->across_replicas().all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
+  // A host float: the replicas' host communicator (the control one's on a device engine).
+  MicsComm& host = mics_control_ ? *mics_control_ : *mics_;
+  host.across_replicas().all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
   if (failure) std::rethrow_exception(failure);
   if (failed > 0) {
     throw IoError(

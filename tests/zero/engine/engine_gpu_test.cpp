@@ -117,6 +117,37 @@ TEST_CASE("two in-process ranks on GPU 0 train every stage alike and as the CPU 
   }
 }
 
+// MiCS and hpZ on a GPU engine: four in-process ranks on GPU 0 (DeviceInProcComm), the shard
+// and secondary groups split off it, the host-memory collectives on the control communicator's
+// groups. Against the CPU engine with the same keys.
+TEST_CASE("MiCS and hpZ on four in-process ranks on GPU 0 train as the CPU engine", "[gpu]") {
+  for (const nlohmann::json& keys :
+       {nlohmann::json{{"mics_shard_size", 2}},
+        nlohmann::json{{"zero_hpz_partition_size", 2}, {"stage3_max_reuse_distance", 0}}}) {
+    INFO(keys.dump());
+    nlohmann::json cfg = base_config(3, "fp32", 1, 2);
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    cfg["zero_optimization"].update(keys);
+    TrainSpec spec;
+    spec.config = cfg;
+    spec.world = 4;
+    spec.steps = 4;
+    spec.regather = true;
+    const TrainResult cpu = train(spec);
+    REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
+    spec.device_factory = [](int rank, const DeviceOptions& options) {
+      DeviceOptions on_gpu0 = options;
+      on_gpu0.cuda_ordinal = 0;
+      return make_device("cuda", rank, on_gpu0);
+    };
+    const TrainResult gpu = train(spec);
+    const double diff = max_abs_diff(gpu.params, cpu.params);
+    std::printf("four ranks on GPU 0, %s: max |gpu - cpu| = %g, bitwise %s\n", keys.dump().c_str(),
+                diff, bitwise_equal(gpu, cpu) ? "yes" : "no");
+    CHECK(diff < 1e-6);
+  }
+}
+
 // A framework's forward reads stage 3's gathered units on its stream: gather_on_stream makes that
 // stream (here the legacy default stream, where device->copy reads the weights) wait for each
 // NCCL all-gather on the GPU instead of the host. The same bits as host waits, with the trace's

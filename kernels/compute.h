@@ -4,7 +4,7 @@
 // a CUDA table can stand in for the CPU one without a branch in the engine.
 //
 // Every entry has the contract of the CPU function it points to (kernels/optimizer.h,
-// unscale.h, norm.h, combine.h, reduce.h); all backends give bitwise the same results. Memory
+// unscale.h, norm.h, combine.h, reduce.h, quantize.h); all backends give bitwise the same results. Memory
 // passed in must be addressable by the backend (host memory for the CPU table, device memory for
 // the CUDA table). `exec` says how the calling rank runs CPU kernels (threads, ISA); the CUDA table
 // takes its stream from exec.cuda_stream and, like the CPU table, returns once the results are in
@@ -77,6 +77,15 @@ struct ComputeKernels {
   // kCudaReduceMaxSources sources (companions_cuda.h).
   void (*reduce)(void* dst, const void* const* srcs, int nsrc, std::size_t numel, DType dtype,
                  ReduceKind kind, float divisor, const CpuExec& exec);
+  // Block quantization (quantize.h: the layout, the bytes, fp64 on the CPU only): out ← the
+  // quantized src; dst ← the dequantized `in`, rounded once to dst's dtype; acc[i] += the
+  // dequantized element i in fp32. What qwZ's gathers and quantized frozen weights run on.
+  void (*quantize)(const void* src, DType dtype, std::size_t n, int bits, void* out,
+                   const CpuExec& exec);
+  void (*dequantize)(const void* in, std::size_t n, int bits, void* dst, DType dtype,
+                     const CpuExec& exec);
+  void (*dequantize_add)(const void* in, std::size_t n, int bits, float* acc,
+                         const CpuExec& exec);
   // The optimizer step's memory roofline (traffic_probe.h): its loads and stores, no arithmetic.
   void (*traffic_probe)(const OptimizerTensors& tensors, int state_count, const CpuExec& exec);
 };

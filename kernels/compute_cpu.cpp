@@ -7,6 +7,7 @@
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/norm.h"
+#include "kernels/quantize.h"
 #include "kernels/reduce.h"
 #include "kernels/traffic_probe.h"
 #include "kernels/unscale.h"
@@ -87,6 +88,9 @@ const ComputeKernels& cpu_compute_kernels() {
       .combine_many = &combine_many,
       .fill_zero = &fill_zero_cpu,
       .reduce = &reduce,
+      .quantize = &quantize_cpu,
+      .dequantize = &dequantize_cpu,
+      .dequantize_add = &dequantize_add_cpu,
       .traffic_probe = &traffic_probe_cpu,
   };
   return table;

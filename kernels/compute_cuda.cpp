@@ -11,6 +11,7 @@
 #include "kernels/compute.h"
 #include "kernels/norm.h"
 #include "kernels/optimizer_cuda.h"
+#include "kernels/quantize_cuda.h"
 #include "zero/base/cuda_error.h"
 
 namespace zero::kernels {
@@ -185,6 +186,23 @@ void reduce(void* dst, const void* const* srcs, int nsrc, std::size_t numel, DTy
   synchronize(exec);
 }
 
+void quantize(const void* src, DType dtype, std::size_t n, int bits, void* out,
+              const CpuExec& exec) {
+  quantize_cuda_async(src, dtype, n, bits, out, exec.cuda_stream);
+  synchronize(exec);
+}
+
+void dequantize(const void* in, std::size_t n, int bits, void* dst, DType dtype,
+                const CpuExec& exec) {
+  dequantize_cuda_async(in, n, bits, dst, dtype, exec.cuda_stream);
+  synchronize(exec);
+}
+
+void dequantize_add(const void* in, std::size_t n, int bits, float* acc, const CpuExec& exec) {
+  dequantize_add_cuda_async(in, n, bits, acc, exec.cuda_stream);
+  synchronize(exec);
+}
+
 void traffic_probe(const OptimizerTensors& tensors, int state_count, const CpuExec& exec) {
   traffic_probe_cuda(tensors, state_count, CudaExec{exec.cuda_stream});
   synchronize(exec);
@@ -206,6 +224,9 @@ const ComputeKernels& cuda_compute_kernels() {
       .combine_many = &combine_many,
       .fill_zero = &fill_zero,
       .reduce = &reduce,
+      .quantize = &quantize,
+      .dequantize = &dequantize,
+      .dequantize_add = &dequantize_add,
       .traffic_probe = &traffic_probe,
   };
   return table;

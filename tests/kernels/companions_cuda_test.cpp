@@ -1,6 +1,6 @@
 // The CUDA compute table against the CPU table (the oracle), bitwise: unscale with the overflow
 // check, the squared norm, combine in every dtype pair, the communicators' reduce, fill, and the
-// optimizer step through the table. Exits 77, reported as skipped, on a machine without a CUDA
+// optimizer step through the table, block quantization (ZeRO++). Exits 77, reported as skipped, on a machine without a CUDA
 // device.
 #define CATCH_CONFIG_RUNNER
 #include "kernels/companions_cuda.h"
@@ -19,6 +19,7 @@
 #include "kernels/cpu_kernels.h"
 #include "kernels/cuda_geometry.h"
 #include "kernels/cuda_device_count.h"
+#include "kernels/quantize.h"
 #include "tests/kernels/test_util.h"
 
 namespace zk = zero::kernels;
@@ -296,6 +297,50 @@ TEST_CASE("fill_zero and the optimizer step through the table match the CPU") {
   REQUIRE(d_master.download() == master);
   REQUIRE(d_s1.download() == s1);
   REQUIRE(d_out.download() == out);
+}
+
+// Blocks of every kind: ordinary, all zeros (scale 0), one holding an inf and one a NaN (a NaN
+// scale), a value exactly halfway between two codes; sizes with a short last block, odd ones (a
+// lone 4-bit nibble) and ones whose codes need padding to 4 bytes.
+TEST_CASE("quantize, dequantize and dequantize_add on the GPU give the CPU's bytes") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (int bits : {8, 4}) {
+      for (std::size_t n : {std::size_t{1}, std::size_t{255}, std::size_t{256},
+                            std::size_t{1283}, std::size_t{256 * 4096 + 7}}) {
+        INFO(zero::dtype_name(dtype) << ", " << bits << " bits, n=" << n);
+        std::vector<std::byte> src = random_array(n, dtype, 21, -3.0f, 3.0f);
+        auto put = [&](std::size_t i, float v) {
+          if (i < n) cpu().combine(src.data() + i * zero::dtype_size(dtype), dtype, &v, DType::F32,
+                                   1, 1.0f, false, {});
+        };
+        for (std::size_t i = 256; i < 512; ++i) put(i, 0.0f);  // block 1: all zeros
+        put(512 + 3, inf);                                      // block 2: an inf
+        put(768 + 9, nan);                                      // block 3: a NaN
+        put(1024, 7.0f);  // block 4: max 7, so 0.5 · scale lands between two codes in 4 bits
+        put(1025, 0.5f);
+        const std::size_t qbytes = zk::quantized_bytes(n, bits);
+        std::vector<std::byte> q_cpu(qbytes, std::byte{0xAB}), q_init(qbytes, std::byte{0xAB});
+        cpu().quantize(src.data(), dtype, n, bits, q_cpu.data(), {});
+        DeviceBytes d_src(src), d_q(q_init);
+        gpu().quantize(d_src.ptr, dtype, n, bits, d_q.ptr, {});
+        REQUIRE(d_q.download() == q_cpu);
+
+        std::vector<std::byte> back(n * zero::dtype_size(dtype));
+        cpu().dequantize(q_cpu.data(), n, bits, back.data(), dtype, {});
+        DeviceBytes d_back(std::vector<std::byte>(back.size()));
+        gpu().dequantize(d_q.ptr, n, bits, d_back.ptr, dtype, {});
+        REQUIRE(d_back.download() == back);
+
+        std::vector<std::byte> acc = random_array(n, DType::F32, 22, -1.0f, 1.0f);
+        DeviceBytes d_acc(acc);
+        cpu().dequantize_add(q_cpu.data(), n, bits, reinterpret_cast<float*>(acc.data()), {});
+        gpu().dequantize_add(d_q.ptr, n, bits, static_cast<float*>(d_acc.ptr), {});
+        REQUIRE(d_acc.download() == acc);
+      }
+    }
+  }
 }
 
 int main(int argc, char** argv) {

@@ -121,11 +121,6 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
     hpz_comm_ = make_hpz_comm(cfg_, comm_, mics_ != nullptr);
     fetch.secondary = hpz_comm_.get();
     fetch.exec = exec_;
-    if (fetch.weight_bits != 0 && !host_memory_) {
-      throw ConfigError("zero_optimization.zero_quantized_weights",
-                        "quantized weight gathers run on engines in host memory (the CPU) in this "
-                        "version; on a GPU set it to false");
-    }
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
                                               static_cast<const std::byte*>(model_part_.data()),
                                               fetch, timings_, std::move(source));
@@ -261,11 +256,6 @@ void EngineImpl::init_state(const InitFn& init) {
   // persistence threshold) this rank's int8 shard, gathered with the unit.
   const auto& z = cfg_.zero_optimization;
   const bool quantize_frozen = stage_ == 3 && z.zero_quantized_nontrainable_weights;
-  if (quantize_frozen && !host_memory_) {
-    throw ConfigError("zero_optimization.zero_quantized_nontrainable_weights",
-                      "quantized frozen weights are kept on engines in host memory (the CPU) in "
-                      "this version; on a GPU set it to false");
-  }
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (params_[i].layout_index) continue;
     flat.assign(params_[i].numel, 0.0f);
@@ -277,7 +267,7 @@ void EngineImpl::init_state(const InitFn& init) {
       std::vector<std::byte> rounded(params_[i].numel * dtype_size(model_dtype_));
       host_combine(rounded.data(), model_dtype_, flat.data(), DType::F32, flat.size());
       params_[i].quantized =
-          std::make_unique<QuantizedFrozen>(device_, control_, model_dtype_, params_[i].numel);
+          std::make_unique<QuantizedFrozen>(device_, comm_, model_dtype_, params_[i].numel);
       params_[i].quantized->set(rounded.data());
       units_[static_cast<std::size_t>(specs_[i].unit)].quantized_frozen.push_back(i);
       continue;

@@ -8,6 +8,7 @@
 
 #include "zero/base/error.h"
 #include "zero/base/timer.h"
+#include "kernels/compute.h"
 #include "kernels/quantize.h"
 
 namespace zero::engine_detail {
@@ -106,8 +107,8 @@ void ParamFetcher::start_gather(int unit) {
                                    MemoryKind::Device, MemoryTag::Staging);
     std::byte* mine = static_cast<std::byte*>(u.quantized.data()) +
                       static_cast<std::size_t>(comm_.rank()) * qbytes;
-    kernels::quantize_cpu(slice, dtype_, ul.slice_elems, options_.weight_bits, mine,
-                          options_.exec);
+    device_.compute().quantize(slice, dtype_, ul.slice_elems, options_.weight_bits, mine,
+                               options_.exec);
     u.source.reset();
     u.work = comm_.all_gather_in_place(u.quantized.data(), qbytes / 4, DType::F32);
     return;
@@ -142,10 +143,11 @@ void ParamFetcher::settle(Unit& u) {
     const std::size_t slice = u.elems / static_cast<std::size_t>(comm_.size());
     const std::size_t qbytes = kernels::quantized_bytes(slice, options_.weight_bits);
     for (std::size_t q = 0; q < static_cast<std::size_t>(comm_.size()); ++q) {
-      kernels::dequantize_cpu(static_cast<const std::byte*>(u.quantized.data()) + q * qbytes,
-                              slice, options_.weight_bits,
-                              static_cast<std::byte*>(u.buffer.data()) + q * slice * dtype_size(dtype_),
-                              dtype_, options_.exec);
+      device_.compute().dequantize(
+          static_cast<const std::byte*>(u.quantized.data()) + q * qbytes, slice,
+          options_.weight_bits,
+          static_cast<std::byte*>(u.buffer.data()) + q * slice * dtype_size(dtype_), dtype_,
+          options_.exec);
     }
     u.quantized.reset();
   }

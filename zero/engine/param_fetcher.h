@@ -18,7 +18,8 @@
 //     slice quantized to int8 blocks (kernels/quantize.h) from the model dtype, and every rank,
 //     its own slice included, dequantizes all of them into the gathered copy, so the ranks compute
 //     with the same weights. Persistent units and the rank slices themselves stay exact; the
-//     master weights are never quantized. Host memory only (the engine refuses it on a GPU).
+//     master weights are never quantized. On any device: its compute table quantizes and
+//     dequantizes (the same bytes on the CPU and a GPU).
 //   * hpZ (FetchOptions::secondary, a group of H consecutive ranks): the first all-gather of a
 //     unit after a step leaves each rank its block of the unit (1/H of it, in the group's order)
 //     as a secondary partition; later gathers of the unit within the step all-gather those

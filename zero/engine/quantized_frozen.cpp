@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
+#include "kernels/compute.h"
 #include "kernels/quantize.h"
 #include "zero/base/error.h"
 
@@ -23,9 +25,6 @@ QuantizedFrozen::QuantizedFrozen(Device& device, Communicator& comm, DType dtype
       slice_((numel + static_cast<std::size_t>(comm.size()) - 1) /
              static_cast<std::size_t>(comm.size())),
       qbytes_(kernels::quantized_bytes(slice_, 8)) {
-  ZERO_CHECK(device.host_addressable(),
-             "quantized frozen weights live in host memory; the {} device's do not",
-             device.name());
   shard_ = device_.allocate(qbytes_, MemoryKind::Device, MemoryTag::LowPrecisionParams);
 }
 
@@ -38,16 +37,21 @@ void QuantizedFrozen::quantize_slice(const std::byte* whole, int r, void* quanti
   kernels::quantize_cpu(padded.data(), dtype_, slice_, 8, quantized, kOneThread);
 }
 
+// Values from the host are quantized there (the CPU's quantizer gives the device's bytes,
+// quantize.h) and copied in.
 void QuantizedFrozen::set(const std::byte* whole) {
-  quantize_slice(whole, rank_, shard_.data());
-  if (!gathered()) return;
   std::vector<std::byte> q(qbytes_);
+  quantize_slice(whole, rank_, q.data());
+  device_.copy(shard_.data(), q.data(), qbytes_);
+  if (!gathered()) return;
+  std::vector<std::byte> value(static_cast<std::size_t>(world_) * slice_ * dtype_size(dtype_));
   for (int r = 0; r < world_; ++r) {
     quantize_slice(whole, r, q.data());
     kernels::dequantize_cpu(q.data(), slice_, 8,
-                            element_at(whole_, dtype_, static_cast<std::size_t>(r) * slice_),
+                            value.data() + static_cast<std::size_t>(r) * slice_ * dtype_size(dtype_),
                             dtype_, kOneThread);
   }
+  device_.copy(whole_.data(), value.data(), value.size());
 }
 
 const std::byte* QuantizedFrozen::gather() {
@@ -59,8 +63,8 @@ const std::byte* QuantizedFrozen::gather() {
   whole_ = device_.allocate(W * slice_ * dtype_size(dtype_), MemoryKind::Device,
                             MemoryTag::GatherBuffers);
   for (std::size_t r = 0; r < W; ++r) {
-    kernels::dequantize_cpu(static_cast<const std::byte*>(all.data()) + r * qbytes_, slice_, 8,
-                            element_at(whole_, dtype_, r * slice_), dtype_, kOneThread);
+    device_.compute().dequantize(static_cast<const std::byte*>(all.data()) + r * qbytes_, slice_,
+                                 8, element_at(whole_, dtype_, r * slice_), dtype_, kOneThread);
   }
   return static_cast<const std::byte*>(whole_.data());
 }
@@ -68,7 +72,8 @@ const std::byte* QuantizedFrozen::gather() {
 std::vector<std::byte> QuantizedFrozen::read() {
   const bool was = gathered();
   const std::byte* data = gather();
-  std::vector<std::byte> out(data, data + numel_ * dtype_size(dtype_));
+  std::vector<std::byte> out(numel_ * dtype_size(dtype_));
+  if (!out.empty()) device_.copy(out.data(), data, out.size());
   if (!was) release();
   return out;
 }

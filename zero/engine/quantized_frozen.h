@@ -11,9 +11,11 @@
 // dtype. Master weights do not exist for a frozen parameter; the values a checkpoint or
 // gather_master reads are these dequantized ones.
 //
-// Host memory only (the quantizer is the CPU's). Collectives: gather(), and read() when not
-// gathered, are collective over `comm`: every rank calls them for the same parameters in the same
-// order. set() and release() are local. Thread safety: the rank's thread only.
+// The shard and the gathered value are memory of `device` (a GPU's, too): gather() all-gathers
+// over `comm`, whose collectives take that memory, and dequantizes with the device's compute
+// table; set() and read() move host bytes with Device::copy. Collectives: gather(), and read()
+// when not gathered, are collective over `comm`: every rank calls them for the same parameters
+// in the same order. set() and release() are local. Thread safety: the rank's thread only.
 #pragma once
 
 #include <cstddef>
@@ -27,7 +29,7 @@ namespace zero::engine_detail {
 
 class QuantizedFrozen {
  public:
-  // REQUIRES: device, comm outlive this; the device's memory is host memory.
+  // REQUIRES: device, comm outlive this; comm's collectives take the device's memory.
   QuantizedFrozen(Device& device, Communicator& comm, DType dtype, std::size_t numel);
 
   // Keeps this rank's slice of `whole` (numel elements of the model dtype, host memory)

@@ -117,22 +117,33 @@ TEST_CASE("two in-process ranks on GPU 0 train every stage alike and as the CPU 
   }
 }
 
-// MiCS and hpZ on a GPU engine: four in-process ranks on GPU 0 (DeviceInProcComm), the shard
-// and secondary groups split off it, the host-memory collectives on the control communicator's
-// groups. Against the CPU engine with the same keys.
-TEST_CASE("MiCS and hpZ on four in-process ranks on GPU 0 train as the CPU engine", "[gpu]") {
-  for (const nlohmann::json& keys :
-       {nlohmann::json{{"mics_shard_size", 2}},
-        nlohmann::json{{"zero_hpz_partition_size", 2}, {"stage3_max_reuse_distance", 0}}}) {
-    INFO(keys.dump());
+// ZeRO++ and MiCS on a GPU engine: four in-process ranks on GPU 0 (DeviceInProcComm). MiCS's
+// shard groups and hpZ's secondary groups are split off it, the host-memory collectives go to the
+// control communicator's groups, and qwZ and the int8 frozen weights quantize with the CUDA table.
+// Each is checked against the CPU engine with the same keys.
+TEST_CASE("MiCS, hpZ, qwZ and int8 frozen weights on four in-process ranks on GPU 0 train as "
+          "the CPU engine",
+          "[gpu]") {
+  struct Case {
+    nlohmann::json keys;
+    bool frozen;
+  };
+  for (const Case& c :
+       {Case{{{"mics_shard_size", 2}}, false},
+        Case{{{"zero_hpz_partition_size", 2}, {"stage3_max_reuse_distance", 0}}, false},
+        Case{{{"zero_quantized_weights", true}}, false},
+        Case{{{"zero_quantized_nontrainable_weights", true}}, true}}) {
+    INFO(c.keys.dump());
     nlohmann::json cfg = base_config(3, "fp32", 1, 2);
     cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
-    cfg["zero_optimization"].update(keys);
+    cfg["zero_optimization"].update(c.keys);
     TrainSpec spec;
     spec.config = cfg;
     spec.world = 4;
     spec.steps = 4;
+    spec.model = "mlp:24,200,100,5";
     spec.regather = true;
+    if (c.frozen) spec.frozen = [](std::size_t i) { return i == 0; };
     const TrainResult cpu = train(spec);
     REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
     spec.device_factory = [](int rank, const DeviceOptions& options) {
@@ -142,8 +153,8 @@ TEST_CASE("MiCS and hpZ on four in-process ranks on GPU 0 train as the CPU engin
     };
     const TrainResult gpu = train(spec);
     const double diff = max_abs_diff(gpu.params, cpu.params);
-    std::printf("four ranks on GPU 0, %s: max |gpu - cpu| = %g, bitwise %s\n", keys.dump().c_str(),
-                diff, bitwise_equal(gpu, cpu) ? "yes" : "no");
+    std::printf("four ranks on GPU 0, %s: max |gpu - cpu| = %g, bitwise %s\n",
+                c.keys.dump().c_str(), diff, bitwise_equal(gpu, cpu) ? "yes" : "no");
     CHECK(diff < 1e-6);
   }
 }

@@ -1,4 +1,4 @@
-// ZeRO++'s hpZ and MiCS on an engine whose collectives take device memory (what a GPU engine
+// ZeRO++ (hpZ, qwZ, quantized frozen weights) and MiCS on an engine whose collectives take device memory (what a GPU engine
 // gets: NCCL, or DeviceInProcComm for ranks that share one GPU), run on the CPU through the GPU
 // stand-in (gpu_stand_in.h): the engine reaches its memory only through Device::copy and the
 // device's compute table, and its host-memory collectives go through the control communicator.
@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
@@ -49,6 +50,8 @@ TrainResult device_equals_cpu(TrainSpec spec) {
   on_device.regather = spec.regather;
   on_device.save_dir = spec.save_dir;
   on_device.save_after = spec.save_after;
+  on_device.model = spec.model;
+  on_device.frozen = spec.frozen;
   TrainResult dev = train(on_device);
   REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
   CHECK(copies > 0);                                      // through the device's copies
@@ -74,6 +77,37 @@ TEST_CASE("hpZ on device memory: re-gathers from the secondary copy, bitwise the
       CHECK(u.current_bytes == 0);
     }
   }
+}
+
+TEST_CASE("qwZ on device memory: gathers quantized by the device's table, bitwise the CPU engine",
+          "[engine][zeropp]") {
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+    INFO(precision);
+    nlohmann::json cfg = stage3({{"zero_quantized_weights", true}});
+    if (precision != "fp32") cfg[precision] = {{"enabled", true}};
+    TrainSpec spec = spec_for(cfg, 3, 4, nullptr);
+    spec.model = "mlp:24,200,100,5";
+    const TrainResult dev = device_equals_cpu(spec);
+    // Not plain stage 3's bits: the weights computed with were quantized.
+    TrainSpec plain = spec;
+    plain.config = stage3(nlohmann::json::object());
+    CHECK(max_abs_diff(dev.params, train(plain).params) > 0);
+  }
+}
+
+TEST_CASE("quantized frozen weights on device memory: int8 shards there, bitwise the CPU engine",
+          "[engine][zeropp]") {
+  TrainSpec spec = spec_for(stage3({{"zero_quantized_nontrainable_weights", true}}), 3, 4, nullptr);
+  spec.model = "mlp:24,200,100,5";
+  spec.frozen = [](std::size_t i) { return i == 0; };  // layers.0.weight: 24 x 200
+  const TrainResult dev = device_equals_cpu(spec);
+  // The frozen weight held as dequantize(quantize(value)) from the start, and never moved.
+  TrainSpec whole = spec;
+  whole.config = stage3(nlohmann::json::object());
+  const std::vector<float> exact = train(whole).initial[0];
+  CHECK(dev.params[0] == dev.initial[0]);
+  CHECK(dev.initial[0] != exact);
+  CHECK(max_abs_diff({dev.initial[0]}, {exact}) < 0.05);
 }
 
 TEST_CASE("MiCS on device memory trains bitwise as on the CPU, within 1e-6 of plain stage 3",

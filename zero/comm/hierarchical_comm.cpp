@@ -11,7 +11,7 @@
 
 #include "zero/base/error.h"
 #include "zero/comm/comm_thread.h"
-#include "zero/comm/reduce_math.h"
+#include "zero/comm/level_memory.h"
 #include "zero/comm/shared_memory_twin.h"
 
 namespace zero {
@@ -32,15 +32,6 @@ bool sixteen_bit(DType t) {
 // that they are rounded once (communicator.h).
 DType work_dtype(const CollectiveArgs& a) {
   return sixteen_bit(a.dtype) && a.op != ReduceOp::Max ? DType::F32 : a.dtype;
-}
-
-// dst (work dtype) = src (element type), elems elements.
-void to_work(const void* src, void* dst, std::size_t elems, DType dtype, DType work) {
-  if (dtype == work) {
-    std::memcpy(dst, src, elems * dtype_size(dtype));
-  } else {
-    comm_detail::widen_to_f32(src, static_cast<float*>(dst), elems, dtype);
-  }
 }
 
 // The bytes a ring algorithm sends from rank `me` of `n` for `a` (see the header).
@@ -79,16 +70,24 @@ std::unique_ptr<Communicator> on_shared_memory(std::unique_ptr<Communicator> gro
 }  // namespace
 
 std::unique_ptr<HierarchicalComm> HierarchicalComm::create(Communicator& world,
-                                                           const NodeTopology& topology) {
+                                                           const NodeTopology& topology,
+                                                           Device* device, Communicator* control) {
   ZERO_CHECK(topology.world_size == world.size(),
              "HierarchicalComm: the topology has {} ranks but the communicator {}",
              topology.world_size, world.size());
+  ZERO_CHECK(device == nullptr ||
+                 (control != nullptr && control->size() == world.size() &&
+                  control->rank() == world.rank()),
+             "HierarchicalComm over device memory: pass the host communicator of the same ranks "
+             "(rank {} of {})",
+             world.rank(), world.size());
+  Communicator& host = device != nullptr ? *control : world;
   if (topology.launcher_local_rank) {
     // Every rank learns whether any rank's placement disagrees with the contiguous blocks.
     const int me = world.rank();
     const bool off = *topology.launcher_local_rank != topology.local_of(me);
     std::array<double, 2> flag = {off ? static_cast<double>(world.size() - me) : 0.0, 0.0};
-    world.all_reduce(flag.data(), flag.data(), flag.size(), DType::F64, ReduceOp::Max).wait();
+    host.all_reduce(flag.data(), flag.data(), flag.size(), DType::F64, ReduceOp::Max).wait();
     if (flag[0] > 0) {
       const int first = world.size() - static_cast<int>(flag[0]);
       throw CommError(fmt::format(
@@ -100,24 +99,29 @@ std::unique_ptr<HierarchicalComm> HierarchicalComm::create(Communicator& world,
           topology.node_of(first)));
     }
   }
-  return std::unique_ptr<HierarchicalComm>(new HierarchicalComm(world, topology));
+  return std::unique_ptr<HierarchicalComm>(new HierarchicalComm(
+      nullptr, world, topology, std::make_shared<Counters>(), device, nullptr, control));
 }
 
-HierarchicalComm::HierarchicalComm(Communicator& world, const NodeTopology& topology)
-    : HierarchicalComm(nullptr, world, topology, std::make_shared<Counters>()) {}
-
 HierarchicalComm::HierarchicalComm(std::unique_ptr<Communicator> owned, Communicator& world,
-                                   const NodeTopology& topology, std::shared_ptr<Counters> counters)
+                                   const NodeTopology& topology, std::shared_ptr<Counters> counters,
+                                   Device* device, std::unique_ptr<Communicator> owned_control,
+                                   Communicator* control)
     : Communicator(CommOptions{world.timeout()}),
       owned_world_(std::move(owned)),
       world_(world),
       topology_(topology),
       rank_(world.rank()),
+      owned_control_(std::move(owned_control)),
+      control_(owned_control_ ? owned_control_.get() : control),
+      device_(device),
+      memory_(std::make_unique<comm_detail::LevelMemory>(device)),
       counters_(std::move(counters)) {
   if (topology_.single_node() || topology_.ranks_per_node == 1) return;
   intra_ = on_shared_memory(world.split(topology_.node_of(rank_), topology_.local_of(rank_)));
   inter_ = world.split(topology_.local_of(rank_), topology_.node_of(rank_));
   splitter_ = world.split(0, rank_);
+  if (device_ != nullptr) control_splitter_ = control_->split(0, rank_);
   thread_ = std::make_unique<comm_detail::CommThread>();
 }
 
@@ -154,15 +158,18 @@ std::unique_ptr<Communicator> HierarchicalComm::split_impl(int color, int key) {
   const int world = size();
   std::vector<double> all(2 * static_cast<std::size_t>(world));
   const std::array<double, 2> mine = {static_cast<double>(color), static_cast<double>(key)};
-  std::unique_ptr<Communicator> flat;
-  auto split_plainly = [&](Communicator& base) {
-    base.all_gather(mine.data(), all.data(), mine.size(), DType::F64).wait();
+  // On a device the exchange, and a split of the same color, go to the control communicator.
+  std::unique_ptr<Communicator> flat, flat_control;
+  auto split_plainly = [&](Communicator& base, Communicator* host) {
+    (host != nullptr ? *host : base).all_gather(mine.data(), all.data(), mine.size(), DType::F64)
+        .wait();
     flat = base.split(color, key);
+    if (host != nullptr) flat_control = host->split(color, key);
   };
   if (two_level()) {
-    thread_->submit([&] { split_plainly(*splitter_); }).wait();
+    thread_->submit([&] { split_plainly(*splitter_, control_splitter_.get()); }).wait();
   } else {
-    split_plainly(world_);
+    split_plainly(world_, device_ != nullptr ? control_ : nullptr);
   }
   if (!flat) return nullptr;
   // The group's members in its order, and whether they form contiguous equal blocks per node.
@@ -205,13 +212,8 @@ std::unique_ptr<Communicator> HierarchicalComm::split_impl(int color, int key) {
     }
   }
   Communicator& group = *flat;
-  return std::unique_ptr<HierarchicalComm>(
-      new HierarchicalComm(std::move(flat), group, t, counters_));
-}
-
-std::byte* HierarchicalComm::scratch(std::vector<std::byte>& v, std::size_t bytes) {
-  if (v.size() < bytes) v.resize(bytes);
-  return v.data();
+  return std::unique_ptr<HierarchicalComm>(new HierarchicalComm(
+      std::move(flat), group, t, counters_, device_, std::move(flat_control), nullptr));
 }
 
 void HierarchicalComm::run(const CollectiveArgs& a) {
@@ -220,6 +222,7 @@ void HierarchicalComm::run(const CollectiveArgs& a) {
                                 describe(a, size()), failure_));
   }
   try {
+    memory_->bind_thread();
     switch (a.kind) {
       case Collective::ReduceScatter:
         if (a.quantize_bits != 0 && a.op != ReduceOp::Max && a.dtype != DType::F64) {
@@ -258,12 +261,12 @@ void HierarchicalComm::two_level_reduce_scatter(const CollectiveArgs& a) {
   const std::size_t esz = dtype_size(a.dtype), wsz = dtype_size(w);
   const ReduceOp level_op = a.op == ReduceOp::Max ? ReduceOp::Max : ReduceOp::Sum;
   // Block l' of S holds the chunks of ranks n'·L + l' for n' = 0..N-1, in the work dtype.
-  std::byte* s = scratch(scratch_a_, static_cast<std::size_t>(L * N) * c * wsz);
+  std::byte* s = memory_->scratch(0, static_cast<std::size_t>(L * N) * c * wsz);
   for (int lq = 0; lq < L; ++lq) {
     for (int nq = 0; nq < N; ++nq) {
       const auto from = static_cast<std::size_t>(nq * L + lq) * c;
       const auto to = static_cast<std::size_t>(lq * N + nq) * c;
-      to_work(at(a.send, from * esz), s + to * wsz, c, a.dtype, w);
+      memory_->to_work(at(a.send, from * esz), s + to * wsz, c, a.dtype, w);
     }
   }
   const std::size_t block = static_cast<std::size_t>(N) * c;
@@ -271,14 +274,14 @@ void HierarchicalComm::two_level_reduce_scatter(const CollectiveArgs& a) {
       level_args(Collective::ReduceScatter, s, s, block, w, level_op, /*in_place=*/true);
   count(in_node, L, l, false);
   intra_->start(in_node).wait();
-  std::byte* mine = scratch(scratch_b_, c * wsz);
+  std::byte* mine = memory_->scratch(1, c * wsz);
   const CollectiveArgs across =
       level_args(Collective::ReduceScatter, s + static_cast<std::size_t>(l) * block * wsz, mine, c,
                  w, level_op, false);
   count(across, N, topology_.node_of(rank_), true);
   inter_->start(across).wait();
   void* dst = a.in_place ? at(a.recv, static_cast<std::size_t>(rank_) * c * esz) : a.recv;
-  comm_detail::finish_reduction(mine, dst, c, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
+  memory_->finish(mine, dst, c, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
 }
 
 void HierarchicalComm::two_level_all_gather(const CollectiveArgs& a) {
@@ -288,13 +291,13 @@ void HierarchicalComm::two_level_all_gather(const CollectiveArgs& a) {
   const std::size_t esz = dtype_size(a.dtype);
   const void* mine = a.in_place ? at(a.recv, static_cast<std::size_t>(rank_) * c * esz) : a.send;
   // Across nodes first: the ranks with this local rank, in node order.
-  std::byte* g1 = scratch(scratch_b_, static_cast<std::size_t>(N) * c * esz);
+  std::byte* g1 = memory_->scratch(1, static_cast<std::size_t>(N) * c * esz);
   const CollectiveArgs across =
       level_args(Collective::AllGather, mine, g1, c, a.dtype, a.op, false);
   count(across, N, topology_.node_of(rank_), true);
   inter_->start(across).wait();
   // Then inside the node: block l' holds the chunks of ranks n'·L + l'.
-  std::byte* g2 = scratch(scratch_a_, static_cast<std::size_t>(L * N) * c * esz);
+  std::byte* g2 = memory_->scratch(0, static_cast<std::size_t>(L * N) * c * esz);
   const CollectiveArgs in_node = level_args(Collective::AllGather, g1, g2,
                                             static_cast<std::size_t>(N) * c, a.dtype, a.op, false);
   count(in_node, L, topology_.local_of(rank_), false);
@@ -303,7 +306,7 @@ void HierarchicalComm::two_level_all_gather(const CollectiveArgs& a) {
     for (int nq = 0; nq < N; ++nq) {
       const auto from = static_cast<std::size_t>(lq * N + nq) * c;
       const auto to = static_cast<std::size_t>(nq * L + lq) * c;
-      std::memcpy(at(a.recv, to * esz), g2 + from * esz, c * esz);
+      memory_->copy(at(a.recv, to * esz), g2 + from * esz, c * esz);
     }
   }
 }
@@ -317,9 +320,9 @@ void HierarchicalComm::two_level_all_reduce(const CollectiveArgs& a) {
   const std::size_t wsz = dtype_size(w);
   const ReduceOp level_op = a.op == ReduceOp::Max ? ReduceOp::Max : ReduceOp::Sum;
   const std::size_t k = (e + static_cast<std::size_t>(L) - 1) / static_cast<std::size_t>(L);
-  std::byte* s = scratch(scratch_a_, static_cast<std::size_t>(L) * k * wsz);
-  to_work(a.send, s, e, a.dtype, w);
-  std::memset(s + e * wsz, 0, (static_cast<std::size_t>(L) * k - e) * wsz);
+  std::byte* s = memory_->scratch(0, static_cast<std::size_t>(L) * k * wsz);
+  memory_->to_work(a.send, s, e, a.dtype, w);
+  memory_->fill_zero(s + e * wsz, static_cast<std::size_t>(L) * k - e, w);
   const CollectiveArgs scatter =
       level_args(Collective::ReduceScatter, s, s, k, w, level_op, /*in_place=*/true);
   count(scatter, L, l, false);
@@ -333,7 +336,7 @@ void HierarchicalComm::two_level_all_reduce(const CollectiveArgs& a) {
       level_args(Collective::AllGather, s, s, k, w, level_op, /*in_place=*/true);
   count(gather, L, l, false);
   intra_->start(gather).wait();
-  comm_detail::finish_reduction(s, a.recv, e, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
+  memory_->finish(s, a.recv, e, a.dtype, w, a.op == ReduceOp::Avg ? size() : 1);
 }
 
 void HierarchicalComm::two_level_all_to_all(const CollectiveArgs& a) {
@@ -345,11 +348,11 @@ void HierarchicalComm::two_level_all_to_all(const CollectiveArgs& a) {
     return at(base, static_cast<std::size_t>(index) * c * esz);
   };
   // Inside the node: local rank l' gets the blocks for the ranks with local rank l', by node.
-  std::byte* s = scratch(scratch_a_, static_cast<std::size_t>(L * N) * c * esz);
-  std::byte* t = scratch(scratch_b_, static_cast<std::size_t>(L * N) * c * esz);
+  std::byte* s = memory_->scratch(0, static_cast<std::size_t>(L * N) * c * esz);
+  std::byte* t = memory_->scratch(1, static_cast<std::size_t>(L * N) * c * esz);
   for (int lq = 0; lq < L; ++lq) {
     for (int nq = 0; nq < N; ++nq)
-      std::memcpy(s + (lq * N + nq) * c * esz, block(a.send, nq * L + lq), c * esz);
+      memory_->copy(s + (lq * N + nq) * c * esz, block(a.send, nq * L + lq), c * esz);
   }
   const CollectiveArgs in_node =
       level_args(Collective::AllToAll, s, t, static_cast<std::size_t>(N) * c, a.dtype, a.op, false);
@@ -359,7 +362,7 @@ void HierarchicalComm::two_level_all_to_all(const CollectiveArgs& a) {
   // them by l''; what arrives from node n'' is in source-rank order already.
   for (int nq = 0; nq < N; ++nq) {
     for (int lq = 0; lq < L; ++lq)
-      std::memcpy(s + (nq * L + lq) * c * esz, t + (lq * N + nq) * c * esz, c * esz);
+      memory_->copy(s + (nq * L + lq) * c * esz, t + (lq * N + nq) * c * esz, c * esz);
   }
   const CollectiveArgs across = level_args(Collective::AllToAll, s, a.recv,
                                            static_cast<std::size_t>(L) * c, a.dtype, a.op, false);

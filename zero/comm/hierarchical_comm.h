@@ -45,9 +45,17 @@
 // Semantics are communicator.h's with one difference: sums are taken node by node, then over
 // nodes, so a two-level result is bitwise reproducible for a topology but not equal to the flat
 // world's. 16-bit sums (and averages) travel as fp32 through both levels and are rounded once at
-// the end, as the contract asks; Max travels in the element type. Two-level collectives take host
-// memory only (the reordering is a memcpy): create() refuses nothing, but an engine on a GPU
-// must not be given a two-level HierarchicalComm (zero-train and zero.initialize refuse that).
+// the end, as the contract asks; Max travels in the element type.
+//
+// Memory: created without a device, collectives take host memory (the reordering is a memcpy,
+// the arithmetic the CPU kernels'). Created with a Device (a GPU engine's world: NCCL, or
+// DeviceInProcComm), they take that device's memory: the levels run on splits of the world,
+// the reordering and the arithmetic between levels go through Device::copy and the device's
+// compute table (comm_detail::LevelMemory), with the same bits. Such a communicator is also given
+// a host communicator of the same ranks, the control communicator, for what must travel in host
+// memory: create()'s placement check and split()'s membership exchange. On a device, fp64 is not
+// reduced (CommError), and the quantized reduce-scatter's LoCo error feedback is computed on the
+// host (its state is host memory): each of its quantization points crosses to the host and back.
 //
 // Traffic: every collective counts, on each rank, the bytes a ring algorithm sends from that rank
 // (reduce_scatter and all_gather (n−1)·chunk, all_reduce 2·(n−1)/n·buffer, broadcast the buffer on
@@ -78,8 +86,11 @@
 
 namespace zero {
 
+class Device;  // zero/device/device.h
+
 namespace comm_detail {
 class CommThread;
+class LevelMemory;  // level_memory.h
 }
 
 struct NodeTraffic {
@@ -95,8 +106,13 @@ class HierarchicalComm final : public Communicator {
   // REQUIRES: `world` outlives the result; topology.world_size == world.size(). In two-level mode
   // the result never uses `world` after create(), so its owner may go on using it; on one level
   // the result forwards to it, so both are used from the same thread (communicator.h).
+  // With `device`: collectives take its memory, and `control` (a host communicator of the same
+  // ranks, which outlives the result and which the caller does not use while create() or split()
+  // runs) carries the host-memory exchanges.
   static std::unique_ptr<HierarchicalComm> create(Communicator& world,
-                                                  const NodeTopology& topology);
+                                                  const NodeTopology& topology,
+                                                  Device* device = nullptr,
+                                                  Communicator* control = nullptr);
   ~HierarchicalComm() override;
 
   int rank() const override { return rank_; }
@@ -127,15 +143,16 @@ class HierarchicalComm final : public Communicator {
   void two_level_all_to_all(const CollectiveArgs& a);
   void two_level_quantized_reduce_scatter(const CollectiveArgs& a);
   void count(const CollectiveArgs& a, int group_size, int group_rank, bool inter);
-  std::byte* scratch(std::vector<std::byte>& v, std::size_t bytes);
 
   struct Counters {
     std::atomic<std::uint64_t> intra{0};
     std::atomic<std::uint64_t> inter{0};
   };
-  // `owned` (null: borrowed) is `world`.
+  // `owned` (null: borrowed) is `world`; `owned_control` (null: borrowed) is `control`.
   HierarchicalComm(std::unique_ptr<Communicator> owned, Communicator& world,
-                   const NodeTopology& topology, std::shared_ptr<Counters> counters);
+                   const NodeTopology& topology, std::shared_ptr<Counters> counters,
+                   Device* device, std::unique_ptr<Communicator> owned_control,
+                   Communicator* control);
 
   std::unique_ptr<Communicator> owned_world_;  // a split's own world (null: borrowed)
   Communicator& world_;
@@ -144,9 +161,16 @@ class HierarchicalComm final : public Communicator {
   std::unique_ptr<Communicator> intra_;  // null: forwarding to world_
   std::unique_ptr<Communicator> inter_;
   std::unique_ptr<Communicator> splitter_;  // a private copy of the world, for split()
-  std::vector<std::byte> scratch_a_, scratch_b_;
-  std::vector<float> sums_;                          // the quantized reduce-scatter's fp32 sums
-  std::vector<float> widened_, feedback_scratch_;    // its LoCo error feedback's fp32 work
+  // On a device: the host communicator of the same ranks (create()), and its private copy for
+  // split() in two-level mode. Null on the host, where the world carries those exchanges.
+  std::unique_ptr<Communicator> owned_control_;
+  Communicator* control_ = nullptr;
+  std::unique_ptr<Communicator> control_splitter_;
+  Device* device_;
+  // Scratch slots 0, 1 (payloads), 2 (fp32 sums), and the copies between the levels.
+  std::unique_ptr<comm_detail::LevelMemory> memory_;
+  std::vector<std::byte> host_values_;             // LoCo's values on the host (a device's)
+  std::vector<float> widened_, feedback_scratch_;  // its error feedback's fp32 work
   std::string failure_;                              // the first failure, communication thread only
   std::shared_ptr<Counters> counters_;               // shared with the groups split off this one
   std::unique_ptr<comm_detail::CommThread> thread_;  // last: stopped first

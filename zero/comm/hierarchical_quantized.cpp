@@ -1,11 +1,13 @@
 // HierarchicalComm's quantized reduce-scatter (ZeRO++ qgZ; the algorithm and its error bound are
-// in hierarchical_comm.h), with LoCo's error feedback when the caller passes a state.
+// in hierarchical_comm.h), with LoCo's error feedback when the caller passes a state. On a device
+// the payloads and sums stay in its memory (comm_detail::LevelMemory); a point with error
+// feedback is computed on the host, its values downloaded and its payload uploaded.
 #include <vector>
 
 #include "kernels/cast.h"
 #include "kernels/quantize.h"
 #include "zero/comm/hierarchical_comm.h"
-#include "zero/comm/reduce_math.h"
+#include "zero/comm/level_memory.h"
 
 namespace zero {
 
@@ -49,8 +51,8 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   const auto W = static_cast<std::size_t>(size());
   const std::size_t esz = dtype_size(a.dtype);
   const std::size_t qb = kernels::quantized_bytes(c, bits);  // a multiple of 4
-  std::byte* send = scratch(scratch_a_, W * qb);
-  std::byte* recv = scratch(scratch_b_, W * qb);
+  std::byte* send = memory_->scratch(0, W * qb);
+  std::byte* recv = memory_->scratch(1, W * qb);
   // LoCo: the state holds the error of each of this rank's W chunks (step 1), then of its N
   // partial sums (step 3), each in 8-bit blocks; a state of another size starts from zero errors.
   const std::size_t eb = kernels::quantized_bytes(c, 8);
@@ -62,6 +64,13 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   const auto point = [&](std::size_t index) {
     return FeedbackPoint{fb->state.data() + index * eb, fb->multiplier, fb->beta};
   };
+  // Q(x + e) of the n fp32 host values x into `out` (this memory's), through the host.
+  std::vector<std::byte> payload;
+  const auto quantize_on_host = [&](float* x, std::size_t index, std::byte* out) {
+    payload.resize(qb);
+    quantize_with_feedback(x, c, bits, payload.data(), point(index), feedback_scratch_);
+    memory_->upload(out, payload.data(), qb);
+  };
   // 1. Every chunk quantized, grouped by the local rank of its destination, by node within.
   for (int lq = 0; lq < L; ++lq) {
     for (int nq = 0; nq < N; ++nq) {
@@ -69,12 +78,14 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
       const auto* chunk = static_cast<const std::byte*>(a.send) + q * c * esz;
       std::byte* out = send + static_cast<std::size_t>(lq * N + nq) * qb;
       if (fb == nullptr) {
-        kernels::quantize_cpu(chunk, a.dtype, c, bits, out, kSerial);
+        memory_->quantize(chunk, a.dtype, c, bits, out);
         continue;
       }
+      host_values_.resize(c * esz);
+      memory_->download(host_values_.data(), chunk, c * esz);
       widened_.resize(c);
-      kernels::cast_cpu(chunk, a.dtype, widened_.data(), DType::F32, c, kSerial);
-      quantize_with_feedback(widened_.data(), c, bits, out, point(q), feedback_scratch_);
+      kernels::cast_cpu(host_values_.data(), a.dtype, widened_.data(), DType::F32, c, kSerial);
+      quantize_on_host(widened_.data(), q, out);
     }
   }
   // 2. Inside the node: from each local rank, its chunks for the ranks with this local rank.
@@ -83,19 +94,21 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   count(in_node, L, topology_.local_of(rank_), false);
   intra_->start(in_node).wait();
   // 3. Summed over the node's ranks in local order, per destination node, then requantized.
-  sums_.assign(static_cast<std::size_t>(N) * c, 0.0f);
+  auto* sums = reinterpret_cast<float*>(
+      memory_->scratch(2, static_cast<std::size_t>(N) * c * sizeof(float)));
+  memory_->fill_zero(sums, static_cast<std::size_t>(N) * c, DType::F32);
   for (int nq = 0; nq < N; ++nq) {
-    float* sum = sums_.data() + static_cast<std::size_t>(nq) * c;
+    float* sum = sums + static_cast<std::size_t>(nq) * c;
     for (int lq = 0; lq < L; ++lq) {
-      kernels::dequantize_add_cpu(recv + static_cast<std::size_t>(lq * N + nq) * qb, c, bits, sum,
-                                  kSerial);
+      memory_->dequantize_add(recv + static_cast<std::size_t>(lq * N + nq) * qb, c, bits, sum);
     }
     std::byte* out = send + static_cast<std::size_t>(nq) * qb;
     if (fb == nullptr) {
-      kernels::quantize_cpu(sum, DType::F32, c, bits, out, kSerial);
+      memory_->quantize(sum, DType::F32, c, bits, out);
     } else {
-      quantize_with_feedback(sum, c, bits, out, point(W + static_cast<std::size_t>(nq)),
-                             feedback_scratch_);
+      widened_.resize(c);
+      memory_->download(widened_.data(), sum, c * sizeof(float));
+      quantize_on_host(widened_.data(), W + static_cast<std::size_t>(nq), out);
     }
   }
   if (fb != nullptr) fb->multiplier = 1.0f;  // every stored error was rewritten at this scale
@@ -104,16 +117,15 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   count(across, N, topology_.node_of(rank_), true);
   inter_->start(across).wait();
   // 5. Summed over nodes in order, averaged, rounded once to the element type.
-  sums_.assign(c, 0.0f);
+  memory_->fill_zero(sums, c, DType::F32);
   for (int nn = 0; nn < N; ++nn) {
-    kernels::dequantize_add_cpu(recv + static_cast<std::size_t>(nn) * qb, c, bits, sums_.data(),
-                                kSerial);
+    memory_->dequantize_add(recv + static_cast<std::size_t>(nn) * qb, c, bits, sums);
   }
   void* out = a.in_place
                   ? static_cast<std::byte*>(a.recv) + static_cast<std::size_t>(rank_) * c * esz
                   : a.recv;
-  comm_detail::finish_reduction(sums_.data(), out, c, a.dtype, DType::F32,
-                                a.op == ReduceOp::Avg ? static_cast<int>(W) : 1);
+  memory_->finish(sums, out, c, a.dtype, DType::F32,
+                  a.op == ReduceOp::Avg ? static_cast<int>(W) : 1);
 }
 
 }  // namespace zero

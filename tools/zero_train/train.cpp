@@ -140,23 +140,20 @@ void train_rank(const TrainOptions& options, const config::DsConfig& config, int
   EngineOptions engine_options;
   engine_options.kernel_threads = threads;
   // On a GPU the engine's collectives go through NCCL, or, for in-process ranks that share one
-  // GPU (which NCCL refuses), DeviceInProcComm; `comm` carries the host-side ones.
+  // GPU (which NCCL refuses), DeviceInProcComm; `comm` carries the host-side ones. Over those, two
+  // levels where a simulated topology or qgZ asks for them (make_device_nodes), counted; otherwise
+  // NCCL follows its own topology and nothing is counted.
   // On the CPU the engine's collectives go through a HierarchicalComm: two levels over several
-  // nodes, on one level the world's own collectives, counted either way. On a GPU, NCCL follows
-  // its own topology and nothing is counted.
+  // nodes, on one level the world's own collectives, counted either way.
   const NodeTopology topology = resolve_node_topology(comm.size(), options.ranks_per_node);
   std::unique_ptr<Communicator> gpu_comm;
   std::unique_ptr<HierarchicalComm> nodes;
   if (device->gpu_ordinal() >= 0) {
-    if (topology.source == "--ranks-per-node" || topology.source == "ZERO_RANKS_PER_NODE") {
-      throw Error(fmt::format(
-          "{} {}: two-level collectives run on host memory in this version, and this run's "
-          "engine is on a GPU; drop it (NCCL follows the real topology) or train on the CPU "
-          "(--device cpu)",
-          topology.source, topology.ranks_per_node));
-    }
     gpu_comm = make_gpu_communicator(comm, *device);
     engine_options.control_comm = &comm;
+    const auto& z = config.zero_optimization;
+    nodes = make_device_nodes(*gpu_comm, *device, comm, topology,
+                              z.stage == 3 && z.zero_quantized_gradients);
   } else {
     nodes = HierarchicalComm::create(comm, topology);
   }

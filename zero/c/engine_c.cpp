@@ -175,6 +175,12 @@ int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spe
       handle->device_comm = zero::make_gpu_communicator(*c, *handle->device);
       placed_options.control_comm = c;
       engine_comm = handle->device_comm.get();
+      const auto& z = handle->config->zero_optimization;
+      handle->nodes = zero::make_device_nodes(
+          *handle->device_comm, *handle->device, *c,
+          zero::resolve_node_topology(c->size(), std::nullopt),
+          z.stage == 3 && z.zero_quantized_gradients);
+      if (handle->nodes) engine_comm = handle->nodes.get();
     } else {
       handle->nodes = zero::HierarchicalComm::create(
           *c, zero::resolve_node_topology(c->size(), std::nullopt));

@@ -26,6 +26,7 @@ struct zero_engine {
   // On the CPU the engine's collectives go through a HierarchicalComm over the caller's
   // communicator: nodes from ZERO_RANKS_PER_NODE or the launcher's local world, and the bytes
   // each rank sends inside and across nodes, counted from `traffic_base` (zero_engine_timings_json).
+  // On a GPU, one over `device_comm` where make_device_nodes asks for two levels; null otherwise.
   std::unique_ptr<zero::HierarchicalComm> nodes;
   zero::NodeTraffic traffic_base;
   std::unique_ptr<zero::config::DsConfig> config;

@@ -103,6 +103,17 @@ std::unique_ptr<HierarchicalComm> HierarchicalComm::create(Communicator& world,
       nullptr, world, topology, std::make_shared<Counters>(), device, nullptr, control));
 }
 
+std::unique_ptr<HierarchicalComm> make_device_nodes(Communicator& device_world, Device& device,
+                                                    Communicator& host,
+                                                    const NodeTopology& topology,
+                                                    bool quantized_gradients) {
+  const bool simulated =
+      topology.source == "ZERO_RANKS_PER_NODE" || topology.source == "--ranks-per-node";
+  const bool two_levels = !topology.single_node() && topology.ranks_per_node > 1;
+  if (!two_levels || !(simulated || quantized_gradients)) return nullptr;
+  return HierarchicalComm::create(device_world, topology, &device, &host);
+}
+
 HierarchicalComm::HierarchicalComm(std::unique_ptr<Communicator> owned, Communicator& world,
                                    const NodeTopology& topology, std::shared_ptr<Counters> counters,
                                    Device* device, std::unique_ptr<Communicator> owned_control,

@@ -176,4 +176,15 @@ class HierarchicalComm final : public Communicator {
   std::unique_ptr<comm_detail::CommThread> thread_;  // last: stopped first
 };
 
+// The two-level communicator a GPU engine runs over, or null for `device_world` itself (its own
+// collectives over every rank: NCCL follows the real topology without help). Two levels where they
+// are asked for, on several nodes of several ranks: a simulated topology (topology.source
+// "ZERO_RANKS_PER_NODE" or "--ranks-per-node": the test bed of one host) or qgZ
+// (`quantized_gradients`: the quantized reduction runs between the levels). Collective over
+// `device_world` and `host` (the control communicator, same ranks).
+std::unique_ptr<HierarchicalComm> make_device_nodes(Communicator& device_world, Device& device,
+                                                    Communicator& host,
+                                                    const NodeTopology& topology,
+                                                    bool quantized_gradients);
+
 }  // namespace zero

@@ -136,7 +136,7 @@ void EngineImpl::read_options(const EngineOptions& options) {
   ignore_unused_ = cfg_.zero_optimization.ignore_unused_parameters;
   clip_ = cfg_.gradient_clipping;
   parts_ = part_options(cfg_, rank_, world_, exec_);
-  parts_.reducer.quantize_bits = qgz_bits(cfg_, comm_, options, mics_ != nullptr, notes_);
+  parts_.reducer.quantize_bits = qgz_bits(cfg_, comm_, mics_ != nullptr, notes_);
   if (const auto& loco = cfg_.zero_optimization.zeropp_loco_param; loco && stage_ == 3) {
     if (parts_.reducer.quantize_bits != 0) {
       parts_.reducer.loco_beta = static_cast<float>(loco->err_beta);

@@ -55,10 +55,10 @@ std::unique_ptr<MicsComm> make_mics_control(const config::DsConfig& cfg, const M
 
 // qgZ (engine_mics.cpp): the bits gradients cross nodes in (4), or 0 when the config does not ask
 // for it or `comm` is not a HierarchicalComm of several nodes of several ranks (what carries the
-// topology), with a note in `notes` saying so. Throws ConfigError naming the key with MiCS and
-// on a GPU.
-int qgz_bits(const config::DsConfig& cfg, Communicator& comm, const EngineOptions& options,
-             bool mics, std::vector<std::string>& notes);
+// topology; on a GPU, make_device_nodes builds one for qgZ), with a note in `notes` saying so.
+// Throws ConfigError naming the key with MiCS.
+int qgz_bits(const config::DsConfig& cfg, Communicator& comm, bool mics,
+             std::vector<std::string>& notes);
 
 // hpZ's secondary group (engine_mics.cpp): zero_hpz_partition_size consecutive ranks of `comm`,
 // or null when the config asks for none (or for all ranks, which is plain stage 3). Collective

@@ -36,18 +36,13 @@ std::unique_ptr<MicsComm> make_mics_control(const config::DsConfig& cfg, const M
                           static_cast<int>(cfg.zero_optimization.mics_shard_size));
 }
 
-int qgz_bits(const config::DsConfig& cfg, Communicator& comm, const EngineOptions& options,
-             bool mics, std::vector<std::string>& notes) {
+int qgz_bits(const config::DsConfig& cfg, Communicator& comm, bool mics,
+             std::vector<std::string>& notes) {
   const auto& z = cfg.zero_optimization;
   if (z.stage != 3 || !z.zero_quantized_gradients) return 0;
   const char* key = "zero_optimization.zero_quantized_gradients";
   if (mics) {
     throw ConfigError(key, "qgZ and MiCS are not combined here; drop one of them");
-  }
-  if (options.control_comm != nullptr) {
-    throw ConfigError(key,
-                      "quantized gradient reductions run on engines in host memory (the "
-                      "CPU) in this version; on a GPU set it to false");
   }
   const auto* nodes = dynamic_cast<const HierarchicalComm*>(&comm);
   if (nodes == nullptr || nodes->topology().nodes() == 1) {

@@ -16,6 +16,8 @@
 #include "tests/temp_dir.h"
 #include "tests/zero/engine/engine_test_util.h"
 #include "zero/base/error.h"
+#include "zero/comm/hierarchical_comm.h"
+#include "zero/comm/node_topology.h"
 
 namespace zero::test {
 namespace {
@@ -155,6 +157,53 @@ TEST_CASE("MiCS, hpZ, qwZ and int8 frozen weights on four in-process ranks on GP
     const double diff = max_abs_diff(gpu.params, cpu.params);
     std::printf("four ranks on GPU 0, %s: max |gpu - cpu| = %g, bitwise %s\n",
                 c.keys.dump().c_str(), diff, bitwise_equal(gpu, cpu) ? "yes" : "no");
+    CHECK(diff < 1e-6);
+  }
+}
+
+// Four in-process ranks on GPU 0 as two simulated nodes of two: the engine over a HierarchicalComm
+// of device memory (make_device_nodes' choice for a simulated topology), qgZ's payloads and sums
+// on the GPU. Against the CPU engine over host two-level collectives with the same keys.
+TEST_CASE("qgZ and hpZ+qwZ+qgZ over two simulated nodes on GPU 0 train as the CPU engine",
+          "[gpu]") {
+  const NodeTopology nodes = resolve_node_topology(4, 2, [](const char*) { return nullptr; });
+  for (const nlohmann::json& keys :
+       {nlohmann::json{{"zero_quantized_gradients", true}},
+        nlohmann::json{{"zero_hpz_partition_size", 2},
+                       {"zero_quantized_weights", true},
+                       {"zero_quantized_gradients", true}}}) {
+    INFO(keys.dump());
+    nlohmann::json cfg = base_config(3, "fp32", 1, 2);
+    cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    cfg["zero_optimization"].update(keys);
+    TrainSpec spec;
+    spec.config = cfg;
+    spec.world = 4;
+    spec.steps = 4;
+    spec.model = "mlp:24,200,100,5";
+    std::vector<std::unique_ptr<HierarchicalComm>> host_nodes(4);
+    spec.wrap_comm = [&](int r, Communicator& c) -> Communicator& {
+      host_nodes[static_cast<std::size_t>(r)] = HierarchicalComm::create(c, nodes);
+      return *host_nodes[static_cast<std::size_t>(r)];
+    };
+    const TrainResult cpu = train(spec);
+    REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
+    spec.wrap_comm = nullptr;
+    spec.device_factory = [](int rank, const DeviceOptions& options) {
+      DeviceOptions on_gpu0 = options;
+      on_gpu0.cuda_ordinal = 0;
+      return make_device("cuda", rank, on_gpu0);
+    };
+    spec.wrap_device_comm = [&](int, Communicator& world, Device& device,
+                                Communicator& host) -> std::unique_ptr<Communicator> {
+      return make_device_nodes(world, device, host, nodes, true);
+    };
+    const TrainResult gpu = train(spec);
+    const double diff = max_abs_diff(gpu.params, cpu.params);
+    std::printf("two nodes on GPU 0, %s: max |gpu - cpu| = %g, bitwise %s, inter-node bytes %llu\n",
+                keys.dump().c_str(), diff, bitwise_equal(gpu, cpu) ? "yes" : "no",
+                static_cast<unsigned long long>(gpu.traffic[0].inter_bytes));
+    CHECK(gpu.traffic[0].inter_bytes > 0);
     CHECK(diff < 1e-6);
   }
 }

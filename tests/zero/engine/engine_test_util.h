@@ -17,6 +17,7 @@
 #include "kernels/cast.h"
 #include "models/mlp.h"
 #include "zero/comm/communicator.h"
+#include "zero/comm/hierarchical_comm.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
@@ -58,6 +59,11 @@ struct TrainSpec {
   // is no GPU (a stand-in: DeviceInProcComm), the in-process communicator its control
   // communicator. Always so on a GPU.
   bool device_comm = false;
+  // With device_comm (or on a GPU): the communicator the engine uses over the device one (the
+  // host one is the control communicator), owned by the rank and dropped before its device.
+  std::function<std::unique_ptr<Communicator>(int, Communicator& device_comm, Device&,
+                                              Communicator& host)>
+      wrap_device_comm;
   // Stage 3 as a backward that re-gathers: each micro-step releases every unit after reading the
   // weights once and gathers them again; the re-gathered weights feed forward and backward.
   bool regather = false;
@@ -73,6 +79,9 @@ struct TrainResult {
   std::vector<StepResult> steps;            // rank 0's step results at boundaries
   std::vector<MemorySnapshot> memory;       // per rank, at the end
   std::vector<double> losses;               // rank 0's local loss per window
+  // Per rank, at the end: the bytes sent by level where the engine's communicator counts them
+  // (a HierarchicalComm), zeros otherwise.
+  std::vector<NodeTraffic> traffic;
 };
 
 inline nlohmann::json base_config(int stage, const std::string& precision, int gas, int micro = 4) {
@@ -127,6 +136,7 @@ inline TrainResult train(const TrainSpec& spec) {
   const int gas = static_cast<int>(*cfg.gradient_accumulation_steps);
   TrainResult result;
   result.memory.resize(static_cast<std::size_t>(spec.world));
+  result.traffic.resize(static_cast<std::size_t>(spec.world));
   std::mutex mu;
   const TeacherStudentData data(shape, spec.seed);
   run_ranks(spec.world, [&](Communicator& base_comm) {
@@ -140,10 +150,13 @@ inline TrainResult train(const TrainSpec& spec) {
     EngineOptions options;
     options.groups = spec.groups;
     options.kernel_threads = 1;
-    std::unique_ptr<Communicator> gpu_comm;
+    std::unique_ptr<Communicator> gpu_comm, wrapped;
+    Communicator* engine_comm = &comm;
     if (device->gpu_ordinal() >= 0 || spec.device_comm) {
       gpu_comm = make_gpu_communicator(comm, *device);
       options.control_comm = &comm;
+      if (spec.wrap_device_comm) wrapped = spec.wrap_device_comm(r, *gpu_comm, *device, comm);
+      engine_comm = wrapped ? wrapped.get() : gpu_comm.get();
     }
     // Engine memory as host bytes (a copy on a GPU).
     auto host_bytes = [&](std::span<const std::byte> engine_bytes) {
@@ -153,7 +166,7 @@ inline TrainResult train(const TrainSpec& spec) {
     };
     std::vector<std::byte> grad_bytes;
     auto engine = Engine::create(
-        cfg, gpu_comm ? *gpu_comm : comm, *device, specs,
+        cfg, *engine_comm, *device, specs,
         [&](std::size_t i, std::span<float> out) { init_param(shape, i, spec.seed, 0, out); },
         options);
     for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -219,6 +232,8 @@ inline TrainResult train(const TrainSpec& spec) {
     for (std::size_t i = 0; i < specs.size(); ++i) final_params.push_back(engine->gather_master(i));
     std::lock_guard<std::mutex> lock(mu);
     result.memory[static_cast<std::size_t>(r)] = engine->memory();
+    if (const auto* nodes = dynamic_cast<const HierarchicalComm*>(engine_comm))
+      result.traffic[static_cast<std::size_t>(r)] = nodes->traffic();
     if (r == 0) result.params = std::move(final_params);
   });
   return result;

@@ -1,7 +1,8 @@
 """zero.initialize with a model on a CUDA GPU (issue 31 item 5), in one process: stages 0-3 in
 fp32 and bf16 against torch.optim.AdamW on the same GPU and against each other, parameters as
 views of the engine's device memory, stage 3 gathering into device memory, gradients taken on a
-side stream, and a checkpoint saved on the GPU resumed there and on the CPU. Skipped without a
+side stream, a checkpoint saved on the GPU resumed there and on the CPU, and qwZ's quantized
+gathers on the GPU against the CPU's. Skipped without a
 GPU; scripts/gpu-check.sh runs it on one and counts a skip as a failure. With GPU_CHECK_OUT set
 the figures (losses, peak memory next to plain PyTorch's) go to GPU_CHECK_OUT/python-cuda.json."""
 import json
@@ -132,3 +133,14 @@ def test_a_checkpoint_saved_on_the_gpu_resumes_there_and_on_the_cpu(out):
     resumed_cpu = master(out, "resume-cpu-1-fp32")
     assert info(out, "resume-cpu-1-fp32")["device"] == "cpu"
     assert_within_scale(resumed_cpu, straight, "resumed on the CPU vs the GPU run", rel=1e-5)
+
+
+def test_qwz_gathers_quantized_on_the_gpu_train_as_on_the_cpu(out):
+    # zero_quantized_weights at stage 3: each gather quantizes and dequantizes with the CUDA
+    # quantizer, whose bytes are the CPU's; the model's own arithmetic differs a little between
+    # the devices, so the two runs agree to training noise, and neither is plain stage 3's.
+    on_gpu, on_cpu = master(out, "qwz-cuda-3-fp32"), master(out, "qwz-cpu-3-fp32")
+    assert_trained(on_gpu, harness.initial_weights("transformer"), "qwZ on the GPU")
+    assert_within_scale(on_gpu, on_cpu, "qwZ on the GPU vs on the CPU", rel=1e-3)
+    plain = master(out, "3-fp32")
+    assert any(not torch.equal(on_gpu[k], plain[k]) for k in plain), "qwZ changed nothing"

@@ -51,10 +51,12 @@ def view_checks(zero, engine):
     return bad
 
 
-def train_zero(zero, out, name, stage, dtype, device="cuda", stream=None, save=None, load=None):
+def train_zero(zero, out, name, stage, dtype, device="cuda", stream=None, save=None, load=None,
+               zero_keys=None):
     torch.manual_seed(cases.MODEL_SEED)
     model = cases.build(MODEL).to(device)
     cfg = cases.config(stage, dtype, 1)
+    cfg["zero_optimization"].update(zero_keys or {})
     engine, _, _, _ = zero.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     info = {"stage": stage, "dtype": dtype, "device": str(engine.device)}
     if device == "cuda" and stage < 3:
@@ -140,6 +142,12 @@ def main():
                                                       load=str(out / "ckpt"))),
              ("resume-cpu-1-fp32", lambda: train_zero(zero, out, "resume-cpu-1-fp32", 1, "fp32",
                                                       device="cpu", load=str(out / "ckpt")))]
+    # qwZ: every unit (none persistent) gathered through the device's quantizer.
+    qwz = {"zero_quantized_weights": True, "stage3_param_persistence_threshold": 0}
+    runs += [(f"qwz-{where}-3-fp32",
+              lambda w=where: train_zero(zero, out, f"qwz-{w}-3-fp32", 3, "fp32", device=w,
+                                         zero_keys=qwz))
+             for where in ("cuda", "cpu")]
     # Every run is tried, so one failure does not hide what the others would show.
     failed = 0
     for name, run in runs:

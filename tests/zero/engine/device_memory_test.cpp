@@ -20,16 +20,7 @@ namespace {
 
 TrainSpec spec_for(const nlohmann::json& cfg, int world, int steps,
                    std::atomic<std::size_t>* copies) {
-  TrainSpec spec;
-  spec.config = cfg;
-  spec.world = world;
-  spec.steps = steps;
-  if (copies != nullptr) {
-    spec.device_factory = [copies](int rank, const DeviceOptions& o) {
-      return std::make_unique<GpuStandIn>(rank, o, copies);
-    };
-  }
-  return spec;
+  return stand_in_spec(cfg, world, steps, copies);
 }
 
 // Trains `cfg` on 2 ranks on the CPU and on the stand-in, requires the stand-in's run (returned)

@@ -28,6 +28,13 @@ TrainResult run_on(const std::string& device, const nlohmann::json& cfg, int wor
   return train_run(cfg, world, steps, save_dir, save_after, load_dir, device);
 }
 
+// TrainSpec::device_factory for in-process ranks that all share GPU 0.
+std::unique_ptr<Device> on_gpu0(int rank, const DeviceOptions& options) {
+  DeviceOptions gpu0 = options;
+  gpu0.cuda_ordinal = 0;
+  return make_device("cuda", rank, gpu0);
+}
+
 int gpu_world() {
   return std::min(2, kernels::cuda_device_count());
 }
@@ -83,9 +90,7 @@ bool bitwise_equal(const TrainResult& a, const TrainResult& b) {
 TEST_CASE("two in-process ranks on GPU 0 train every stage alike and as the CPU engine", "[gpu]") {
   std::vector<std::string> backends(2);
   run_ranks(2, [&](Communicator& host) {
-    DeviceOptions on_gpu0;
-    on_gpu0.cuda_ordinal = 0;
-    const std::unique_ptr<Device> device = make_device("cuda", host.rank(), on_gpu0);
+    const std::unique_ptr<Device> device = on_gpu0(host.rank(), {});
     backends[static_cast<std::size_t>(host.rank())] =
         make_gpu_communicator(host, *device)->backend_name();
   });
@@ -100,11 +105,7 @@ TEST_CASE("two in-process ranks on GPU 0 train every stage alike and as the CPU 
       spec.config = base_config(stage, precision, 1, 2);
       spec.world = 2;
       spec.steps = 4;
-      spec.device_factory = [](int rank, const DeviceOptions& options) {
-        DeviceOptions on_gpu0 = options;
-        on_gpu0.cuda_ordinal = 0;
-        return make_device("cuda", rank, on_gpu0);
-      };
+      spec.device_factory = on_gpu0;
       const TrainResult gpu = train(spec);
       const double diff = max_abs_diff(gpu.params, cpu.params);
       std::printf("two ranks on GPU 0, %s stage %d: max |gpu - cpu| = %g, bitwise %s\n",
@@ -148,11 +149,7 @@ TEST_CASE("MiCS, hpZ, qwZ and int8 frozen weights on four in-process ranks on GP
     if (c.frozen) spec.frozen = [](std::size_t i) { return i == 0; };
     const TrainResult cpu = train(spec);
     REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
-    spec.device_factory = [](int rank, const DeviceOptions& options) {
-      DeviceOptions on_gpu0 = options;
-      on_gpu0.cuda_ordinal = 0;
-      return make_device("cuda", rank, on_gpu0);
-    };
+    spec.device_factory = on_gpu0;
     const TrainResult gpu = train(spec);
     const double diff = max_abs_diff(gpu.params, cpu.params);
     std::printf("four ranks on GPU 0, %s: max |gpu - cpu| = %g, bitwise %s\n",
@@ -189,11 +186,7 @@ TEST_CASE("qgZ and hpZ+qwZ+qgZ over two simulated nodes on GPU 0 train as the CP
     const TrainResult cpu = train(spec);
     REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
     spec.wrap_comm = nullptr;
-    spec.device_factory = [](int rank, const DeviceOptions& options) {
-      DeviceOptions on_gpu0 = options;
-      on_gpu0.cuda_ordinal = 0;
-      return make_device("cuda", rank, on_gpu0);
-    };
+    spec.device_factory = on_gpu0;
     spec.wrap_device_comm = [&](int, Communicator& world, Device& device,
                                 Communicator& host) -> std::unique_ptr<Communicator> {
       return make_device_nodes(world, device, host, nodes, true);

@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <string_view>
 
 #include "kernels/compute.h"
+#include "tests/zero/engine/engine_test_util.h"
 #include "zero/device/cpu_device.h"
 
 namespace zero::test {
@@ -38,5 +40,21 @@ class GpuStandIn final : public CpuDevice {
  private:
   std::atomic<std::size_t>* copies_;
 };
+
+// A TrainSpec of `cfg` on `world` ranks for `steps` optimizer steps: the CPU engine when `copies`
+// is null, else GpuStandIn devices counting their copies into `copies`.
+inline TrainSpec stand_in_spec(const nlohmann::json& cfg, int world, int steps,
+                               std::atomic<std::size_t>* copies) {
+  TrainSpec spec;
+  spec.config = cfg;
+  spec.world = world;
+  spec.steps = steps;
+  if (copies != nullptr) {
+    spec.device_factory = [copies](int rank, const DeviceOptions& o) {
+      return std::make_unique<GpuStandIn>(rank, o, copies);
+    };
+  }
+  return spec;
+}
 
 }  // namespace zero::test

@@ -30,16 +30,8 @@ nlohmann::json stage3(const nlohmann::json& extra) {
 // On the CPU engine (copies null), or on stand-in devices whose collectives take device memory.
 TrainSpec spec_for(const nlohmann::json& cfg, int world, int steps,
                    std::atomic<std::size_t>* copies) {
-  TrainSpec spec;
-  spec.config = cfg;
-  spec.world = world;
-  spec.steps = steps;
-  if (copies != nullptr) {
-    spec.device_factory = [copies](int rank, const DeviceOptions& o) {
-      return std::make_unique<GpuStandIn>(rank, o, copies);
-    };
-    spec.device_comm = true;
-  }
+  TrainSpec spec = stand_in_spec(cfg, world, steps, copies);
+  spec.device_comm = copies != nullptr;
   return spec;
 }
 

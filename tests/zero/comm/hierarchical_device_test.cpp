@@ -5,12 +5,15 @@
 // InProcComm gives for the same topology (hierarchical_comm_test checks those against references).
 // The same on one GPU is engine_gpu_test's.
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <stdexcept>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tests/zero/comm/comm_test_util.h"
+#include "zero/base/error.h"
 #include "zero/comm/communicator.h"
 #include "zero/comm/device_inproc_comm.h"
 #include "zero/comm/hierarchical_comm.h"
@@ -150,4 +153,43 @@ TEST_CASE("splits of a two-level device communicator keep the topology and the d
   INFO(tally.report());
   REQUIRE(tally.failed() == 0);
   REQUIRE(tally.checks() == 16);
+}
+
+// The host world's abort does not reach the device communicators (DeviceInProcComm's world, or
+// NCCL's): a lost rank is noticed at their timeout, here 3 s, and every other rank's collective
+// fails naming itself.
+TEST_CASE("a rank lost before a two-level collective on device memory ends every rank with an "
+          "error at the levels' timeout, not a hang",
+          "[comm]") {
+  using namespace std::chrono_literals;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> errors(4);
+  try {
+    run_ranks(
+        4,
+        [&](Communicator& host) {
+          CpuDevice device(host.rank());
+          const auto on_device = zero::DeviceInProcWorld::join(host, device, {3s});
+          auto nodes = HierarchicalComm::create(*on_device, topology(4, 2), &device, &host);
+          if (host.rank() == 3) throw std::runtime_error("rank 3 lost");
+          auto buffer = device.allocate(64 * sizeof(float), zero::MemoryKind::Device,
+                                        zero::MemoryTag::Other);
+          try {
+            nodes->all_reduce(buffer.data(), buffer.data(), 64, DType::F32, ReduceOp::Sum).wait();
+          } catch (const zero::CommError& e) {
+            errors[static_cast<std::size_t>(host.rank())] = e.what();
+          }
+        },
+        zero::CommOptions{20s});
+    FAIL("expected rank 3's error");
+  } catch (const std::runtime_error& e) {
+    REQUIRE(std::string(e.what()) == "rank 3 lost");
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  INFO("took " << std::chrono::duration<double>(took).count() << " s");
+  for (std::size_t r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].find("all_reduce (sum, fp32) of 64 elements") != std::string::npos);
+  }
+  CHECK(took < 15s);  // the device levels' 3 s timeout, not the host world's 20 s
 }

@@ -4,11 +4,11 @@
 // a CUDA table can stand in for the CPU one without a branch in the engine.
 //
 // Every entry has the contract of the CPU function it points to (kernels/optimizer.h,
-// unscale.h, norm.h, combine.h, reduce.h, quantize.h); all backends give bitwise the same results. Memory
-// passed in must be addressable by the backend (host memory for the CPU table, device memory for
-// the CUDA table). `exec` says how the calling rank runs CPU kernels (threads, ISA); the CUDA table
-// takes its stream from exec.cuda_stream and, like the CPU table, returns once the results are in
-// memory (it synchronizes that stream).
+// unscale.h, norm.h, combine.h, reduce.h, quantize.h); all backends give bitwise the same
+// results. Memory passed in must be addressable by the backend (host memory for the CPU table,
+// device memory for the CUDA table). `exec` says how the calling rank runs CPU kernels (threads,
+// ISA); the CUDA table takes its stream from exec.cuda_stream and, like the CPU table, returns
+// once the results are in memory (it synchronizes that stream).
 #pragma once
 
 #include <cstddef>

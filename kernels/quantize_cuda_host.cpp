@@ -3,6 +3,8 @@
 // CudaError.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "kernels/array_checks.h"
 #include "kernels/optimizer_cuda_launch.h"
 #include "kernels/quantize.h"

@@ -45,11 +45,12 @@ void QuantizedFrozen::set(const std::byte* whole) {
   device_.copy(shard_.data(), q.data(), qbytes_);
   if (!gathered()) return;
   std::vector<std::byte> value(static_cast<std::size_t>(world_) * slice_ * dtype_size(dtype_));
+  const std::size_t slice_bytes = slice_ * dtype_size(dtype_);
   for (int r = 0; r < world_; ++r) {
     quantize_slice(whole, r, q.data());
     kernels::dequantize_cpu(q.data(), slice_, 8,
-                            value.data() + static_cast<std::size_t>(r) * slice_ * dtype_size(dtype_),
-                            dtype_, kOneThread);
+                            value.data() + static_cast<std::size_t>(r) * slice_bytes, dtype_,
+                            kOneThread);
   }
   device_.copy(whole_.data(), value.data(), value.size());
 }

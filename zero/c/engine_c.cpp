@@ -1,6 +1,7 @@
 // zero_engine_*: one rank's engine behind the C ABI (zero/zero_c.h).
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -175,11 +176,16 @@ int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spe
       handle->device_comm = zero::make_gpu_communicator(*c, *handle->device);
       placed_options.control_comm = c;
       engine_comm = handle->device_comm.get();
+      // The topology only where it can matter (make_device_nodes): a launcher's local world that
+      // zero cannot use must not stop a run that NCCL alone serves.
       const auto& z = handle->config->zero_optimization;
-      handle->nodes = zero::make_device_nodes(
-          *handle->device_comm, *handle->device, *c,
-          zero::resolve_node_topology(c->size(), std::nullopt),
-          z.stage == 3 && z.zero_quantized_gradients);
+      const bool qgz = z.stage == 3 && z.zero_quantized_gradients;
+      const char* simulated = std::getenv("ZERO_RANKS_PER_NODE");
+      if (qgz || (simulated != nullptr && *simulated != '\0')) {
+        handle->nodes = zero::make_device_nodes(
+            *handle->device_comm, *handle->device, *c,
+            zero::resolve_node_topology(c->size(), std::nullopt), qgz);
+      }
       if (handle->nodes) engine_comm = handle->nodes.get();
     } else {
       handle->nodes = zero::HierarchicalComm::create(

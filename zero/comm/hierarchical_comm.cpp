@@ -117,7 +117,8 @@ std::unique_ptr<HierarchicalComm> make_device_nodes(Communicator& device_world, 
 HierarchicalComm::HierarchicalComm(std::unique_ptr<Communicator> owned, Communicator& world,
                                    const NodeTopology& topology, std::shared_ptr<Counters> counters,
                                    Device* device, std::unique_ptr<Communicator> owned_control,
-                                   Communicator* control)
+                                   Communicator* control,
+                                   std::shared_ptr<comm_detail::CommThread> family_thread)
     : Communicator(CommOptions{world.timeout()}),
       owned_world_(std::move(owned)),
       world_(world),
@@ -128,16 +129,29 @@ HierarchicalComm::HierarchicalComm(std::unique_ptr<Communicator> owned, Communic
       device_(device),
       memory_(std::make_unique<comm_detail::LevelMemory>(device)),
       counters_(std::move(counters)) {
+  if (device_ != nullptr) {
+    thread_ = family_thread ? std::move(family_thread)
+                            : std::make_shared<comm_detail::CommThread>();
+  }
   if (topology_.single_node() || topology_.ranks_per_node == 1) return;
   intra_ = on_shared_memory(world.split(topology_.node_of(rank_), topology_.local_of(rank_)));
   inter_ = world.split(topology_.local_of(rank_), topology_.node_of(rank_));
   splitter_ = world.split(0, rank_);
   if (device_ != nullptr) control_splitter_ = control_->split(0, rank_);
-  thread_ = std::make_unique<comm_detail::CommThread>();
+  if (!thread_) thread_ = std::make_shared<comm_detail::CommThread>();
 }
 
 HierarchicalComm::~HierarchicalComm() {
-  if (thread_) thread_->join();
+  if (device_ == nullptr) {
+    if (thread_) thread_->join();
+    return;
+  }
+  // The family's thread may run on for other groups: wait for this one's ops (in issue order,
+  // so the last one) before its levels go. A failure was reported to whoever waited for it.
+  try {
+    last_.wait();
+  } catch (...) {
+  }
 }
 
 std::string HierarchicalComm::backend_name() const {
@@ -156,11 +170,19 @@ void HierarchicalComm::count(const CollectiveArgs& a, int group_size, int group_
 }
 
 Work HierarchicalComm::start_impl(const CollectiveArgs& args) {
+  ZERO_CHECK_AS(CommError,
+                device_ == nullptr || args.dtype != DType::F64 || args.op != ReduceOp::Avg ||
+                    (args.kind != Collective::ReduceScatter && args.kind != Collective::AllReduce),
+                "rank {}: {}: an fp64 average on device memory is not taken here (the device "
+                "kernels divide fp32, bf16 and fp16)",
+                rank_, describe(args, size()));
   if (!two_level()) {
     count(args, size(), rank_, /*inter=*/topology_.ranks_per_node == 1 && size() > 1);
-    return world_.start(args);
+    if (device_ == nullptr) return world_.start(args);
   }
-  return thread_->submit([this, args] { run(args); });
+  Work work = thread_->submit([this, args] { run(args); });
+  if (device_ != nullptr) last_ = work;
+  return work;
 }
 
 std::unique_ptr<Communicator> HierarchicalComm::split_impl(int color, int key) {
@@ -179,8 +201,10 @@ std::unique_ptr<Communicator> HierarchicalComm::split_impl(int color, int key) {
   };
   if (two_level()) {
     thread_->submit([&] { split_plainly(*splitter_, control_splitter_.get()); }).wait();
+  } else if (device_ != nullptr) {
+    thread_->submit([&] { split_plainly(world_, control_); }).wait();  // the family's order
   } else {
-    split_plainly(world_, device_ != nullptr ? control_ : nullptr);
+    split_plainly(world_, nullptr);
   }
   if (!flat) return nullptr;
   // The group's members in its order, and whether they form contiguous equal blocks per node.
@@ -224,10 +248,15 @@ std::unique_ptr<Communicator> HierarchicalComm::split_impl(int color, int key) {
   }
   Communicator& group = *flat;
   return std::unique_ptr<HierarchicalComm>(new HierarchicalComm(
-      std::move(flat), group, t, counters_, device_, std::move(flat_control), nullptr));
+      std::move(flat), group, t, counters_, device_, std::move(flat_control), nullptr,
+      device_ != nullptr ? thread_ : nullptr));
 }
 
 void HierarchicalComm::run(const CollectiveArgs& a) {
+  if (!two_level()) {  // a device group of one level, on the family's thread
+    world_.start(a).wait();
+    return;
+  }
   if (!failure_.empty()) {
     throw CommError(fmt::format("rank {}: {} not run: an earlier collective failed: {}", rank_,
                                 describe(a, size()), failure_));

@@ -53,9 +53,14 @@
 // the reordering and the arithmetic between levels go through Device::copy and the device's
 // compute table (comm_detail::LevelMemory), with the same bits. Such a communicator is also given
 // a host communicator of the same ranks, the control communicator, for what must travel in host
-// memory: create()'s placement check and split()'s membership exchange. On a device, fp64 is not
-// reduced (CommError), and the quantized reduce-scatter's LoCo error feedback is computed on the
-// host (its state is host memory): each of its quantization points crosses to the host and back.
+// memory: create()'s placement check and split()'s membership exchange. On a device an fp64
+// average is refused at the call (CommError; the device kernels do not divide fp64), and the
+// quantized reduce-scatter's LoCo error feedback is computed on the host (its state is host
+// memory): each of its quantization points crosses to the host and back.
+// On a device, this communicator and every group split off it (one level or two) run their
+// collectives on one communication thread they share, in the order they were issued: NCCL
+// communicators whose kernels are enqueued in different orders on different ranks can deadlock,
+// and the engine issues in the same order on every rank.
 //
 // Traffic: every collective counts, on each rank, the bytes a ring algorithm sends from that rank
 // (reduce_scatter and all_gather (n−1)·chunk, all_reduce 2·(n−1)/n·buffer, broadcast the buffer on
@@ -148,11 +153,13 @@ class HierarchicalComm final : public Communicator {
     std::atomic<std::uint64_t> intra{0};
     std::atomic<std::uint64_t> inter{0};
   };
-  // `owned` (null: borrowed) is `world`; `owned_control` (null: borrowed) is `control`.
+  // `owned` (null: borrowed) is `world`; `owned_control` (null: borrowed) is `control`;
+  // `family_thread` (device mode) the thread of the communicator this one was split off.
   HierarchicalComm(std::unique_ptr<Communicator> owned, Communicator& world,
                    const NodeTopology& topology, std::shared_ptr<Counters> counters,
                    Device* device, std::unique_ptr<Communicator> owned_control,
-                   Communicator* control);
+                   Communicator* control,
+                   std::shared_ptr<comm_detail::CommThread> family_thread = nullptr);
 
   std::unique_ptr<Communicator> owned_world_;  // a split's own world (null: borrowed)
   Communicator& world_;
@@ -173,7 +180,9 @@ class HierarchicalComm final : public Communicator {
   std::vector<float> widened_, feedback_scratch_;  // its error feedback's fp32 work
   std::string failure_;                              // the first failure, communication thread only
   std::shared_ptr<Counters> counters_;               // shared with the groups split off this one
-  std::unique_ptr<comm_detail::CommThread> thread_;  // last: stopped first
+  Work last_;  // device mode: the last op issued, waited for by the destructor
+  // Two-level mode on the host; always on a device, shared with the groups split off (above).
+  std::shared_ptr<comm_detail::CommThread> thread_;  // last: stopped first
 };
 
 // The two-level communicator a GPU engine runs over, or null for `device_world` itself (its own

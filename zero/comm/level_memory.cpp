@@ -77,9 +77,13 @@ void LevelMemory::finish(void* src, void* dst, std::size_t elems, DType dtype, D
     return;
   }
   if (elems == 0) return;
+  if (dtype == work && divisor == 1) {
+    copy(dst, src, elems * dtype_size(dtype));
+    return;
+  }
   if (work == DType::F64) {
     throw CommError(
-        "a two-level reduction of fp64 on device memory: the device kernels reduce fp32, bf16 "
+        "a two-level average of fp64 on device memory: the device kernels divide fp32, bf16 "
         "and fp16 only");
   }
   const kernels::ComputeKernels& k = device_->compute();

@@ -38,8 +38,8 @@ class LevelMemory {
   void to_work(const void* src, void* dst, std::size_t elems, DType dtype, DType work);
   void fill_zero(void* dst, std::size_t elems, DType dtype);
   // The end of a reduction taken in `work`: dst (`dtype`) = src / divisor, rounded once
-  // (reduce_math.h's finish_reduction). `src` is scratch: it may be overwritten. On a device fp64
-  // is refused (CommError; the device kernels do not reduce it).
+  // (reduce_math.h's finish_reduction). `src` is scratch: it may be overwritten. On a device an
+  // fp64 average is refused (CommError; the device kernels do not divide fp64).
   void finish(void* src, void* dst, std::size_t elems, DType dtype, DType work, int divisor);
 
   // kernels/quantize.h's quantize and dequantize_add.

@@ -193,3 +193,32 @@ TEST_CASE("a rank lost before a two-level collective on device memory ends every
   }
   CHECK(took < 15s);  // the device levels' 3 s timeout, not the host world's 20 s
 }
+
+TEST_CASE("an fp64 average on device memory is refused at the call, and the group goes on",
+          "[comm]") {
+  zt::Tally tally;
+  run_ranks(4, [&](Communicator& host) {
+    const int r = host.rank();
+    CpuDevice device(r);
+    const auto on_device = zero::DeviceInProcWorld::join(host, device);
+    auto nodes = HierarchicalComm::create(*on_device, topology(4, 2), &device, &host);
+    auto buffer = device.allocate(8 * sizeof(double), zero::MemoryKind::Device,
+                                  zero::MemoryTag::Other);
+    std::string error;
+    try {
+      nodes->all_reduce(buffer.data(), buffer.data(), 8, DType::F64, ReduceOp::Avg).wait();
+    } catch (const zero::CommError& e) {
+      error = e.what();
+    }
+    tally.check(error.find("fp64 average on device memory") != std::string::npos,
+                fmt::format("rank {}: '{}'", r, error));
+    float x = 1.0f;
+    device.copy(buffer.data(), &x, sizeof x);
+    nodes->all_reduce(buffer.data(), buffer.data(), 1, DType::F32, ReduceOp::Sum).wait();
+    device.copy(&x, buffer.data(), sizeof x);
+    tally.check(x == 4.0f, fmt::format("rank {}: the sum after it is {}", r, x));
+  });
+  INFO(tally.report());
+  REQUIRE(tally.failed() == 0);
+  REQUIRE(tally.checks() == 8);
+}

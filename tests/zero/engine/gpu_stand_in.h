@@ -3,7 +3,9 @@
 // on the host through a mirror) while the kernels still run on the CPU, so those paths can be
 // checked bitwise against the CPU engine on a machine without a GPU. Its kernel table is the CPU's
 // marked as a GPU's is (waits_per_call), so the engine gathers work into the `_many` entries as it
-// does on a GPU. Counts the copies made through it when given a counter.
+// does on a GPU, and its quantizer entries count their calls (stand_in_quantizer_calls), so a test
+// can tell the device's table did the work. Counts the copies made through it when given a
+// counter.
 #pragma once
 
 #include <atomic>
@@ -17,6 +19,9 @@
 
 namespace zero::test {
 
+// Calls of any stand-in's quantize, dequantize and dequantize_add entries, in every test so far.
+inline std::atomic<std::size_t> stand_in_quantizer_calls{0};
+
 class GpuStandIn final : public CpuDevice {
  public:
   GpuStandIn(int rank, const DeviceOptions& options, std::atomic<std::size_t>* copies = nullptr)
@@ -26,6 +31,21 @@ class GpuStandIn final : public CpuDevice {
     static const kernels::ComputeKernels table = [] {
       kernels::ComputeKernels t = kernels::cpu_compute_kernels();
       t.waits_per_call = true;
+      t.quantize = [](const void* src, DType dtype, std::size_t n, int bits, void* out,
+                      const kernels::CpuExec& exec) {
+        ++stand_in_quantizer_calls;
+        kernels::cpu_compute_kernels().quantize(src, dtype, n, bits, out, exec);
+      };
+      t.dequantize = [](const void* in, std::size_t n, int bits, void* dst, DType dtype,
+                        const kernels::CpuExec& exec) {
+        ++stand_in_quantizer_calls;
+        kernels::cpu_compute_kernels().dequantize(in, n, bits, dst, dtype, exec);
+      };
+      t.dequantize_add = [](const void* in, std::size_t n, int bits, float* acc,
+                            const kernels::CpuExec& exec) {
+        ++stand_in_quantizer_calls;
+        kernels::cpu_compute_kernels().dequantize_add(in, n, bits, acc, exec);
+      };
       return t;
     }();
     return table;

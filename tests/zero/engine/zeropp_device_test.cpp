@@ -1,9 +1,10 @@
-// ZeRO++ (hpZ, qwZ, quantized frozen weights) and MiCS on an engine whose collectives take device memory (what a GPU engine
-// gets: NCCL, or DeviceInProcComm for ranks that share one GPU), run on the CPU through the GPU
-// stand-in (gpu_stand_in.h): the engine reaches its memory only through Device::copy and the
-// device's compute table, and its host-memory collectives go through the control communicator.
-// Every run must be bitwise the CPU engine's over host communicators (zeropp_test checks those
-// against plain stage 3). The same on a real GPU is engine_gpu_test's.
+// ZeRO++ (hpZ, qwZ, qgZ, quantized frozen weights) and MiCS on an engine whose collectives take
+// device memory (what a GPU engine gets: NCCL, or DeviceInProcComm for ranks that share one GPU),
+// run on the CPU through the GPU stand-in (gpu_stand_in.h): the engine reaches its memory only
+// through Device::copy and the device's compute table, and its host-memory collectives go
+// through the control communicator. Every run must be bitwise the CPU engine's over host
+// communicators (zeropp_test checks those against plain stage 3), and the quantizing keys must
+// quantize through the device's table. The same on a real GPU is engine_gpu_test's.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -39,6 +40,7 @@ TrainSpec spec_for(const nlohmann::json& cfg, int world, int steps,
 // moved and with copies made through the stand-in. Returns the stand-in's run.
 TrainResult device_equals_cpu(TrainSpec spec) {
   const TrainResult cpu = train(spec);
+  const std::size_t quantizer_calls = stand_in_quantizer_calls;
   std::atomic<std::size_t> copies{0};
   TrainSpec on_device = spec_for(spec.config, spec.world, spec.steps, &copies);
   on_device.regather = spec.regather;
@@ -50,6 +52,12 @@ TrainResult device_equals_cpu(TrainSpec spec) {
   REQUIRE(max_abs_diff(cpu.params, cpu.initial) > 1e-4);  // training moved the weights
   CHECK(copies > 0);                                      // through the device's copies
   require_bitwise_equal(cpu, dev);
+  // A quantizing key quantized through the device's table, not the host's kernels.
+  const nlohmann::json& z = spec.config["zero_optimization"];
+  if (z.value("zero_quantized_weights", false) ||
+      z.value("zero_quantized_nontrainable_weights", false)) {
+    CHECK(stand_in_quantizer_calls > quantizer_calls);
+  }
   return dev;
 }
 
@@ -158,8 +166,15 @@ TrainResult two_nodes(const nlohmann::json& cfg, bool on_device, int steps = 4) 
       return *host_nodes[static_cast<std::size_t>(r)];
     };
   }
+  const std::size_t quantizer_calls = stand_in_quantizer_calls;
   TrainResult result = train(spec);
-  if (on_device) CHECK(copies > 0);
+  if (on_device) {
+    CHECK(copies > 0);
+    // qgZ and qwZ quantize through the device's table, not the host's kernels.
+    const nlohmann::json& z = cfg["zero_optimization"];
+    if (z.value("zero_quantized_gradients", false) || z.value("zero_quantized_weights", false))
+      CHECK(stand_in_quantizer_calls > quantizer_calls);
+  }
   return result;
 }
 

@@ -1,7 +1,7 @@
 // HierarchicalComm's quantized reduce-scatter (ZeRO++ qgZ; the algorithm and its error bound are
 // in hierarchical_comm.h), with LoCo's error feedback when the caller passes a state. On a device
 // the payloads and sums stay in its memory (comm_detail::LevelMemory); a point with error
-// feedback is computed on the host, its values downloaded and its payload uploaded.
+// feedback is computed on the host, its values copied there and its payload back.
 #include <vector>
 
 #include "kernels/cast.h"
@@ -64,12 +64,18 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   const auto point = [&](std::size_t index) {
     return FeedbackPoint{fb->state.data() + index * eb, fb->multiplier, fb->beta};
   };
-  // Q(x + e) of the n fp32 host values x into `out` (this memory's), through the host.
+  // Q(x + e) of the c fp32 host values x into `out` (this memory's): straight there on the host,
+  // through a host buffer on a device.
+  const bool device = memory_->on_device();
   std::vector<std::byte> payload;
   const auto quantize_on_host = [&](float* x, std::size_t index, std::byte* out) {
+    if (!device) {
+      quantize_with_feedback(x, c, bits, out, point(index), feedback_scratch_);
+      return;
+    }
     payload.resize(qb);
     quantize_with_feedback(x, c, bits, payload.data(), point(index), feedback_scratch_);
-    memory_->upload(out, payload.data(), qb);
+    memory_->copy(out, payload.data(), qb);
   };
   // 1. Every chunk quantized, grouped by the local rank of its destination, by node within.
   for (int lq = 0; lq < L; ++lq) {
@@ -81,10 +87,14 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
         memory_->quantize(chunk, a.dtype, c, bits, out);
         continue;
       }
-      host_values_.resize(c * esz);
-      memory_->download(host_values_.data(), chunk, c * esz);
+      const std::byte* values = chunk;
+      if (device) {
+        host_values_.resize(c * esz);
+        memory_->copy(host_values_.data(), chunk, c * esz);
+        values = host_values_.data();
+      }
       widened_.resize(c);
-      kernels::cast_cpu(host_values_.data(), a.dtype, widened_.data(), DType::F32, c, kSerial);
+      kernels::cast_cpu(values, a.dtype, widened_.data(), DType::F32, c, kSerial);
       quantize_on_host(widened_.data(), q, out);
     }
   }
@@ -105,9 +115,11 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
     std::byte* out = send + static_cast<std::size_t>(nq) * qb;
     if (fb == nullptr) {
       memory_->quantize(sum, DType::F32, c, bits, out);
+    } else if (!device) {
+      quantize_on_host(sum, W + static_cast<std::size_t>(nq), out);
     } else {
       widened_.resize(c);
-      memory_->download(widened_.data(), sum, c * sizeof(float));
+      memory_->copy(widened_.data(), sum, c * sizeof(float));
       quantize_on_host(widened_.data(), W + static_cast<std::size_t>(nq), out);
     }
   }

@@ -42,14 +42,6 @@ void LevelMemory::copy(void* dst, const void* src, std::size_t bytes) {
   }
 }
 
-void LevelMemory::download(void* host_dst, const void* src, std::size_t bytes) {
-  copy(host_dst, src, bytes);
-}
-
-void LevelMemory::upload(void* dst, const void* host_src, std::size_t bytes) {
-  copy(dst, host_src, bytes);
-}
-
 void LevelMemory::to_work(const void* src, void* dst, std::size_t elems, DType dtype,
                           DType work) {
   if (dtype == work) {

@@ -29,10 +29,8 @@ class LevelMemory {
   // Scratch `slot` (0-3) of at least `bytes`, kept and grown between calls. Contents undefined.
   std::byte* scratch(int slot, std::size_t bytes);
 
+  // Within this memory, or between it and host memory (either side).
   void copy(void* dst, const void* src, std::size_t bytes);
-  // Between this memory and host memory (host_dst, host_src).
-  void download(void* host_dst, const void* src, std::size_t bytes);
-  void upload(void* dst, const void* host_src, std::size_t bytes);
 
   // dst (`work`) = src (`dtype`): a copy, or 16-bit widened exactly to fp32.
   void to_work(const void* src, void* dst, std::size_t elems, DType dtype, DType work);

@@ -1,7 +1,8 @@
 // The kernels of quantize_cuda.h. Bits as quantize_cpu.cpp's portable loops: widened exactly
 // (cuda_elements.cuh), the block max over |x|'s bit patterns, IEEE division for the scale and
-// the codes, rintf (half to even, what the CPU's magic-number add gives for |x| < 2^22), and the
-// dequantized code · scale rounded once to the output dtype.
+// the codes, rintf (half to even, what the CPU's magic-number add gives for |x| < 2^22), the
+// dequantized code · scale rounded once to the output dtype, and a NaN scale's block (an inf or
+// a NaN quantized) the scale's own NaN, 0x7fc00000, as the CPU's multiply passes it through.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -80,10 +81,16 @@ __global__ void __launch_bounds__(kCudaElementwiseThreads)
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    const float x = __fmul_rn(code_at(codes, i, bits), scales[i / kThreads]);
+    // NaN bits as an x86 CPU's: an operand's NaN passes through (quieted), the accumulator's
+    // first, where the GPU's arithmetic would give its canonical 0x7fffffff.
+    const float scale = scales[i / kThreads];
+    const float x = isnan(scale) ? scale : __fmul_rn(code_at(codes, i, bits), scale);
     if (accumulate) {
       float* acc = static_cast<float*>(dst);
-      acc[i] = __fadd_rn(acc[i], x);
+      const float a = acc[i];
+      acc[i] = isnan(a)   ? __uint_as_float(__float_as_uint(a) | 0x00400000u)
+               : isnan(x) ? x
+                          : __fadd_rn(a, x);
     } else {
       store_elem(dst, dtype, i, x);
     }

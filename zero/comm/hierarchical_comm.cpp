@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "kernels/quantize.h"
 #include "zero/base/error.h"
 #include "zero/comm/comm_thread.h"
 #include "zero/comm/level_memory.h"
@@ -291,6 +292,46 @@ void HierarchicalComm::run(const CollectiveArgs& a) {
   }
 }
 
+HierarchicalComm::LevelScratch HierarchicalComm::scratch_of(const CollectiveArgs& a) const {
+  const auto L = static_cast<std::size_t>(topology_.ranks_per_node);
+  const auto N = static_cast<std::size_t>(topology_.nodes());
+  const std::size_t c = a.elems, esz = dtype_size(a.dtype), wsz = dtype_size(work_dtype(a));
+  switch (a.kind) {
+    case Collective::ReduceScatter:
+      if (a.quantize_bits != 0) {  // payloads out and in, then the fp32 sums per node
+        const std::size_t payloads = L * N * kernels::quantized_bytes(c, a.quantize_bits);
+        return {payloads, payloads, N * c * sizeof(float)};
+      }
+      return {L * N * c * wsz, c * wsz, 0};  // reordered and widened; this rank's block
+    case Collective::AllGather: return {L * N * c * esz, N * c * esz, 0};
+    case Collective::AllReduce: return {L * ((c + L - 1) / L) * wsz, 0, 0};
+    case Collective::AllToAll: return {L * N * c * esz, L * N * c * esz, 0};
+    case Collective::Broadcast:
+    case Collective::Barrier: return {};
+  }
+  return {};
+}
+
+HierarchicalComm::LevelScratch HierarchicalComm::device_scratch(Collective kind, std::size_t elems,
+                                                                DType dtype, ReduceOp op,
+                                                                int quantize_bits) const {
+  if (!two_level() || device_ == nullptr) return {};
+  CollectiveArgs a;
+  a.kind = kind;
+  a.elems = elems;
+  a.dtype = dtype;
+  a.op = op;
+  a.quantize_bits = quantize_bits;
+  return scratch_of(a);
+}
+
+HierarchicalComm::LevelScratch HierarchicalComm::device_scratch_held() const {
+  if (!two_level() || device_ == nullptr) return {};
+  LevelScratch held{};
+  for (std::size_t s = 0; s < held.size(); ++s) held[s] = memory_->scratch_bytes(static_cast<int>(s));
+  return held;
+}
+
 // The two levels' ranks: L ranks per node, N nodes, this rank local l of node n.
 void HierarchicalComm::two_level_reduce_scatter(const CollectiveArgs& a) {
   const std::size_t c = a.elems;
@@ -301,7 +342,8 @@ void HierarchicalComm::two_level_reduce_scatter(const CollectiveArgs& a) {
   const std::size_t esz = dtype_size(a.dtype), wsz = dtype_size(w);
   const ReduceOp level_op = a.op == ReduceOp::Max ? ReduceOp::Max : ReduceOp::Sum;
   // Block l' of S holds the chunks of ranks n'·L + l' for n' = 0..N-1, in the work dtype.
-  std::byte* s = memory_->scratch(0, static_cast<std::size_t>(L * N) * c * wsz);
+  const LevelScratch need = scratch_of(a);
+  std::byte* s = memory_->scratch(0, need[0]);
   for (int lq = 0; lq < L; ++lq) {
     for (int nq = 0; nq < N; ++nq) {
       const auto from = static_cast<std::size_t>(nq * L + lq) * c;
@@ -314,7 +356,7 @@ void HierarchicalComm::two_level_reduce_scatter(const CollectiveArgs& a) {
       level_args(Collective::ReduceScatter, s, s, block, w, level_op, /*in_place=*/true);
   count(in_node, L, l, false);
   intra_->start(in_node).wait();
-  std::byte* mine = memory_->scratch(1, c * wsz);
+  std::byte* mine = memory_->scratch(1, need[1]);
   const CollectiveArgs across =
       level_args(Collective::ReduceScatter, s + static_cast<std::size_t>(l) * block * wsz, mine, c,
                  w, level_op, false);
@@ -331,13 +373,14 @@ void HierarchicalComm::two_level_all_gather(const CollectiveArgs& a) {
   const std::size_t esz = dtype_size(a.dtype);
   const void* mine = a.in_place ? at(a.recv, static_cast<std::size_t>(rank_) * c * esz) : a.send;
   // Across nodes first: the ranks with this local rank, in node order.
-  std::byte* g1 = memory_->scratch(1, static_cast<std::size_t>(N) * c * esz);
+  const LevelScratch need = scratch_of(a);
+  std::byte* g1 = memory_->scratch(1, need[1]);
   const CollectiveArgs across =
       level_args(Collective::AllGather, mine, g1, c, a.dtype, a.op, false);
   count(across, N, topology_.node_of(rank_), true);
   inter_->start(across).wait();
   // Then inside the node: block l' holds the chunks of ranks n'·L + l'.
-  std::byte* g2 = memory_->scratch(0, static_cast<std::size_t>(L * N) * c * esz);
+  std::byte* g2 = memory_->scratch(0, need[0]);
   const CollectiveArgs in_node = level_args(Collective::AllGather, g1, g2,
                                             static_cast<std::size_t>(N) * c, a.dtype, a.op, false);
   count(in_node, L, topology_.local_of(rank_), false);
@@ -360,7 +403,7 @@ void HierarchicalComm::two_level_all_reduce(const CollectiveArgs& a) {
   const std::size_t wsz = dtype_size(w);
   const ReduceOp level_op = a.op == ReduceOp::Max ? ReduceOp::Max : ReduceOp::Sum;
   const std::size_t k = (e + static_cast<std::size_t>(L) - 1) / static_cast<std::size_t>(L);
-  std::byte* s = memory_->scratch(0, static_cast<std::size_t>(L) * k * wsz);
+  std::byte* s = memory_->scratch(0, scratch_of(a)[0]);
   memory_->to_work(a.send, s, e, a.dtype, w);
   memory_->fill_zero(s + e * wsz, static_cast<std::size_t>(L) * k - e, w);
   const CollectiveArgs scatter =
@@ -388,8 +431,9 @@ void HierarchicalComm::two_level_all_to_all(const CollectiveArgs& a) {
     return at(base, static_cast<std::size_t>(index) * c * esz);
   };
   // Inside the node: local rank l' gets the blocks for the ranks with local rank l', by node.
-  std::byte* s = memory_->scratch(0, static_cast<std::size_t>(L * N) * c * esz);
-  std::byte* t = memory_->scratch(1, static_cast<std::size_t>(L * N) * c * esz);
+  const LevelScratch need = scratch_of(a);
+  std::byte* s = memory_->scratch(0, need[0]);
+  std::byte* t = memory_->scratch(1, need[1]);
   for (int lq = 0; lq < L; ++lq) {
     for (int nq = 0; nq < N; ++nq)
       memory_->copy(s + (lq * N + nq) * c * esz, block(a.send, nq * L + lq), c * esz);

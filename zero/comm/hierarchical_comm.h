@@ -79,6 +79,7 @@
 // Thread safety: as any Communicator. traffic() may be read from any thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -132,6 +133,19 @@ class HierarchicalComm final : public Communicator {
   // Bytes this rank sent since create(), by level.
   NodeTraffic traffic() const { return {counters_->intra.load(), counters_->inter.load()}; }
 
+  // The scratch a two-level collective takes between the levels, per slot (the reordered or
+  // widened chunks, payloads, fp32 sums). Each slot is kept and grown to the largest call until
+  // destruction, so a run holds the slot-wise maximum over its calls.
+  using LevelScratch = std::array<std::size_t, 3>;
+  // That scratch in device memory for one collective of these arguments (`elems` as
+  // CollectiveArgs::elems), for a caller that checks room on the device before it starts (the
+  // engine's bucket check); zeros where none is taken there: one level, or host memory.
+  LevelScratch device_scratch(Collective kind, std::size_t elems, DType dtype,
+                              ReduceOp op = ReduceOp::Sum, int quantize_bits = 0) const;
+  // The device scratch held now (zeros where none is taken there).
+  // REQUIRES: no collective of this communicator in flight.
+  LevelScratch device_scratch_held() const;
+
  protected:
   Work start_impl(const CollectiveArgs& args) override;
   std::unique_ptr<Communicator> split_impl(int color, int key) override;
@@ -148,6 +162,8 @@ class HierarchicalComm final : public Communicator {
   void two_level_all_to_all(const CollectiveArgs& a);
   void two_level_quantized_reduce_scatter(const CollectiveArgs& a);
   void count(const CollectiveArgs& a, int group_size, int group_rank, bool inter);
+  // The scratch `a` takes in two levels (device_scratch()'s, in this communicator's memory).
+  LevelScratch scratch_of(const CollectiveArgs& a) const;
 
   struct Counters {
     std::atomic<std::uint64_t> intra{0};

@@ -51,8 +51,9 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   const auto W = static_cast<std::size_t>(size());
   const std::size_t esz = dtype_size(a.dtype);
   const std::size_t qb = kernels::quantized_bytes(c, bits);  // a multiple of 4
-  std::byte* send = memory_->scratch(0, W * qb);
-  std::byte* recv = memory_->scratch(1, W * qb);
+  const LevelScratch need = scratch_of(a);
+  std::byte* send = memory_->scratch(0, need[0]);
+  std::byte* recv = memory_->scratch(1, need[1]);
   // LoCo: the state holds the error of each of this rank's W chunks (step 1), then of its N
   // partial sums (step 3), each in 8-bit blocks; a state of another size starts from zero errors.
   const std::size_t eb = kernels::quantized_bytes(c, 8);
@@ -105,7 +106,7 @@ void HierarchicalComm::two_level_quantized_reduce_scatter(const CollectiveArgs& 
   intra_->start(in_node).wait();
   // 3. Summed over the node's ranks in local order, per destination node, then requantized.
   auto* sums = reinterpret_cast<float*>(
-      memory_->scratch(2, static_cast<std::size_t>(N) * c * sizeof(float)));
+      memory_->scratch(2, need[2]));
   memory_->fill_zero(sums, static_cast<std::size_t>(N) * c, DType::F32);
   for (int nq = 0; nq < N; ++nq) {
     float* sum = sums + static_cast<std::size_t>(nq) * c;

@@ -33,6 +33,11 @@ std::byte* LevelMemory::scratch(int slot, std::size_t bytes) {
   return static_cast<std::byte*>(b.data());
 }
 
+std::size_t LevelMemory::scratch_bytes(int slot) const {
+  const auto s = static_cast<std::size_t>(slot);
+  return device_ == nullptr ? host_[s].size() : device_buffers_[s].size_bytes();
+}
+
 void LevelMemory::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0 || dst == src) return;
   if (device_ == nullptr) {

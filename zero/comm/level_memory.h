@@ -28,6 +28,8 @@ class LevelMemory {
 
   // Scratch `slot` (0-3) of at least `bytes`, kept and grown between calls. Contents undefined.
   std::byte* scratch(int slot, std::size_t bytes);
+  // The bytes scratch `slot` holds now.
+  std::size_t scratch_bytes(int slot) const;
 
   // Within this memory, or between it and host memory (either side).
   void copy(void* dst, const void* src, std::size_t bytes);

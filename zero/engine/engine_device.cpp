@@ -1,12 +1,15 @@
 // The engine on a device whose memory the host cannot address (a GPU): values between host code
 // and engine memory (staging through Device::copy, conversions on the CPU), what such a device
-// refuses by name, and whether it has room for the configured buckets. On the CPU device these
+// refuses by name, and whether it has room for the configured buckets (and the two-level
+// collectives' scratch beside them). On the CPU device these
 // are pass-throughs (host_memory_).
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "kernels/compute.h"
 #include "zero/base/format.h"
+#include "zero/comm/hierarchical_comm.h"
 #include "zero/engine/engine_impl.h"
 
 namespace zero::engine_detail {
@@ -61,19 +64,52 @@ void EngineImpl::refuse_on_device() const {
   if (!problems.empty()) throw ConfigError(std::move(problems));
 }
 
+std::size_t EngineImpl::level_scratch_bytes() const {
+  const auto* nodes = dynamic_cast<const HierarchicalComm*>(&comm_);
+  if (nodes == nullptr) return 0;
+  // A unit is gathered whole and may be reduced alone; a bucket's pieces are at most its chunk.
+  std::size_t slice = 0;
+  for (std::size_t u = 0; u < num_units_; ++u)
+    slice = std::max(slice, layout_->unit(static_cast<int>(u)).slice_elems);
+  const std::size_t chunk = std::max(slice, reducer_->bucket_chunk_capacity());
+  const ReducerOptions& ro = parts_.reducer;
+  const HierarchicalComm::LevelScratch reduce =
+      stage_ != 0 && ro.reduce_scatter
+          ? nodes->device_scratch(Collective::ReduceScatter, chunk, ro.comm_dtype, ro.op,
+                                  ro.quantize_bits)
+          : nodes->device_scratch(Collective::AllReduce, static_cast<std::size_t>(world_) * chunk,
+                                  ro.comm_dtype, ro.op);
+  const HierarchicalComm::LevelScratch gather =
+      nodes->device_scratch(Collective::AllGather, slice, model_dtype_);
+  const HierarchicalComm::LevelScratch held = nodes->device_scratch_held();
+  std::size_t bytes = 0;
+  for (std::size_t s = 0; s < reduce.size(); ++s) {
+    const std::size_t want = std::max(reduce[s], gather[s]);
+    bytes += want > held[s] ? want - held[s] : 0;
+  }
+  return bytes;
+}
+
 void EngineImpl::check_bucket_room() const {
   const std::optional<std::size_t> room = device_.device_room();
-  const std::size_t need = reducer_->bucket_bytes();
-  if (!room || need <= *room) return;
+  const std::size_t buckets = reducer_->bucket_bytes();
+  const std::size_t levels = level_scratch_bytes();
+  if (!room || buckets + levels <= *room) return;
+  const std::string scratch =
+      levels == 0 ? std::string()
+                  : fmt::format(", and the collectives between nodes {} of scratch for them and "
+                                "the largest unit's gather",
+                                format_bytes(levels));
   throw ConfigError(
       {{"zero_optimization.reduce_bucket_size",
         fmt::format("{} elements make {} of reduction buckets per rank ({} with "
-                    "overlap_comm {}), but rank {}'s {} device has {} left after the "
+                    "overlap_comm {}){}, but rank {}'s {} device has {} left after the "
                     "model and optimizer state; lower reduce_bucket_size (or raise "
                     "the device memory budget)",
-                    cfg_.zero_optimization.reduce_bucket_elems, format_bytes(need),
+                    cfg_.zero_optimization.reduce_bucket_elems, format_bytes(buckets),
                     parts_.reducer.overlap_comm ? "two slots" : "one slot",
-                    parts_.reducer.overlap_comm, rank_, device_.name(), format_bytes(*room))}});
+                    parts_.reducer.overlap_comm, scratch, rank_, device_.name(),
+                    format_bytes(*room))}});
 }
 
 }  // namespace zero::engine_detail

@@ -199,6 +199,10 @@ class EngineImpl final : public Engine, private SliceMap {
   // reduction buckets (checked once the model and optimizer state are allocated, so that a GPU
   // too small for the configured buckets is an error before training, not in the first backward).
   void check_bucket_room() const;
+  // Device bytes the two-level collectives of comm_ will still take as scratch between the
+  // levels for the largest reduction and gather this engine issues, beyond what they hold (0 on
+  // one level or on the host).
+  std::size_t level_scratch_bytes() const;
   // Stage 3: the model copy's own slices in memory, or in the NVMe param store.
   void make_param_store();
   std::byte* own_slice(int unit, std::size_t slice_offset);  // valid until the next call

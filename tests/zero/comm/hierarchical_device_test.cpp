@@ -5,6 +5,9 @@
 // InProcComm gives for the same topology (hierarchical_comm_test checks those against references).
 // The same on one GPU is engine_gpu_test's.
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <chrono>
 #include <stdexcept>
 #include <cstring>
@@ -123,6 +126,86 @@ TEST_CASE("two-level collectives on device memory give the host's bits", "[comm]
       CHECK(device_bytes[r].inter_bytes > 0);
     }
   }
+}
+
+// What the engine's bucket check counts beside the buckets (HierarchicalComm::device_scratch) is
+// what the collectives keep: each collective alone on a fresh communicator, then a run of several,
+// which holds the slot-wise maximum.
+TEST_CASE("device_scratch() is the device memory two-level collectives keep", "[comm]") {
+  using Scratch = HierarchicalComm::LevelScratch;
+  struct Call {
+    Collective kind;
+    DType dtype;
+    ReduceOp op;
+    std::size_t elems;
+    int bits;
+  };
+  const std::vector<Call> calls = {
+      {Collective::ReduceScatter, DType::F32, ReduceOp::Avg, 1031, 0},
+      {Collective::ReduceScatter, DType::BF16, ReduceOp::Sum, 1031, 0},  // widened to fp32
+      {Collective::ReduceScatter, DType::BF16, ReduceOp::Max, 1031, 0},  // in bf16
+      {Collective::ReduceScatter, DType::BF16, ReduceOp::Avg, 1031, 4},  // qgZ
+      {Collective::AllGather, DType::F16, ReduceOp::Sum, 2053, 0},
+      {Collective::AllReduce, DType::BF16, ReduceOp::Sum, 1031, 0},  // padded to the node
+      {Collective::AllToAll, DType::F32, ReduceOp::Sum, 7, 0},
+  };
+  const auto total = [](const Scratch& s) { return s[0] + s[1] + s[2]; };
+  zt::Tally tally;
+  std::vector<std::size_t> smallest(6, SIZE_MAX);
+  run_ranks(6, [&](Communicator& host) {
+    const auto r = static_cast<std::size_t>(host.rank());
+    CpuDevice device(host.rank());
+    const auto on_device = zero::DeviceInProcWorld::join(host, device);
+    const auto staging = [&] {
+      return device.ledger().usage(zero::MemoryKind::Device, zero::MemoryTag::Staging).current_bytes;
+    };
+    const auto perform = [&](Communicator& comm, const Call& c) {
+      if (c.bits == 0) {
+        zt::perform_case(comm, zt::Case{c.kind, c.dtype, c.op, c.elems, false, 0, 9},
+                         device_memory(device));
+        return;
+      }
+      const auto place = device_memory(device);
+      const auto in = place(6 * c.elems * zero::dtype_size(c.dtype));
+      const auto out = place(c.elems * zero::dtype_size(c.dtype));
+      std::memset(in.get(), 0, 6 * c.elems * zero::dtype_size(c.dtype));
+      comm.reduce_scatter(in.get(), out.get(), c.elems, c.dtype, c.op, c.bits).wait();
+    };
+    Scratch held{};
+    for (int per_node : {2, 3}) {
+      auto all = HierarchicalComm::create(*on_device, topology(6, per_node), &device, &host);
+      for (const Call& c : calls) {
+        auto nodes = HierarchicalComm::create(*on_device, topology(6, per_node), &device, &host);
+        const std::size_t before = staging();
+        perform(*nodes, c);
+        const Scratch want = nodes->device_scratch(c.kind, c.elems, c.dtype, c.op, c.bits);
+        smallest[r] = std::min(smallest[r], total(want));
+        tally.check(staging() - before == total(want),
+                    fmt::format("rank {}, nodes of {}: {} of {}: kept {} bytes, counted {}", r,
+                                per_node, zero::dtype_name(c.dtype), c.elems, staging() - before,
+                                total(want)));
+        for (std::size_t s = 0; s < held.size(); ++s) held[s] = std::max(held[s], want[s]);
+      }
+      // Every call on one communicator: it keeps the slot-wise maximum, nothing more.
+      const std::size_t before = staging();
+      for (const Call& c : calls) perform(*all, c);
+      tally.check(staging() - before == total(held),
+                  fmt::format("rank {}, nodes of {}: a run kept {} bytes, counted {}", r, per_node,
+                              staging() - before, total(held)));
+      held = {};
+    }
+    // One level (every rank its own node), or the host's memory: nothing counted on the device.
+    auto flat = HierarchicalComm::create(*on_device, topology(6, 1), &device, &host);
+    auto on_host = HierarchicalComm::create(host, topology(6, 2));
+    const Call& c = calls.front();
+    tally.check(total(flat->device_scratch(c.kind, c.elems, c.dtype, c.op)) == 0 &&
+                    total(on_host->device_scratch(c.kind, c.elems, c.dtype, c.op)) == 0,
+                fmt::format("rank {}: none on one level or on the host", r));
+  });
+  INFO(tally.report());
+  REQUIRE(tally.failed() == 0);
+  REQUIRE(tally.checks() == 6 * (2 * (calls.size() + 1) + 1));
+  for (std::size_t m : smallest) REQUIRE(m > 0);  // every call keeps some: not vacuous
 }
 
 TEST_CASE("splits of a two-level device communicator keep the topology and the device",

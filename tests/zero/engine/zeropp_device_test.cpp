@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,11 +151,13 @@ NodeTopology two_of_two() {
 
 // 4 ranks as 2 nodes of 2: on the CPU engine (a HierarchicalComm over the host ranks), or on the
 // stand-in devices (one over their device communicator, the host one its control communicator).
-TrainResult two_nodes(const nlohmann::json& cfg, bool on_device, int steps = 4) {
+TrainResult two_nodes(const nlohmann::json& cfg, bool on_device, int steps = 4,
+                      std::optional<std::size_t> device_budget = std::nullopt) {
   std::atomic<std::size_t> copies{0};
   std::vector<std::unique_ptr<HierarchicalComm>> host_nodes(4);
   TrainSpec spec = spec_for(cfg, 4, steps, on_device ? &copies : nullptr);
   spec.model = "mlp:24,200,100,5";
+  spec.device_budget = device_budget;
   if (on_device) {
     spec.wrap_device_comm = [](int, Communicator& world, Device& device,
                                Communicator& host) -> std::unique_ptr<Communicator> {
@@ -209,6 +212,32 @@ TEST_CASE("over two simulated nodes on device memory, qgZ, LoCo, hpZ+qwZ+qgZ and
       CHECK(dev.traffic[r].inter_bytes < plain.traffic[r].inter_bytes);
     }
   }
+}
+
+// The scratch the two levels keep between them (the reordered, widened chunks) is device memory
+// too: a budget with room for the model, its state and the buckets but not for that scratch is an
+// error when the engine is created, naming it, not an out-of-memory error in the first backward.
+TEST_CASE("a device without room for the two-level scratch beside the buckets: an error at create",
+          "[engine][zeropp]") {
+  const nlohmann::json cfg = stage3(nlohmann::json::object());
+  const TrainResult free_run = two_nodes(cfg, true);
+  const MemorySnapshot& m = free_run.memory[0];
+  const std::size_t scratch = m.at(MemoryKind::Device, MemoryTag::Staging).current_bytes;
+  const std::size_t buckets = m.at(MemoryKind::Device, MemoryTag::Buckets).current_bytes;
+  REQUIRE(scratch > 0);
+  REQUIRE(buckets > 0);
+  // What the engine holds before its first backward: everything but the buckets, the scratch and
+  // the gathers, which come later.
+  const std::size_t at_create = m.total(MemoryKind::Device).current_bytes - scratch - buckets -
+                                m.at(MemoryKind::Device, MemoryTag::GatherBuffers).current_bytes;
+  // (The initial all-gather already took the gather's share: the check counts the rest.)
+  CHECK_THROWS_WITH(two_nodes(cfg, true, 4, at_create + buckets + scratch - 1),
+                    Catch::Contains("zero_optimization.reduce_bucket_size") &&
+                        Catch::Contains("collectives between nodes") &&
+                        Catch::Contains("lower reduce_bucket_size"));
+  // Under the run's own peak the check lets it train, bitwise as without a budget.
+  const std::size_t peak = m.total(MemoryKind::Device).peak_bytes;
+  require_bitwise_equal(free_run, two_nodes(cfg, true, 4, peak + (std::size_t{1} << 16)));
 }
 
 }  // namespace

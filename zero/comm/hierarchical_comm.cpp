@@ -316,11 +316,7 @@ HierarchicalComm::LevelScratch HierarchicalComm::device_scratch(Collective kind,
                                                                 DType dtype, ReduceOp op,
                                                                 int quantize_bits) const {
   if (!two_level() || device_ == nullptr) return {};
-  CollectiveArgs a;
-  a.kind = kind;
-  a.elems = elems;
-  a.dtype = dtype;
-  a.op = op;
+  CollectiveArgs a{kind, nullptr, nullptr, elems, dtype, op};
   a.quantize_bits = quantize_bits;
   return scratch_of(a);
 }

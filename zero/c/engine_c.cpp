@@ -1,7 +1,6 @@
 // zero_engine_*: one rank's engine behind the C ABI (zero/zero_c.h).
 #include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -180,8 +179,7 @@ int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spe
       // zero cannot use must not stop a run that NCCL alone serves.
       const auto& z = handle->config->zero_optimization;
       const bool qgz = z.stage == 3 && z.zero_quantized_gradients;
-      const char* simulated = std::getenv("ZERO_RANKS_PER_NODE");
-      if (qgz || (simulated != nullptr && *simulated != '\0')) {
+      if (qgz || zero::simulated_nodes_requested()) {
         handle->nodes = zero::make_device_nodes(
             *handle->device_comm, *handle->device, *c,
             zero::resolve_node_topology(c->size(), std::nullopt), qgz);

@@ -52,6 +52,15 @@ NodeTopology checked(int world_size, int ranks_per_node, std::string source,
 
 }  // namespace
 
+bool simulated_nodes_requested(const std::function<const char*(const char*)>& lookup) {
+  const char* text = lookup(kSimulatedNodesVar);
+  return text != nullptr && *text != '\0';
+}
+
+bool simulated_nodes_requested() {
+  return simulated_nodes_requested([](const char* name) { return std::getenv(name); });
+}
+
 NodeTopology resolve_node_topology(int world_size, std::optional<int> ranks_per_node,
                                    const std::function<const char*(const char*)>& lookup) {
   ZERO_CHECK(world_size >= 1, "resolve_node_topology: world size {} (must be at least 1)",
@@ -60,7 +69,8 @@ NodeTopology resolve_node_topology(int world_size, std::optional<int> ranks_per_
     return checked(world_size, *ranks_per_node, "--ranks-per-node",
                    fmt::format("--ranks-per-node {}", *ranks_per_node));
   }
-  if (const char* text = lookup("ZERO_RANKS_PER_NODE"); text != nullptr && *text != '\0') {
+  if (simulated_nodes_requested(lookup)) {
+    const char* text = lookup(kSimulatedNodesVar);
     const std::optional<int> v = positive_int(text);
     if (!v) {
       throw Error(fmt::format(

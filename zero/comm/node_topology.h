@@ -34,6 +34,13 @@ struct NodeTopology {
   bool single_node() const { return ranks_per_node == world_size; }
 };
 
+// The variable that simulates nodes on one host.
+inline constexpr const char* kSimulatedNodesVar = "ZERO_RANKS_PER_NODE";
+// Whether it is set (non-empty) in `lookup` (a getenv), or in the process environment: where a
+// caller builds two levels only when asked to (a GPU engine, make_device_nodes).
+bool simulated_nodes_requested(const std::function<const char*(const char*)>& lookup);
+bool simulated_nodes_requested();
+
 // "1, 2, 4": the divisors of n, for messages that ask for one.
 std::string divisors_of(int n);
 

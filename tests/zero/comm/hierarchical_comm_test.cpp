@@ -198,7 +198,12 @@ TEST_CASE(
   REQUIRE(t.launcher_local_rank == 1);
   REQUIRE(t.node_of(5) == 2);
   REQUIRE(t.local_of(5) == 1);
+  REQUIRE_FALSE(zero::simulated_nodes_requested(lookup));  // a launcher's world is no simulation
+  env["ZERO_RANKS_PER_NODE"] = "";
+  REQUIRE_FALSE(zero::simulated_nodes_requested(lookup));
+  REQUIRE(zero::resolve_node_topology(8, std::nullopt, lookup).source == "LOCAL_WORLD_SIZE");
   env["ZERO_RANKS_PER_NODE"] = "4";
+  REQUIRE(zero::simulated_nodes_requested(lookup));
   t = zero::resolve_node_topology(8, std::nullopt, lookup);
   REQUIRE(t.ranks_per_node == 4);
   REQUIRE(t.source == "ZERO_RANKS_PER_NODE");

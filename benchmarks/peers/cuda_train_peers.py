@@ -13,7 +13,8 @@ Peers:
   bare    forward and backward only (bf16: on a bf16 model), gradients dropped: the floor every
           peer's step sits on
 Per peer: ms per step (the median over --steps timed steps after --warmup; with --repeats R, the
-peers run R rounds in turn and each peer's figures are those of its median round), its forward,
+peers run R rounds in turn, every other round in reverse order, and each peer's figures are those
+of its median round), its forward,
 backward
 and outside (the optimizer step and whatever else the peer does after backward) ms, each phase
 timed between device synchronizations; the engine share (ms per step minus the bare run's); the
@@ -234,7 +235,9 @@ def main():
           + (f", median round of {args.repeats}" if args.repeats > 1 else ""), flush=True)
     rounds, failed = {peer: [] for peer in peers}, []
     for rep in range(args.repeats):
-        for peer in peers:
+        # Odd rounds run the peers in reverse, so that no peer always follows the same one (on the
+        # H200 the second of two back-to-back runs was often the faster, whichever it was).
+        for peer in (peers if rep % 2 == 0 else peers[::-1]):
             if peer in failed:
                 continue
             try:

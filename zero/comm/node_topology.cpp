@@ -69,8 +69,7 @@ NodeTopology resolve_node_topology(int world_size, std::optional<int> ranks_per_
     return checked(world_size, *ranks_per_node, "--ranks-per-node",
                    fmt::format("--ranks-per-node {}", *ranks_per_node));
   }
-  if (simulated_nodes_requested(lookup)) {
-    const char* text = lookup(kSimulatedNodesVar);
+  if (const char* text = lookup(kSimulatedNodesVar); text != nullptr && *text != '\0') {
     const std::optional<int> v = positive_int(text);
     if (!v) {
       throw Error(fmt::format(

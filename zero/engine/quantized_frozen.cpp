@@ -44,8 +44,8 @@ void QuantizedFrozen::set(const std::byte* whole) {
   quantize_slice(whole, rank_, q.data());
   device_.copy(shard_.data(), q.data(), qbytes_);
   if (!gathered()) return;
-  std::vector<std::byte> value(static_cast<std::size_t>(world_) * slice_ * dtype_size(dtype_));
   const std::size_t slice_bytes = slice_ * dtype_size(dtype_);
+  std::vector<std::byte> value(static_cast<std::size_t>(world_) * slice_bytes);
   for (int r = 0; r < world_; ++r) {
     quantize_slice(whole, r, q.data());
     kernels::dequantize_cpu(q.data(), slice_, 8,

@@ -105,12 +105,13 @@ def torchrun(script, nproc, worker_args, what, timeout, env=None):
 
 
 def alternate(name, repeats, labels, run_one, keep_going=False):
-    """Every repeat runs every label once, in order (A B C A B C ...), so a machine busy with
-    something else slows all alike. run_one(label, index) returns a dict with "ms_step". A failed
-    run prints its tail and ends the harness (exit 1), or with keep_going is recorded and skipped."""
+    """Every repeat runs every label once, so a machine busy with something else slows all alike;
+    every other repeat in reverse order (A B C, C B A, A B C ...), so that no label always runs
+    right after the same one. run_one(label, index) returns a dict with "ms_step". A failed run
+    prints its tail and ends the harness (exit 1), or with keep_going is recorded and skipped."""
     runs = []
     for index in range(repeats):
-        for label in labels:
+        for label in (labels if index % 2 == 0 else labels[::-1]):
             try:
                 run = run_one(label, index)
             except RunFailed as e:
@@ -159,6 +160,28 @@ def worker_rank():
 
     torch.set_num_threads(1)
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+class StepBarrier:
+    """A barrier of a torchrun job's workers outside any peer's own communication: counters in the
+    launcher's TCP store (MASTER_ADDR/MASTER_PORT), under keys of their own. What lines the ranks
+    up before each timed part of a step, so that no rank's part starts with its peer's lag."""
+
+    def __init__(self, world):
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.world, self.count = world, 0
+        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                   is_master=False, timeout=timedelta(seconds=300))
+
+    def wait(self):
+        key = f"peers_step_barrier/{self.count}"
+        self.count += 1
+        if self.store.add(key, 1) == self.world:
+            self.store.set(key + "/open", "1")
+        self.store.wait([key + "/open"])
 
 
 def peak_rss_mib():

@@ -20,6 +20,16 @@ ratio whose baseline (the peer's share) is not positive, or whose numerator (zer
 negative, would read as a win, so the driver prints none: it says why instead (JSON: "ratio" null,
 "ratio_refused" the reason).
 
+Paired bare steps (--paired, the default): every peer's processes also build the bare model (same
+seed) and run a bare step on the same batch beside each of the peer's steps, before it on even
+steps and after it on odd ones, the ranks lined up before each. The paired engine share is the
+median over steps of the job's step less its bare step (each the slowest rank's), then the median
+over repeats; the paired backward ratio likewise. Both sides of each difference see the same moment of the machine, so a machine
+that speeds up or slows down between runs no longer moves the share as it moves a difference of
+two runs' medians; with pairing the ratios take these shares, against the peer with the smallest
+one. (In zero's stage-3 processes the bare model's parameter reads also pass zero's attribute
+watch, nn.Module.__getattr__ patched while a stage-3 engine lives: a type check per read.)
+
 Besides wall time, each step's process CPU time (every thread of the rank, its communication
 threads included; time the host gives to other guests does not count), and the engine's CPU share
 against the bare run's: on a machine whose other tenants make wall times noisy, the steadier
@@ -215,9 +225,40 @@ def per_step(timings, steps):
     return out
 
 
+def bare_trainer(cls, dtype):
+    """The paired bare model: the peer's model as built (same seed), no wrapper, no optimizer; its
+    (forward, step) where step drops the gradients its backward made."""
+    torch.manual_seed(0)
+    model = cls()
+    if dtype == "bf16":
+        model.to(torch.bfloat16)
+
+    def drop_grads():
+        for p in model.parameters():
+            p.grad = None
+
+    return model, drop_grads
+
+
+def timed_step(forward, backward, step, loss_of, x, y):
+    """One step, timed: (loss, (step, forward, backward, outside) in seconds, CPU seconds)."""
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    loss = loss_of(forward(x), y)
+    t1 = time.perf_counter()
+    backward(loss)
+    t2 = time.perf_counter()
+    step()
+    t3 = time.perf_counter()
+    return loss, (t3 - t0, t1 - t0, t2 - t1, t3 - t2, time.process_time() - c0)
+
+
 def worker(args):
     rank, world = common.worker_rank()
     cls = MODELS[args.model]
+    paired = args.paired and not args.worker == "bare"
+    # The paired bare model first: the peer's model then comes from the same seed as without it.
+    bare_forward, bare_step = bare_trainer(cls, args.dtype) if paired else (None, None)
     torch.manual_seed(0)
     model = cls()
     forward, backward, step = make_trainer(args.worker, model, cls, args.dtype)
@@ -225,24 +266,39 @@ def worker(args):
     # Each rank its own micro-batches, made before timing starts.
     g = torch.Generator().manual_seed(1000 + rank)
     batches = [cls.batch(g) for _ in range(args.warmup + args.steps)]
-    times = []
+    times, bare_times = [], []
+    # With --paired the ranks line up before each bare step and each of the peer's steps: a rank
+    # that finished its bare step early would otherwise start the peer's step ahead and wait in its
+    # first collective, which would count as the peer's.
+    barrier = common.StepBarrier(world) if paired and world > 1 else None
+
+    def run_bare(x, y):
+        if barrier:
+            barrier.wait()
+        _, bare = timed_step(bare_forward, lambda loss: loss.backward(), bare_step, cls.loss, x, y)
+        if barrier:
+            barrier.wait()
+        return bare
+
     for i, (x, y) in enumerate(batches):
         if i == args.warmup and profiled:
             forward.timings(reset=True)
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        loss = cls.loss(forward(x), y)
-        t1 = time.perf_counter()
-        backward(loss)
-        t2 = time.perf_counter()
-        step()
-        t3 = time.perf_counter()
-        c3 = time.process_time()
+        # With --paired, a bare step on the same batch beside each of the peer's steps, before it
+        # on even steps and after it on odd ones: both see the same moment of the machine.
+        if paired and i % 2 == 0:
+            bare = run_bare(x, y)
+        loss, mine = timed_step(forward, backward, step, cls.loss, x, y)
+        if paired and i % 2 == 1:
+            bare = run_bare(x, y)
         if i >= args.warmup:
-            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2, c3 - c0))
+            times.append(mine)
+            if paired:
+                bare_times.append(bare)
     med = [statistics.median(t[j] for t in times) * 1e3 for j in range(5)]
     result = {"rank": rank, "world": world, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
               "ms_outside": med[3], "cpu_ms_step": med[4], "peak_rss_mib": common.peak_rss_mib(), "last_loss": loss.item()}
+    if paired:
+        result["steps"], result["bare_steps"] = times, bare_times  # paired_figures() takes them
     if profiled:
         result["profile"] = per_step(forward.timings(), args.steps)
     common.write_rank(args.out, rank, result)
@@ -252,18 +308,47 @@ def worker(args):
 # --- the driver --------------------------------------------------------------------------------
 
 TIMES = ("ms_step", "ms_forward", "ms_backward", "ms_outside", "cpu_ms_step")
+# With --paired, the run's figures against its paired bare steps (paired_figures).
+PAIRED = ("ms_engine_paired", "cpu_ms_engine_paired", "backward_over_paired_bare", "ms_paired_bare_step",
+          "ms_outside_job")
+
+
+def paired_figures(ranks):
+    """The run's figures against its paired bare steps. Step i of the job takes as long as its
+    slowest rank's (the collectives wait for it), so does the job's bare step i: the paired engine
+    share is the median over steps of (the slowest rank's step i) - (the slowest rank's bare step
+    i), the backward ratio likewise. (Per rank, a rank that is faster than its peer would count
+    the wait for it as its engine's, since its own bare steps do not wait.)"""
+    def job(key, j):
+        return [max(r[key][i][j] for r in ranks) for i in range(len(ranks[0][key]))]
+
+    step, bare = job("steps", 0), job("bare_steps", 0)
+    cpu, bare_cpu = job("steps", 4), job("bare_steps", 4)
+    backward, bare_backward = job("steps", 2), job("bare_steps", 2)
+    # The job's time outside forward and backward: its step less the slowest rank's forward and
+    # backward (a faster rank's wait for that one is inside them).
+    fwd_bwd = [max(r["steps"][i][1] + r["steps"][i][2] for r in ranks) for i in range(len(step))]
+    return {"ms_outside_job": statistics.median(a - b for a, b in zip(step, fwd_bwd)) * 1e3,
+            "ms_engine_paired": statistics.median(a - b for a, b in zip(step, bare)) * 1e3,
+            "cpu_ms_engine_paired": statistics.median(a - b for a, b in zip(cpu, bare_cpu)) * 1e3,
+            "backward_over_paired_bare": statistics.median(a / b for a, b in zip(backward, bare_backward)),
+            "ms_paired_bare_step": statistics.median(bare) * 1e3}
 
 
 def run_once(args, peer, workdir, index):
     out = os.path.join(workdir, f"{peer}.{index}")
     common.torchrun(__file__, args.nproc, ["--worker", peer, "--out", out, "--model", args.model,
                                            "--dtype", args.dtype, "--steps", str(args.steps),
-                                           "--warmup", str(args.warmup)],
+                                           "--warmup", str(args.warmup),
+                                           "--paired" if args.paired else "--no-paired"],
                     peer, args.timeout)
     run, ranks = common.read_ranks(out, args.nproc, TIMES)
+    if "steps" in ranks[0]:
+        run.update(paired_figures(ranks))
     if "profile" in ranks[0]:
         # Per key the slowest rank's figure, as for the times.
         run["profile"] = {k: max(r["profile"][k] for r in ranks) for k in ranks[0]["profile"]}
+        run["profile_per_rank"] = [r["profile"] for r in ranks]  # (--json) the wait is one rank's lag
     return dict(run, peer=peer)
 
 
@@ -272,8 +357,9 @@ def summarise(runs, peers):
     for peer in peers:
         mine = [r for r in runs if r["peer"] == peer]
         row = {"peer": peer}
-        for key in TIMES:
-            row[key] = common.median_of(mine, key)
+        for key in TIMES + PAIRED:
+            if key in mine[0]:
+                row[key] = common.median_of(mine, key)
         row["peak_rss_mib"] = statistics.median(max(r["peak_rss_mib"]) for r in mine)
         row["last_loss"] = mine[0]["last_loss"]
         profiles = [r["profile"] for r in mine if "profile" in r]
@@ -289,6 +375,7 @@ def summarise(runs, peers):
 
 
 NOISY = " (the bare run was as slow or slower in a noisy moment); rerun with more --repeats"
+NOISY_PAIRED = " (its steps were no slower than the bare steps beside them); rerun with more --repeats"
 
 
 def ratio_or_refusal(num, den, num_name, den_name, what, cause=""):
@@ -306,12 +393,16 @@ def ratio_or_refusal(num, den, num_name, den_name, what, cause=""):
 
 def engine_ratios(rows):
     """{zero stage: {...}} for every zero row that has a peer at its stage (DDP counts at stage 0,
-    FSDP2 at 3, DeepSpeed at its own), against the best peer: the one with the shortest step (with
-    a bare run, also the smallest engine share, since every share subtracts the same bare step).
-    Keys: zero_ms, best_peer, best_peer_ms (engine shares, None without a bare run), ratio (their
-    ratio, or None) and ratio_refused (why None, else None); zero_step_ms, best_peer_step_ms and
-    step_ratio (the whole steps' ratio, or None) and step_ratio_refused."""
+    FSDP2 at 3, DeepSpeed at its own), against the best peer. With paired bare steps (--paired,
+    every row has them) the engine shares are the paired ones and the best peer is the one with
+    the smallest paired share; otherwise the shares subtract the bare run's step and the best peer
+    is the one with the shortest step (then also the smallest share). Keys: paired (which shares),
+    zero_ms, best_peer, best_peer_ms (engine shares, None without a bare run or pairing), ratio
+    (their ratio, or None) and ratio_refused (why None, else None); zero_step_ms,
+    best_peer_step_ms and step_ratio (the whole steps' ratio, or None) and step_ratio_refused."""
     by_peer = {r["peer"]: r for r in rows if r["peer"] != "bare"}
+    paired = bool(by_peer) and all("ms_engine_paired" in r for r in by_peer.values())
+    share = "ms_engine_paired" if paired else "ms_engine"
     out = {}
     for peer, r in by_peer.items():
         kind, _, stage = peer.partition("-s")
@@ -320,11 +411,12 @@ def engine_ratios(rows):
         others = [p for p in ("ddp", "fsdp2", f"deepspeed-s{stage}") if p in by_peer]
         if not others:
             continue
-        best = min(others, key=lambda p: by_peer[p]["ms_step"])
-        mine, theirs = r.get("ms_engine"), by_peer[best].get("ms_engine")
-        engine, engine_why = ratio_or_refusal(mine, theirs, "zero", best, "engine share", NOISY)
+        best = min(others, key=lambda p: by_peer[p]["ms_engine_paired" if paired else "ms_step"])
+        mine, theirs = r.get(share), by_peer[best].get(share)
+        engine, engine_why = ratio_or_refusal(mine, theirs, "zero", best, "engine share",
+                                              NOISY_PAIRED if paired else NOISY)
         step, step_why = ratio_or_refusal(r["ms_step"], by_peer[best]["ms_step"], "zero", best, "step")
-        out[int(stage)] = {"zero_ms": mine, "best_peer": best, "best_peer_ms": theirs,
+        out[int(stage)] = {"paired": paired, "zero_ms": mine, "best_peer": best, "best_peer_ms": theirs,
                            "ratio": engine, "ratio_refused": engine_why,
                            "zero_step_ms": r["ms_step"], "best_peer_step_ms": by_peer[best]["ms_step"],
                            "step_ratio": step, "step_ratio_refused": step_why}
@@ -341,13 +433,14 @@ def ratio_lines(ratios):
                     f"({best}, {v['best_peer_step_ms']:.1f} ms)")
         else:
             step = f"step: no ratio, {v['step_ratio_refused']}"
+        what = "engine share (step - paired bare step)" if v["paired"] else "engine share (step - bare)"
         if v["zero_ms"] is None or v["best_peer_ms"] is None:
             engine = "engine share: none without a bare run"
         elif v["ratio"] is not None:
-            engine = (f"engine share (step - bare) {v['zero_ms']:.1f} ms = {v['ratio']:.2f}x the best peer's "
+            engine = (f"{what} {v['zero_ms']:.1f} ms = {v['ratio']:.2f}x the best peer's "
                       f"({best}, {v['best_peer_ms']:.1f} ms)")
         else:
-            engine = (f"engine share (step - bare) {v['zero_ms']:.1f} ms against {best}'s {v['best_peer_ms']:.1f} ms: "
+            engine = (f"{what} {v['zero_ms']:.1f} ms against {best}'s {v['best_peer_ms']:.1f} ms: "
                       f"no ratio, {v['ratio_refused']}")
         lines.append(f"zero stage {stage}: {step}; {engine}")
     return lines
@@ -408,8 +501,11 @@ def limit_lines(rows, limits):
         if kind != "zero" or limits is None or int(stage) not in limits:
             continue
         lim = limits[int(stage)]
-        lines.append(f"zero stage {stage}: outside fwd+bwd {r['ms_outside']:.1f} ms = "
-                     f"{r['ms_outside'] / lim['limit_ms']:.2f}x the optimizer's traffic limit "
+        # With --paired, the job's time outside (the slowest rank's wait for the other excluded).
+        outside, what = (r["ms_outside_job"], "the job's time outside fwd+bwd") if "ms_outside_job" in r \
+            else (r["ms_outside"], "outside fwd+bwd")
+        lines.append(f"zero stage {stage}: {what} {outside:.1f} ms = "
+                     f"{outside / lim['limit_ms']:.2f}x the optimizer's traffic limit "
                      f"({lim['partition_params'] / 1e6:.2f}M params x {lim['bytes_per_param']} B at "
                      f"{lim['probe_gb_per_s']:.1f} GB/s = {lim['limit_ms']:.1f} ms)")
     return lines
@@ -433,13 +529,16 @@ def markdown(rows, args):
     for r in rows:
         kind, _, stage = r["peer"].partition("-s")
         stage = stage or {"ddp": "(0)", "fsdp2": "(3)", "bare": ""}[kind]
-        engine = f"{r['ms_engine']:.1f}" if "ms_engine" in r else ""
-        engine_cpu = f"{r['cpu_ms_engine']:.1f}" if "cpu_ms_engine" in r else ""
+        def cell(key, form="{:.1f}"):
+            return form.format(r[key]) if key in r else ""
+
         loss = "" if kind == "bare" else f"{r['last_loss']:.6f}"
-        table.append([kinds[kind], stage, *(f"{r[key]:.1f}" for key in TIMES), engine, engine_cpu,
-                      f"{r['peak_rss_mib']:.0f}", loss])
+        table.append([kinds[kind], stage, *(f"{r[key]:.1f}" for key in TIMES), cell("ms_outside_job"), cell("ms_engine"),
+                      cell("cpu_ms_engine"), cell("ms_engine_paired"), cell("cpu_ms_engine_paired"),
+                      cell("backward_over_paired_bare", "{:.3f}"), f"{r['peak_rss_mib']:.0f}", loss])
     headers = ["peer", "ZeRO stage", "ms/step", "forward ms", "backward ms", "outside fwd+bwd ms",
-               "CPU ms/step", "engine ms (step - bare)", "engine CPU ms", "peak RSS MiB/process",
+               "CPU ms/step", "job's outside ms (paired)", "engine ms (step - bare)", "engine CPU ms", "engine ms (paired)",
+               "engine CPU ms (paired)", "backward / paired bare", "peak RSS MiB/process",
                "last loss"]
     numel = sum(p.numel() for p in MODELS[args.model]().parameters())
     lines = [f"{args.model} ({numel / 1e6:.1f}M parameters, {args.dtype}), {args.nproc} processes, "
@@ -450,10 +549,17 @@ def markdown(rows, args):
     if ratios:
         lines += ["", *ratio_lines(ratios)]
     bare = next((r for r in rows if r["peer"] == "bare"), None)
-    if bare is not None:
-        lines += [""] + [f"{r['peer']}: backward {r['ms_backward']:.1f} ms = "
-                         f"{r['ms_backward'] / bare['ms_backward']:.3f}x the bare run's"
-                         for r in rows if r["peer"].startswith("zero")]
+    zero_rows = [r for r in rows if r["peer"].startswith("zero")]
+    if bare is not None or any("backward_over_paired_bare" in r for r in zero_rows):
+        lines.append("")
+    for r in zero_rows:
+        parts = []
+        if bare is not None:
+            parts.append(f"{r['ms_backward'] / bare['ms_backward']:.3f}x the bare run's")
+        if "backward_over_paired_bare" in r:
+            parts.append(f"{r['backward_over_paired_bare']:.3f}x the paired bare steps'")
+        if parts:
+            lines.append(f"{r['peer']}: backward {r['ms_backward']:.1f} ms = {', '.join(parts)}")
     limit = limit_lines(rows, args.limits)
     if limit:
         lines += ["", *limit]
@@ -468,6 +574,9 @@ def main():
     p.add_argument("--zero-bench", help="zero-bench for the optimizer's traffic limit (default: build/)")
     common.run_flags(p, repeats=3, timeout=600, peers="zero,ddp,fsdp2,deepspeed,bare",
                      stages_help="ZeRO stages for zero (and DeepSpeed)")
+    p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=True,
+                   help="a bare step beside each of a peer's steps, in the same processes: engine "
+                        "shares as the median of the per-step differences (default: on)")
     args = p.parse_args()
     if args.worker:
         return worker(args)

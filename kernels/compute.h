@@ -50,6 +50,12 @@ struct ComputeKernels {
   // multi-tensor launch and one wait on a device backend; the same bits as one call per tensor.
   void (*optimizer_step_many)(const OptimizerHyper& hyper, const StepScalars& scalars,
                               std::span<const OptimizerTensors> tensors, const CpuExec& exec);
+  // optimizer_step that also leaves the gradient's norm block sums in block_sums (kernels/
+  // optimizer.h, optimizer_step_norm_cpu), reading the gradient once. Null where a backend has
+  // none (CUDA): the caller then takes the norm in a pass of its own.
+  void (*optimizer_step_norm)(const OptimizerHyper& hyper, const StepScalars& scalars,
+                              const OptimizerTensors& tensors, double* block_sums,
+                              const CpuExec& exec) = nullptr;
   // data[i] ← data[i]·scale in place; true when a result is ±inf or NaN.
   bool (*unscale_and_check)(void* data, DType dtype, std::size_t numel, float scale,
                             const CpuExec& exec);

@@ -216,6 +216,7 @@ const ComputeKernels& cuda_compute_kernels() {
       .waits_per_call = true,
       .optimizer_step = &optimizer_step,
       .optimizer_step_many = &optimizer_step_many,
+      .optimizer_step_norm = nullptr,  // the engine takes the norm in its own launch
       .unscale_and_check = &unscale_and_check,
       .squared_l2_norm = &squared_l2_norm,
       .unscale_and_check_many = &unscale_and_check_many,

@@ -7,13 +7,14 @@
 #include <cstddef>
 
 #include "kernels/isa.h"
+#include "kernels/norm.h"
 #include "kernels/optimizer.h"
 #include "zero/base/dtype.h"
 
 namespace zero::kernels::detail {
 
 // Norm blocks have a fixed size so the sum does not depend on the thread count.
-inline constexpr std::size_t kNormBlockElems = 4096;
+inline constexpr std::size_t kNormBlockElems = kernels::kNormBlockElems;
 // Whole norm blocks squared_norm_blocks sums side by side.
 inline constexpr std::size_t kNormBlocksAtOnce = 4;
 // Optimizer tiles: a tile's arrays (≤ 30 B/element) stay well inside a core's L2.

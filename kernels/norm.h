@@ -9,6 +9,9 @@
 
 namespace zero::kernels {
 
+// The norm's fixed blocks: elements [k·4096, (k+1)·4096) of an array, the last one partial.
+inline constexpr std::size_t kNormBlockElems = 4096;
+
 // Σ x² over `numel` elements (F32, BF16 or F16), accumulated in double. The summation order is
 // fixed (blocks of 4096 elements, eight lanes per block, blocks added in index order), so the
 // result is bitwise the same for every thread count and ISA. A non-finite element makes it

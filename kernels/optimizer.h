@@ -84,4 +84,14 @@ math::StepCoeffs make_step_coeffs(const OptimizerHyper& hyper, const StepScalars
 void optimizer_step_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
                         const OptimizerTensors& tensors, const CpuExec& exec = {});
 
+// optimizer_step_cpu, and the gradient's squared norm in the same walk over memory: before each
+// tile is stepped, its norm blocks are summed (norm.h: blocks of 4096 elements from the array's
+// start, the last one partial), so the step reads the gradient from cache rather than memory
+// again. block_sums[k] ← block k's sum of squares, bitwise what squared_l2_norm_cpu adds for it,
+// for every k < ceil(numel / 4096); the step's bits are optimizer_step_cpu's. The gradient must be
+// F32, BF16 or F16 and is read only, so the sums are those of the gradient the step consumed.
+void optimizer_step_norm_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
+                             const OptimizerTensors& tensors, double* block_sums,
+                             const CpuExec& exec = {});
+
 }  // namespace zero::kernels

@@ -31,6 +31,27 @@ void optimizer_step_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
       [&](std::size_t begin, std::size_t end) { kernels.optimizer(coeffs, tensors, begin, end); });
 }
 
+void optimizer_step_norm_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
+                             const OptimizerTensors& tensors, double* block_sums,
+                             const CpuExec& exec) {
+  static_assert(detail::kTileElems % detail::kNormBlockElems == 0,
+                "a tile is whole norm blocks, so its blocks are the array's");
+  const math::StepCoeffs coeffs = make_step_coeffs(hyper, scalars);
+  validate_tensors(hyper, tensors);
+  ZERO_CHECK(block_sums != nullptr || tensors.numel == 0, "{}: block_sums is null",
+             optimizer_name(hyper.kind));
+  const int threads = resolve_threads(exec.threads);
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  constexpr std::size_t kBlock = detail::kNormBlockElems;
+  detail::for_each_tile(
+      tensors.numel, detail::kTileElems, threads, [&](std::size_t begin, std::size_t end) {
+        const std::size_t first = begin / kBlock;
+        detail::norm_block_sums(kernels, tensors.grad, tensors.grad_dtype, tensors.numel, first,
+                                (end - begin + kBlock - 1) / kBlock, block_sums + first);
+        kernels.optimizer(coeffs, tensors, begin, end);
+      });
+}
+
 void traffic_probe_cpu(const OptimizerTensors& tensors, int state_count, const CpuExec& exec) {
   ZERO_CHECK(state_count >= 0 && state_count <= 2,
              "traffic probe: state_count must be 0, 1 or 2, got {}", state_count);

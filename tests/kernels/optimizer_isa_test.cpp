@@ -1,9 +1,12 @@
-// Every ISA path and every thread count give bitwise the same optimizer step.
+// Every ISA path and every thread count give bitwise the same optimizer step, with or without
+// its norm taken on the way.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "kernels/norm.h"
 #include "kernels/optimizer.h"
 #include "tests/kernels/test_util.h"
 
@@ -130,4 +133,51 @@ TEST_CASE("ZERO_ISA chooses the path Auto resolves to, and an unknown name is an
   if (saved) setenv("ZERO_ISA", restore.c_str(), 1);
   REQUIRE(zk::parse_isa("avx512") == zk::Isa::Avx512);
   REQUIRE_FALSE(zk::parse_isa("AVX512").has_value());
+}
+
+TEST_CASE("the step with its norm steps as the step alone and sums the norm's blocks") {
+  // optimizer_step_norm_cpu reads each tile's gradient for its norm blocks, then steps the tile:
+  // the step's bits are optimizer_step_cpu's, each block sum squared_l2_norm_cpu's of the block,
+  // and their sum in order squared_l2_norm_cpu's of the array, for every ISA and thread count.
+  constexpr std::size_t kBlock = zk::kNormBlockElems;
+  const auto isas = zk::test::runnable_isas();
+  REQUIRE(!isas.empty());
+  zk::OptimizerHyper adamw;
+  adamw.weight_decay = 0.05;
+  for (std::size_t numel : {std::size_t{1}, std::size_t{100}, kBlock, kBlock + 1, kNumel}) {
+    for (DType grad : {DType::F32, DType::BF16, DType::F16}) {
+      INFO("numel " << numel << " grad " << zero::dtype_name(grad));
+      Buffers expected(grad, DType::F32, DType::BF16);
+      const Buffers initial = expected;
+      zk::OptimizerTensors t = expected.view(grad, DType::F32, true, DType::BF16);
+      t.numel = numel;
+      zk::optimizer_step_cpu(adamw, {1e-2, 3, 0.5}, t, {1, zk::Isa::Scalar});
+      REQUIRE(expected.master != initial.master);
+      const std::size_t blocks = (numel + kBlock - 1) / kBlock;
+      std::vector<double> want(blocks);
+      for (std::size_t b = 0; b < blocks; ++b) {
+        want[b] =
+            zk::squared_l2_norm_cpu(initial.grad.data() + b * kBlock * zero::dtype_size(grad), grad,
+                                    std::min(kBlock, numel - b * kBlock), {1, zk::Isa::Scalar});
+        REQUIRE(want[b] > 0.0);
+      }
+      const double whole = zk::squared_l2_norm_cpu(initial.grad.data(), grad, numel);
+      for (zk::Isa isa : isas) {
+        for (int threads : {1, 2, 3}) {
+          INFO("isa " << zk::isa_name(isa) << " threads " << threads);
+          Buffers got = initial;
+          zk::OptimizerTensors g = got.view(grad, DType::F32, true, DType::BF16);
+          g.numel = numel;
+          std::vector<double> sums(blocks + 1, -1.0);  // one more: nothing is written past them
+          zk::optimizer_step_norm_cpu(adamw, {1e-2, 3, 0.5}, g, sums.data(), {threads, isa});
+          REQUIRE(got == expected);
+          REQUIRE(sums.back() == -1.0);
+          sums.pop_back();
+          REQUIRE(std::memcmp(sums.data(), want.data(), blocks * sizeof(double)) == 0);
+          const std::size_t first[2] = {0, blocks};
+          REQUIRE(zk::sum_norm_blocks(sums, first) == whole);
+        }
+      }
+    }
+  }
 }

@@ -203,10 +203,11 @@ void EngineImpl::reset_micro_step() {
 
 // Every collective that can fail runs here, before anything is written: the overflow vote and the
 // norm (over this rank's own slices, the same order at every stage), then every group's
-// coefficients are validated.
+// coefficients are validated. When nothing reads the norm before the step (no overflow check, no
+// clipping) the step takes it instead, in its own walk over the gradients (norm_after_step()).
 EngineImpl::StepPlan EngineImpl::plan_step() {
   StepPlan plan;
-  {
+  if (!norm_after_step()) {
     ScopedTimer timer(timings_.norm_s);
     // One pass over this rank's gradients serves both: their sum of squares in double is finite
     // exactly when every gradient is (a finite fp32 value's square is below 1.2e77, so no count of
@@ -277,6 +278,7 @@ StepResult EngineImpl::step() {
   micro_in_window_ = 0;
   reducer_->start_window();
   reset_micro_step();
+  double own_sumsq = 0.0;  // with norm_after_step(): the step's Σ g² over this rank's slices
   if (!plan.overflow) {
     ScopedTimer timer(timings_.optimizer_s);
     // Ranks agree that every NVMe write went through before any of them commits; an IoError
@@ -294,7 +296,8 @@ StepResult EngineImpl::step() {
     std::function<void()> before_commit;
     if (fetcher_ && param_store_) before_commit = [this] { fetcher_->stage_refresh(); };
     try {
-      optimizer_->step(plan.hypers, plan.scalars, agree, param_store_.get(), before_commit);
+      optimizer_->step(plan.hypers, plan.scalars, agree, param_store_.get(), before_commit,
+                       norm_after_step() ? &own_sumsq : nullptr);
     } catch (...) {
       if (fetcher_) fetcher_->drop_staged();
       throw;
@@ -318,6 +321,14 @@ StepResult EngineImpl::step() {
   result.lr = plan.scalars[0].lr;
   ++applied_steps_;
   ++last_batch_iteration_;
+  if (norm_after_step()) {
+    // After the commit, as the model all-gather: a collective that fails here leaves the step
+    // taken (nothing half-written), only its norm unknown.
+    ScopedTimer timer(timings_.norm_s);
+    if (world_ > 1)
+      control_.all_reduce(&own_sumsq, &own_sumsq, 1, DType::F64, ReduceOp::Sum).wait();
+    result.grad_norm = std::sqrt(own_sumsq) / prev_scale;
+  }
   all_gather_model();
   if (fetcher_) fetcher_->refresh_after_step();
   return result;

@@ -212,12 +212,17 @@ class EngineImpl final : public Engine, private SliceMap {
   // Collective, before any write: overflow vote, squared norm and every group's coefficients.
   struct StepPlan {
     bool overflow = false;
-    double norm = 0;  // of the scaled gradients
+    double norm = 0;  // of the scaled gradients; with norm_after_step() the step's, not this
+
     std::optional<LossScaler> scaler_after;
     std::vector<kernels::OptimizerHyper> hypers;
     std::vector<kernels::StepScalars> scalars;
   };
   StepPlan plan_step();
+  // Nothing reads the norm before the step (no overflow check, no clipping): the step sums it
+  // in the same walk over the gradients (PartitionOptimizer::step's own_sumsq) and the norm is
+  // all-reduced after the commit, with the same bits.
+  bool norm_after_step() const { return !check_overflow_ && clip_ <= 0; }
   // Whether the model copy is all-gathered after a step (stages 1 and 2, more than one rank).
   bool gathers_model() const { return world_ > 1 && (stage_ == 1 || stage_ == 2); }
   void all_gather_model();

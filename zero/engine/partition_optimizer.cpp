@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/norm.h"
 #include "zero/base/error.h"
 #include "zero/base/stream_copy.h"
 
@@ -53,6 +54,12 @@ PartitionOptimizer::PartitionOptimizer(Device& device, const kernels::ComputeKer
     compute_.fill_zero(gradients_.data(), options_.grad_dtype, partition_elems_, options_.exec);
   }
   build_runs();
+  norm_.first.assign(layout_.num_units() + 1, 0);
+  for (std::size_t u = 0; u < layout_.num_units(); ++u) {
+    const std::size_t S = layout_.unit(static_cast<int>(u)).slice_elems;
+    norm_.first[u + 1] =
+        norm_.first[u] + (S + kernels::kNormBlockElems - 1) / kernels::kNormBlockElems;
+  }
 }
 
 std::size_t PartitionOptimizer::partition_offset(int domain, int unit) const {
@@ -158,11 +165,43 @@ double PartitionOptimizer::squared_norm() const {
   return compute_.squared_l2_norm_many(gradient_slices(), options_.exec);
 }
 
+double* PartitionOptimizer::fused_norm_blocks(const Run& run, std::size_t first, std::size_t last) {
+  constexpr std::size_t kBlock = kernels::kNormBlockElems;
+  if (!norm_.fusing || run.domain != own_domain() || first % kBlock != 0) return nullptr;
+  const std::size_t S = layout_.unit(run.unit).slice_elems;
+  // A run that ends inside a block sums only its part of it: that block is summed after the step.
+  const std::size_t whole_end = last == S ? (S + kBlock - 1) / kBlock : last / kBlock;
+  const std::size_t base = norm_.first[static_cast<std::size_t>(run.unit)];
+  for (std::size_t b = first / kBlock; b < whole_end; ++b) norm_.summed[base + b] = 1;
+  return norm_.sums.data() + base + first / kBlock;
+}
+
+double PartitionOptimizer::finish_norm() {
+  constexpr std::size_t kBlock = kernels::kNormBlockElems;
+  for (std::size_t u = 0; u < layout_.num_units(); ++u) {
+    const std::size_t S = layout_.unit(static_cast<int>(u)).slice_elems;
+    for (std::size_t b = norm_.first[u]; b < norm_.first[u + 1]; ++b) {
+      if (norm_.summed[b]) continue;
+      const std::size_t offset = (b - norm_.first[u]) * kBlock;
+      // One block alone: squared_l2_norm adds its one block sum to 0.0, which is that sum.
+      norm_.sums[b] = compute_.squared_l2_norm(
+          slices_.gradient(own_domain(), static_cast<int>(u), offset), options_.grad_dtype,
+          std::min(kBlock, S - offset), options_.exec);
+    }
+  }
+  return kernels::sum_norm_blocks(norm_.sums, norm_.first);
+}
+
 void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
                               std::span<const kernels::StepScalars> scalars,
                               const offload::SubgroupStore::Agree& agree,
                               offload::SubgroupStore* model_store,
-                              const std::function<void()>& before_commit) {
+                              const std::function<void()>& before_commit, double* own_sumsq) {
+  norm_.fusing = own_sumsq != nullptr && compute_.optimizer_step_norm != nullptr;
+  if (norm_.fusing) {
+    norm_.sums.assign(norm_.first.back(), 0.0);
+    norm_.summed.assign(norm_.first.back(), 0);
+  }
   // The model copy of stepped NVMe sub-groups, kept until the store commits (see the header).
   // Pointers are looked up again on restore. A model copy in a swap store needs none: its batch
   // is aborted instead.
@@ -234,6 +273,8 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
     throw;
   }
   slices_.model_settled();
+  if (own_sumsq != nullptr) *own_sumsq = norm_.fusing ? finish_norm() : squared_norm();
+  norm_.fusing = false;
 }
 
 void PartitionOptimizer::flush(StepBatch& batch, std::span<const kernels::OptimizerHyper> hypers,
@@ -309,6 +350,13 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
       batch->tensors.push_back(t);  // one tile: the whole run, stepped in place
       if (write_model) batch->written.push_back({run.domain, run.unit, first, n});
       return;
+    }
+    // One tile (an fp32 master, in place): the whole run, its norm blocks summed on the way.
+    double* block_sums =
+        master_dtype == DType::F32 && !on_copies ? fused_norm_blocks(run, first, last) : nullptr;
+    if (block_sums != nullptr) {
+      compute_.optimizer_step_norm(hyper, scalars, t, block_sums, options_.exec);
+      continue;
     }
     compute_.optimizer_step(hyper, scalars, t, options_.exec);
     if (master_dtype != DType::F32 && !on_copies) {

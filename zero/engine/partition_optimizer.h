@@ -20,7 +20,8 @@
 // on NVMe), that store's batch is aborted — so master, states and model copy all stay at the
 // previous step. The overflow
 // check and the squared norm walk the rank's own slices unit by unit, so every stage sums the same
-// numbers in the same order.
+// numbers in the same order; step() can sum that norm in its own walk over the gradients (its
+// own_sumsq), with the same bits.
 //
 // With `master_in_model` (an fp32 model whose master weights stay in memory where the kernels
 // compute) the master weights are no tensor of their own: they *are* the model copy, reached through
@@ -115,11 +116,17 @@ class PartitionOptimizer {
   // leaves the previous step. `before_commit`, if given, runs after the model store's batch is
   // written back and before the agreement (e.g. reading back what the step wrote); an IoError
   // from it fails the step like the store's own.
+  // `own_sumsq`, if given, receives bitwise what squared_norm() gives for the gradients the step
+  // consumed (the step reads them only), for a caller that needs no norm before the step: where
+  // the compute table has optimizer_step_norm, each own-slice run that starts on a norm block
+  // sums the blocks it steps in the same walk over memory (the gradient read once); the blocks
+  // no such run covered whole (where a param group or sub-group edge cuts a block, a 16-bit
+  // master, a device) are summed after the step.
   void step(std::span<const kernels::OptimizerHyper> hypers,
             std::span<const kernels::StepScalars> scalars,
             const offload::SubgroupStore::Agree& agree = nullptr,
             offload::SubgroupStore* model_store = nullptr,
-            const std::function<void()>& before_commit = nullptr);
+            const std::function<void()>& before_commit = nullptr, double* own_sumsq = nullptr);
   // The model copy ← master weights, rounded (nothing to do with master_in_model).
   void write_model();
   class Replacement;  // new values of a checkpoint tensor (below)
@@ -222,6 +229,21 @@ class PartitionOptimizer {
                  const kernels::StepScalars& scalars, PartMode mode, StepBatch* batch);
   void flush(StepBatch& batch, std::span<const kernels::OptimizerHyper> hypers,
              std::span<const kernels::StepScalars> scalars);
+  // step()'s own_sumsq: the own slices' norm blocks (kernels/norm.h), numbered slice after slice
+  // in unit order (norm_first_[u] the first block of unit u's slice, norm_first_[units] the
+  // count), each block's sum and whether a fused kernel has summed it in this step.
+  struct NormBlocks {
+    bool fusing = false;  // set for one step() with own_sumsq, where the table has the kernel
+    std::vector<std::size_t> first;
+    std::vector<double> sums;
+    std::vector<unsigned char> summed;
+  };
+  // Whether step_part may step [first, last) of `run` with the norm fused, and if so the kernel's
+  // block sums for the run (the run's first block) after marking what it will sum whole.
+  double* fused_norm_blocks(const Run& run, std::size_t first, std::size_t last);
+  // The fused step's Σ g²: the blocks no kernel summed are summed now, then every block added as
+  // squared_norm() adds them.
+  double finish_norm();
 
   Device& device_;
   const kernels::ComputeKernels& compute_;
@@ -239,6 +261,7 @@ class PartitionOptimizer {
   // PartMode::ModelOnly's copies of the states: host memory, as ModelOnly runs only with the
   // partition on the host (a model copy in a swap store needs host steps on a GPU).
   std::vector<std::byte> state_tiles_[2];
+  NormBlocks norm_;
 };
 
 }  // namespace zero::engine_detail

@@ -9,6 +9,7 @@
 
 #include "kernels/optimizer.h"
 #include "tests/zero/engine/engine_test_util.h"
+#include "tests/zero/engine/gpu_stand_in.h"
 #include "zero/base/error.h"
 #include "zero/comm/testing/faulty_communicator.h"
 #include "zero/estimate/estimate.h"
@@ -404,6 +405,52 @@ TEST_CASE(
       CHECK(r.steps.back().skipped_steps == skipped);
       for (const auto& v : r.params) {
         for (float x : v) REQUIRE(std::isfinite(x));
+      }
+    }
+  }
+}
+
+TEST_CASE("the norm summed in the step's own walk has the bits of the norm taken before it",
+          "[engine]") {
+  // With no clipping and no overflow check the step sums the gradients' norm blocks as it steps
+  // them; clipping at 1e30 (a coefficient of 1: the same update) takes the norm before the step.
+  // Slices of several norm blocks, with a param group edge inside a block (the biases in group
+  // 1), so that some blocks are summed after the step. On the GPU stand-in (no fused kernel, as
+  // CUDA) the step's norm is one pass after it.
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (int stage : {0, 1, 3}) {
+      for (int world : {2, 3}) {
+        for (bool stand_in : {false, true}) {
+          INFO(precision << ", stage " << stage << ", " << world << " ranks"
+                         << (stand_in ? ", GPU stand-in" : ""));
+          auto spec_for = [&](double clip) {
+            TrainSpec spec;
+            spec.config = base_config(stage, precision, 2);
+            spec.config["gradient_clipping"] = clip;
+            spec.world = world;
+            spec.steps = 3;
+            spec.model = "mlp:96,200,120,4";
+            spec.groups = {{}, {std::nullopt, 0.0}};
+            spec.group_of = [](std::size_t i) { return static_cast<int>(i % 2); };
+            if (stand_in) {
+              spec.device_factory = [](int rank, const DeviceOptions& options) {
+                return std::unique_ptr<Device>(std::make_unique<GpuStandIn>(rank, options));
+              };
+            }
+            return spec;
+          };
+          const TrainResult before = train(spec_for(1e30));
+          const TrainResult during = train(spec_for(0.0));
+          require_bitwise_equal(before, during);
+          REQUIRE(!during.steps.empty());
+          REQUIRE(during.steps.size() == before.steps.size());
+          for (std::size_t i = 0; i < during.steps.size(); ++i) {
+            INFO("step " << i);
+            REQUIRE(during.steps[i].grad_norm > 0.0);
+            REQUIRE(std::memcmp(&during.steps[i].grad_norm, &before.steps[i].grad_norm,
+                                sizeof(double)) == 0);
+          }
+        }
       }
     }
   }

@@ -31,6 +31,7 @@ class GpuStandIn final : public CpuDevice {
     static const kernels::ComputeKernels table = [] {
       kernels::ComputeKernels t = kernels::cpu_compute_kernels();
       t.waits_per_call = true;
+      t.optimizer_step_norm = nullptr;  // as the CUDA table: the norm in a launch of its own
       t.quantize = [](const void* src, DType dtype, std::size_t n, int bits, void* out,
                       const kernels::CpuExec& exec) {
         ++stand_in_quantizer_calls;

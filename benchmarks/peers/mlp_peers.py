@@ -39,7 +39,8 @@ not compared).
 
 What is measured. Every run times each step; after the warm-up the run's figure is the median
 step (for the Python peers the slowest rank's median). Every repeat runs every run once, in
-order (A B C ... A B C ...), so a machine busy with something else slows all alike, and every
+order, every other repeat reversed (A B C, C B A, ...), so a machine busy with something else
+slows all alike and no run always follows the same one, and every
 figure below is the median over repeats.
   ms/step     batch-making + forward + backward + optimizer step.
   fwd+bwd     zero: zero-train's own model_time_s (teacher targets, forward and backward, not

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """zero against its PyTorch peers: the same model, data and AdamW trained on N processes (CPU,
 torchrun) by zero (ZeRO stages), PyTorch DDP (gloo), PyTorch FSDP2 (fully_shard, gloo) and
-DeepSpeed when it imports. Runs alternate (A B C A B C ...) so that a machine busy with something
+DeepSpeed when it imports. Runs alternate (A B C, C B A, ...) so that a machine busy with something
 else slows every peer alike; each figure is the median over repeats of a run's median step.
 
 Per run: ms per step; forward and backward ms as the peer runs them (with its hooks, its
@@ -24,10 +24,10 @@ Paired bare steps (--paired, the default): every peer's processes also build the
 seed) and run a bare step on the same batch beside each of the peer's steps, before it on even
 steps and after it on odd ones, the ranks lined up before each. The paired engine share is the
 median over steps of the job's step less its bare step (each the slowest rank's), then the median
-over repeats; the paired backward ratio likewise. Both sides of each difference see the same moment of the machine, so a machine
-that speeds up or slows down between runs no longer moves the share as it moves a difference of
-two runs' medians; with pairing the ratios take these shares, against the peer with the smallest
-one. (In zero's stage-3 processes the bare model's parameter reads also pass zero's attribute
+over repeats; the paired backward ratio likewise. Both sides of each difference see the same
+moment of the machine, so a machine that speeds up or slows down between runs no longer moves the
+share as it moves a difference of two runs' medians; with pairing the ratios take these shares,
+against the peer with the smallest one. (In zero's stage-3 processes the bare model's parameter reads also pass zero's attribute
 watch, nn.Module.__getattr__ patched while a stage-3 engine lives: a type check per read.)
 
 Besides wall time, each step's process CPU time (every thread of the rank, its communication
@@ -241,7 +241,7 @@ def bare_trainer(cls, dtype):
 
 
 def timed_step(forward, backward, step, loss_of, x, y):
-    """One step, timed: (loss, (step, forward, backward, outside) in seconds, CPU seconds)."""
+    """One step, timed: (loss, (step, forward, backward, outside, CPU time) in seconds)."""
     c0 = time.process_time()
     t0 = time.perf_counter()
     loss = loss_of(forward(x), y)
@@ -256,7 +256,7 @@ def timed_step(forward, backward, step, loss_of, x, y):
 def worker(args):
     rank, world = common.worker_rank()
     cls = MODELS[args.model]
-    paired = args.paired and not args.worker == "bare"
+    paired = args.paired and args.worker != "bare"
     # The paired bare model first: the peer's model then comes from the same seed as without it.
     bare_forward, bare_step = bare_trainer(cls, args.dtype) if paired else (None, None)
     torch.manual_seed(0)

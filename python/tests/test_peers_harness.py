@@ -1,0 +1,63 @@
+"""benchmarks/peers/torch_peers.py's arithmetic: the paired figures at job level, the best peer by
+paired share, the refusal of a ratio whose baseline is not positive, and the alternating order."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "peers"))
+import common  # noqa: E402
+import torch_peers  # noqa: E402
+
+
+def rank(steps, bare):
+    """A rank's per-step records: (step, forward, backward, outside, CPU) seconds."""
+    return {"steps": [list(s) for s in steps], "bare_steps": [list(b) for b in bare]}
+
+
+def test_paired_figures_take_the_slowest_rank_of_each_step():
+    # Rank 1 is slow at step 0 and rank 0 at step 1: per step the job waits for the slower one.
+    r0 = rank([(0.110, 0.03, 0.06, 0.020, 0.10), (0.130, 0.04, 0.07, 0.020, 0.12),
+               (0.115, 0.03, 0.06, 0.025, 0.11)],
+              [(0.100, 0.04, 0.06, 0.000, 0.10), (0.120, 0.05, 0.07, 0.000, 0.12),
+               (0.100, 0.04, 0.06, 0.000, 0.10)])
+    r1 = rank([(0.140, 0.04, 0.08, 0.020, 0.13), (0.125, 0.03, 0.07, 0.025, 0.12),
+               (0.116, 0.03, 0.06, 0.026, 0.11)],
+              [(0.120, 0.05, 0.07, 0.000, 0.12), (0.100, 0.04, 0.06, 0.000, 0.10),
+               (0.101, 0.04, 0.06, 0.000, 0.10)])
+    got = torch_peers.paired_figures([r0, r1])
+    # Job steps 140, 130, 116 ms against job bare steps 120, 120, 101: differences 20, 10, 15.
+    assert got["ms_engine_paired"] == pytest.approx(15.0)
+    # Job steps less the slowest rank's forward + backward (120, 110, 90 ms): 20, 20, 26.
+    assert got["ms_outside_job"] == pytest.approx(20.0)
+    # Backward: job 80, 70, 60 against bare 70, 70, 60 ms.
+    assert got["backward_over_paired_bare"] == pytest.approx(1.0)
+    assert got["ms_paired_bare_step"] == pytest.approx(120.0)
+    assert got["cpu_ms_engine_paired"] == pytest.approx(10.0)
+
+
+def row(peer, step, paired):
+    return {"peer": peer, "ms_step": step, "ms_engine_paired": paired}
+
+
+def test_the_best_peer_is_the_one_with_the_smallest_paired_share():
+    rows = [row("zero-s0", 150.0, 10.0), row("ddp", 140.0, 40.0), row("deepspeed-s0", 160.0, 25.0)]
+    got = torch_peers.engine_ratios(rows)[0]
+    assert got["paired"] and got["best_peer"] == "deepspeed-s0"
+    assert got["ratio"] == pytest.approx(0.4)
+    assert got["step_ratio"] == pytest.approx(150.0 / 160.0)
+
+
+@pytest.mark.parametrize("theirs, mine, why", [(0.0, 5.0, "not positive"), (-3.0, 5.0, "not positive"),
+                                               (20.0, -1.0, "negative")])
+def test_a_ratio_that_would_read_as_a_win_is_refused(theirs, mine, why):
+    got = torch_peers.engine_ratios([row("zero-s1", 150.0, mine), row("ddp", 140.0, theirs)])[1]
+    assert got["ratio"] is None
+    assert why in got["ratio_refused"]
+    assert "no ratio" in torch_peers.ratio_lines({1: got})[0]
+
+
+def test_alternate_reverses_every_other_repeat():
+    seen = []
+    common.alternate("t", 3, ["a", "b", "c"], lambda label, i: seen.append(label) or {"ms_step": 1.0})
+    assert seen == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]

@@ -104,14 +104,19 @@ def torchrun(script, nproc, worker_args, what, timeout, env=None):
         raise
 
 
+def round_order(labels, index):
+    """The labels in the order repeat `index` runs them: every other repeat reversed (A B C, C B A,
+    A B C ...), so that no label always runs right after the same one."""
+    return labels if index % 2 == 0 else labels[::-1]
+
+
 def alternate(name, repeats, labels, run_one, keep_going=False):
-    """Every repeat runs every label once, so a machine busy with something else slows all alike;
-    every other repeat in reverse order (A B C, C B A, A B C ...), so that no label always runs
-    right after the same one. run_one(label, index) returns a dict with "ms_step". A failed run
-    prints its tail and ends the harness (exit 1), or with keep_going is recorded and skipped."""
+    """Every repeat runs every label once (in round_order), so a machine busy with something else
+    slows all alike. run_one(label, index) returns a dict with "ms_step". A failed run prints its
+    tail and ends the harness (exit 1), or with keep_going is recorded and skipped."""
     runs = []
     for index in range(repeats):
-        for label in (labels if index % 2 == 0 else labels[::-1]):
+        for label in round_order(labels, index):
             try:
                 run = run_one(label, index)
             except RunFailed as e:

@@ -45,6 +45,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
 
 DATA_SEED, MODEL_SEED = 1, 0
 
@@ -235,9 +236,8 @@ def main():
           + (f", median round of {args.repeats}" if args.repeats > 1 else ""), flush=True)
     rounds, failed = {peer: [] for peer in peers}, []
     for rep in range(args.repeats):
-        # Odd rounds run the peers in reverse, so that no peer always follows the same one (on the
-        # H200 the second of two back-to-back runs was often the faster, whichever it was).
-        for peer in (peers if rep % 2 == 0 else peers[::-1]):
+        # On the H200 the second of two back-to-back runs was often the faster, whichever it was.
+        for peer in common.round_order(peers, rep):
             if peer in failed:
                 continue
             try:

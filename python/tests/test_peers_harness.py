@@ -61,3 +61,4 @@ def test_alternate_reverses_every_other_repeat():
     seen = []
     common.alternate("t", 3, ["a", "b", "c"], lambda label, i: seen.append(label) or {"ms_step": 1.0})
     assert seen == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert [common.round_order(["a", "b"], i) for i in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]

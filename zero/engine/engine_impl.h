@@ -213,7 +213,6 @@ class EngineImpl final : public Engine, private SliceMap {
   struct StepPlan {
     bool overflow = false;
     double norm = 0;  // of the scaled gradients; with norm_after_step() the step's, not this
-
     std::optional<LossScaler> scaler_after;
     std::vector<kernels::OptimizerHyper> hypers;
     std::vector<kernels::StepScalars> scalars;

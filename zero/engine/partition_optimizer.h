@@ -230,8 +230,8 @@ class PartitionOptimizer {
   void flush(StepBatch& batch, std::span<const kernels::OptimizerHyper> hypers,
              std::span<const kernels::StepScalars> scalars);
   // step()'s own_sumsq: the own slices' norm blocks (kernels/norm.h), numbered slice after slice
-  // in unit order (norm_first_[u] the first block of unit u's slice, norm_first_[units] the
-  // count), each block's sum and whether a fused kernel has summed it in this step.
+  // in unit order (first[u] the first block of unit u's slice, first[units] the count), each
+  // block's sum and whether a fused kernel has summed it in this step.
   struct NormBlocks {
     bool fusing = false;  // set for one step() with own_sumsq, where the table has the kernel
     std::vector<std::size_t> first;

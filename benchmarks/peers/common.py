@@ -218,3 +218,16 @@ def read_ranks(out, nproc, time_keys):
     merged["peak_rss_mib"] = [r["peak_rss_mib"] for r in ranks]
     merged["last_loss"] = sum(r["last_loss"] for r in ranks) / len(ranks)
     return merged, ranks
+
+
+def ratio_or_refusal(num, den, num_name, den_name, what, cause=""):
+    """(num / den, None), or (None, reason) when the ratio would mislead: a baseline `den` that is
+    not positive, or a negative `num` (either reads as a win). Both are ms of `what` (e.g. "engine
+    share"); the names say whose they are, `cause` what likely went wrong, for the reason."""
+    if num is None or den is None:
+        return None, f"not measurable: no {what} for {num_name if num is None else den_name}"
+    if den <= 0:
+        return None, f"not measurable: {den_name}'s {what} is {den:.1f} ms, not positive{cause}"
+    if num < 0:
+        return None, f"not measurable: {num_name}'s {what} is {num:.1f} ms, negative{cause}"
+    return num / den, None

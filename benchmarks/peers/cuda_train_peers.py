@@ -182,14 +182,6 @@ def profile_steps(peer, one_step, engine, device, args):
     trace.unlink()
 
 
-def ratio(num, den, what):
-    if den is None or den <= 0:
-        return None, f"{what}: the baseline is {den} ms (not positive): no ratio"
-    if num < 0:
-        return None, f"{what}: zero's share is {num:.2f} ms (negative: a noisy bare run): no ratio"
-    return num / den, None
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="gpt-110m (default on a GPU) or transformer")
@@ -271,8 +263,9 @@ def main():
         whole = share_ratio = refused = None
         if ref is not None and peer.startswith("zero"):
             whole = r["ms_step"] / ref["ms_step"]
-            share_ratio, refused = ratio(share, ref["ms_step"] - bare if bare is not None else None,
-                                         f"{peer} share / torch share")
+            share_ratio, refused = common.ratio_or_refusal(
+                share, ref["ms_step"] - bare if bare is not None else None, peer, "torch",
+                "engine share", " (a noisy bare run)")
             r.update(whole_step_ratio=whole, share_ratio=share_ratio, share_ratio_refused=refused)
             if abs(r["last_loss"] - ref["last_loss"]) > LOSS_SPREAD[args.dtype] * max(
                     1.0, abs(ref["last_loss"])):

@@ -41,6 +41,7 @@ as many processes at once as there are ranks).
   python benchmarks/peers/torch_peers.py [--model mlp|transformer|transformer-25m] [--dtype fp32|bf16]
                                          [--steps 20] [--repeats 3] [--stages 0,1,2,3] [--nproc 2]
                                          [--json out.json] [--zero-bench build/benchmarks/zero-bench]
+                                         [--no-paired] [--overlap-comm default|on|off]
 
 Comparable pairs: zero stage 0 with DDP (both replicate everything), zero stages 1-3 with FSDP2
 (which shards parameters, gradients and optimizer state: stage 3's layout).
@@ -49,7 +50,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import common  # noqa: E402
+from torch_peers_report import PAIRED, TIMES, engine_ratios, markdown, optimizer_limits  # noqa: E402
 
 LR, BETAS, EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
 # Peers train the same model on the same data: their last losses agree but for summation order
@@ -143,23 +144,27 @@ class Transformer25M(Transformer):
 
 MODELS = {"mlp": MLP, "transformer": Transformer, "transformer-25m": Transformer25M}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# --overlap-comm: zero_optimization.overlap_comm for zero and DeepSpeed ("default": the key left out).
+OVERLAP = {"default": None, "on": True, "off": False}
 
 
 # --- one rank of one run (under torchrun) ------------------------------------------------------
 
-def zero_config(stage, micro_batch, dtype="fp32"):
+def zero_config(stage, micro_batch, dtype="fp32", overlap_comm=None):
     # No clipping: DDP and FSDP2 run plain AdamW (written out: DeepSpeed >= 0.19.3 clips at 1.0 unless told).
     config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
               "gradient_clipping": 0.0,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
                                                         "weight_decay": WEIGHT_DECAY}},
               "zero_optimization": {"stage": stage}}
+    if overlap_comm is not None:  # else DeepSpeed's default: on at stage 3 only
+        config["zero_optimization"]["overlap_comm"] = overlap_comm
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
     return config
 
 
-def make_trainer(peer, model, cls, dtype="fp32"):
+def make_trainer(peer, model, cls, dtype="fp32", overlap_comm=None):
     """Returns (forward, backward, step) closures for one peer. bf16: zero and DeepSpeed train the
     model in bf16 with fp32 master weights (their bf16 config), DDP and FSDP2 keep fp32 parameters
     and compute in bf16 (DDP under torch.autocast, FSDP2 with its mixed-precision policy), the bare
@@ -178,7 +183,7 @@ def make_trainer(peer, model, cls, dtype="fp32"):
     if kind in ("zero", "deepspeed"):
         lib = __import__("zero" if kind == "zero" else "deepspeed")
         engine, *_ = lib.initialize(model=model, model_parameters=model.parameters(),
-                                    config=zero_config(int(stage), cls.BATCH, dtype))
+                                    config=zero_config(int(stage), cls.BATCH, dtype, overlap_comm))
         return engine, engine.backward, engine.step
     import torch.distributed as dist
 
@@ -261,7 +266,7 @@ def worker(args):
     bare_forward, bare_step = bare_trainer(cls, args.dtype) if paired else (None, None)
     torch.manual_seed(0)
     model = cls()
-    forward, backward, step = make_trainer(args.worker, model, cls, args.dtype)
+    forward, backward, step = make_trainer(args.worker, model, cls, args.dtype, OVERLAP[args.overlap_comm])
     profiled = hasattr(forward, "timings") and args.worker.startswith("zero")
     # Each rank its own micro-batches, made before timing starts.
     g = torch.Generator().manual_seed(1000 + rank)
@@ -307,12 +312,6 @@ def worker(args):
 
 # --- the driver --------------------------------------------------------------------------------
 
-TIMES = ("ms_step", "ms_forward", "ms_backward", "ms_outside", "cpu_ms_step")
-# With --paired, the run's figures against its paired bare steps (paired_figures).
-PAIRED = ("ms_engine_paired", "cpu_ms_engine_paired", "backward_over_paired_bare", "ms_paired_bare_step",
-          "ms_outside_job")
-
-
 def paired_figures(ranks):
     """The run's figures against its paired bare steps. Step i of the job takes as long as its
     slowest rank's (the collectives wait for it), so does the job's bare step i: the paired engine
@@ -340,7 +339,8 @@ def run_once(args, peer, workdir, index):
     common.torchrun(__file__, args.nproc, ["--worker", peer, "--out", out, "--model", args.model,
                                            "--dtype", args.dtype, "--steps", str(args.steps),
                                            "--warmup", str(args.warmup),
-                                           "--paired" if args.paired else "--no-paired"],
+                                           "--paired" if args.paired else "--no-paired",
+                                           "--overlap-comm", args.overlap_comm],
                     peer, args.timeout)
     run, ranks = common.read_ranks(out, args.nproc, TIMES)
     if "steps" in ranks[0]:
@@ -374,198 +374,6 @@ def summarise(runs, peers):
     return rows
 
 
-NOISY = " (the bare run was as slow or slower in a noisy moment); rerun with more --repeats"
-NOISY_PAIRED = " (its steps were no slower than the bare steps beside them); rerun with more --repeats"
-
-
-def ratio_or_refusal(num, den, num_name, den_name, what, cause=""):
-    """(num / den, None), or (None, reason) when the ratio would mislead: a baseline `den` that is
-    not positive, or a negative `num` (either reads as a win). Both are ms of `what` (e.g. "engine
-    share"); the names say whose they are, `cause` what likely went wrong, for the reason."""
-    if num is None or den is None:
-        return None, f"not measurable: no {what} for {num_name if num is None else den_name}"
-    if den <= 0:
-        return None, f"not measurable: {den_name}'s {what} is {den:.1f} ms, not positive{cause}"
-    if num < 0:
-        return None, f"not measurable: {num_name}'s {what} is {num:.1f} ms, negative{cause}"
-    return num / den, None
-
-
-def engine_ratios(rows):
-    """{zero stage: {...}} for every zero row that has a peer at its stage (DDP counts at stage 0,
-    FSDP2 at 3, DeepSpeed at its own), against the best peer. With paired bare steps (--paired,
-    every row has them) the engine shares are the paired ones and the best peer is the one with
-    the smallest paired share; otherwise the shares subtract the bare run's step and the best peer
-    is the one with the shortest step (then also the smallest share). Keys: paired (which shares),
-    zero_ms, best_peer, best_peer_ms (engine shares, None without a bare run or pairing), ratio
-    (their ratio, or None) and ratio_refused (why None, else None); zero_step_ms,
-    best_peer_step_ms and step_ratio (the whole steps' ratio, or None) and step_ratio_refused."""
-    by_peer = {r["peer"]: r for r in rows if r["peer"] != "bare"}
-    paired = bool(by_peer) and all("ms_engine_paired" in r for r in by_peer.values())
-    share = "ms_engine_paired" if paired else "ms_engine"
-    out = {}
-    for peer, r in by_peer.items():
-        kind, _, stage = peer.partition("-s")
-        if kind != "zero":
-            continue
-        others = [p for p in ("ddp", "fsdp2", f"deepspeed-s{stage}") if p in by_peer]
-        if not others:
-            continue
-        best = min(others, key=lambda p: by_peer[p]["ms_engine_paired" if paired else "ms_step"])
-        mine, theirs = r.get(share), by_peer[best].get(share)
-        engine, engine_why = ratio_or_refusal(mine, theirs, "zero", best, "engine share",
-                                              NOISY_PAIRED if paired else NOISY)
-        step, step_why = ratio_or_refusal(r["ms_step"], by_peer[best]["ms_step"], "zero", best, "step")
-        out[int(stage)] = {"paired": paired, "zero_ms": mine, "best_peer": best, "best_peer_ms": theirs,
-                           "ratio": engine, "ratio_refused": engine_why,
-                           "zero_step_ms": r["ms_step"], "best_peer_step_ms": by_peer[best]["ms_step"],
-                           "step_ratio": step, "step_ratio_refused": step_why}
-    return out
-
-
-def ratio_lines(ratios):
-    """One line per zero stage: the whole-step ratio, then the engine-share ratio or why none."""
-    lines = []
-    for stage, v in sorted(ratios.items()):
-        best = v["best_peer"]
-        if v["step_ratio"] is not None:
-            step = (f"step {v['zero_step_ms']:.1f} ms = {v['step_ratio']:.2f}x the best peer's step "
-                    f"({best}, {v['best_peer_step_ms']:.1f} ms)")
-        else:
-            step = f"step: no ratio, {v['step_ratio_refused']}"
-        what = "engine share (step - paired bare step)" if v["paired"] else "engine share (step - bare)"
-        if v["zero_ms"] is None or v["best_peer_ms"] is None:
-            engine = "engine share: none without a bare run"
-        elif v["ratio"] is not None:
-            engine = (f"{what} {v['zero_ms']:.1f} ms = {v['ratio']:.2f}x the best peer's "
-                      f"({best}, {v['best_peer_ms']:.1f} ms)")
-        else:
-            engine = (f"{what} {v['zero_ms']:.1f} ms against {best}'s {v['best_peer_ms']:.1f} ms: "
-                      f"no ratio, {v['ratio_refused']}")
-        lines.append(f"zero stage {stage}: {step}; {engine}")
-    return lines
-
-
-def zero_bench_path(args):
-    """The zero-bench to take the traffic probe from: --zero-bench, else the repository's build."""
-    path = args.zero_bench or os.path.join(common.REPO, "build", "benchmarks", "zero-bench")
-    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
-
-
-def optimizer_limits(args, stages):
-    """{stage: {...}}: the least time the optimizer's own traffic takes on one rank, from
-    zero-bench's traffic probe run on as many processes at once as the ranks (they share the
-    memory bus as the ranks do): AdamW over the rank's partition (the whole model at stage 0, a
-    1/N share at stages 1-3), its bytes per parameter from zero-bench (fp32: gradient, master
-    and two states; bf16: a bf16 gradient and a bf16 model copy written besides). None without
-    zero-bench."""
-    bench = zero_bench_path(args)
-    if bench is None:
-        print("torch_peers: no zero-bench (build it, or pass --zero-bench): no optimizer limit",
-              file=sys.stderr)
-        return None
-    numel = sum(p.numel() for p in MODELS[args.model]().parameters())
-    grad, out = ("bf16", "bf16") if args.dtype == "bf16" else ("fp32", "none")
-    limits = {}
-    for stage in stages:
-        part = numel if stage == 0 else -(-numel // args.nproc)
-        cmd = [bench, "kernels", "--json", "--params", str(part), "--threads", "1", "--reps", "7",
-               "--optimizer", "adamw", "--grad-dtype", grad, "--state-dtype", "fp32"]
-
-        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=common.one_thread_env())
-                 for _ in range(args.nproc)]
-        records = []
-        for proc in procs:
-            text, _ = proc.communicate(timeout=args.timeout)
-            if proc.returncode != 0:
-                raise SystemExit(f"torch_peers: {' '.join(cmd)} failed (exit {proc.returncode})")
-            records += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-        mine = [r for r in records if r["param_out"] == out]
-        if len(mine) != args.nproc:
-            raise SystemExit(f"torch_peers: zero-bench gave {len(mine)} records for AdamW "
-                             f"{grad}/fp32 out {out}, expected {args.nproc}")
-        # The slowest process's probe: every rank has to finish its step.
-        gb_per_s = min(r["limit_gb_per_s"] for r in mine)
-        limits[stage] = {"partition_params": part, "bytes_per_param": mine[0]["bytes_per_param"],
-                         "probe_gb_per_s": gb_per_s,
-                         "limit_ms": part * mine[0]["bytes_per_param"] / (gb_per_s * 1e9) * 1e3}
-    return limits
-
-
-def limit_lines(rows, limits):
-    """One line per zero stage: the time outside forward and backward against the optimizer's
-    traffic limit for the rank's partition."""
-    lines = []
-    for r in rows:
-        kind, _, stage = r["peer"].partition("-s")
-        if kind != "zero" or limits is None or int(stage) not in limits:
-            continue
-        lim = limits[int(stage)]
-        # With --paired, the job's time outside (the slowest rank's wait for the other excluded).
-        outside, what = (r["ms_outside_job"], "the job's time outside fwd+bwd") if "ms_outside_job" in r \
-            else (r["ms_outside"], "outside fwd+bwd")
-        lines.append(f"zero stage {stage}: {what} {outside:.1f} ms = "
-                     f"{outside / lim['limit_ms']:.2f}x the optimizer's traffic limit "
-                     f"({lim['partition_params'] / 1e6:.2f}M params x {lim['bytes_per_param']} B at "
-                     f"{lim['probe_gb_per_s']:.1f} GB/s = {lim['limit_ms']:.1f} ms)")
-    return lines
-
-
-def profile_lines(rows):
-    """zero's engine.timings() per step, one column per stage: where the engine's time went."""
-    profiled = [r for r in rows if "profile" in r]
-    if not profiled:
-        return []
-    keys = [k for k in profiled[0]["profile"] if any(r["profile"].get(k) for r in profiled)]
-    headers = ["engine.timings() per step", *(r["peer"] for r in profiled)]
-    table = [[k, *(f"{r['profile'].get(k, 0):.2f}" for r in profiled)] for k in keys]
-    return ["", *common.markdown_table(headers, table)]
-
-
-def markdown(rows, args):
-    kinds = {"zero": "zero", "deepspeed": "DeepSpeed", "ddp": "PyTorch DDP (gloo)", "fsdp2": "PyTorch FSDP2 (gloo)",
-             "bare": "bare forward+backward"}
-    table = []
-    for r in rows:
-        kind, _, stage = r["peer"].partition("-s")
-        stage = stage or {"ddp": "(0)", "fsdp2": "(3)", "bare": ""}[kind]
-        def cell(key, form="{:.1f}"):
-            return form.format(r[key]) if key in r else ""
-
-        loss = "" if kind == "bare" else f"{r['last_loss']:.6f}"
-        table.append([kinds[kind], stage, *(f"{r[key]:.1f}" for key in TIMES), cell("ms_outside_job"), cell("ms_engine"),
-                      cell("cpu_ms_engine"), cell("ms_engine_paired"), cell("cpu_ms_engine_paired"),
-                      cell("backward_over_paired_bare", "{:.3f}"), f"{r['peak_rss_mib']:.0f}", loss])
-    headers = ["peer", "ZeRO stage", "ms/step", "forward ms", "backward ms", "outside fwd+bwd ms",
-               "CPU ms/step", "job's outside ms (paired)", "engine ms (step - bare)", "engine CPU ms", "engine ms (paired)",
-               "engine CPU ms (paired)", "backward / paired bare", "peak RSS MiB/process",
-               "last loss"]
-    numel = sum(p.numel() for p in MODELS[args.model]().parameters())
-    lines = [f"{args.model} ({numel / 1e6:.1f}M parameters, {args.dtype}), {args.nproc} processes, "
-             f"{args.steps} steps after {args.warmup} warm-up, median of {args.repeats} alternating "
-             f"repeats (torch {torch.__version__}, CPU)", "",
-             *common.markdown_table(headers, table, left=2)]
-    ratios = engine_ratios(rows)
-    if ratios:
-        lines += ["", *ratio_lines(ratios)]
-    bare = next((r for r in rows if r["peer"] == "bare"), None)
-    zero_rows = [r for r in rows if r["peer"].startswith("zero")]
-    if bare is not None or any("backward_over_paired_bare" in r for r in zero_rows):
-        lines.append("")
-    for r in zero_rows:
-        parts = []
-        if bare is not None:
-            parts.append(f"{r['ms_backward'] / bare['ms_backward']:.3f}x the bare run's")
-        if "backward_over_paired_bare" in r:
-            parts.append(f"{r['backward_over_paired_bare']:.3f}x the paired bare steps'")
-        if parts:
-            lines.append(f"{r['peer']}: backward {r['ms_backward']:.1f} ms = {', '.join(parts)}")
-    limit = limit_lines(rows, args.limits)
-    if limit:
-        lines += ["", *limit]
-    return "\n".join(lines + profile_lines(rows))
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="mlp")
@@ -577,6 +385,9 @@ def main():
     p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=True,
                    help="a bare step beside each of a peer's steps, in the same processes: engine "
                         "shares as the median of the per-step differences (default: on)")
+    p.add_argument("--overlap-comm", choices=sorted(OVERLAP), default="default",
+                   help="zero_optimization.overlap_comm for zero and DeepSpeed (default: the key left "
+                        "out, so DeepSpeed's default: on at stage 3, off at 0-2)")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -598,10 +409,11 @@ def main():
         runs = common.alternate("torch_peers", args.repeats, peers,
                                 lambda peer, index: run_once(args, peer, workdir, index))
     rows = summarise(runs, peers)
-    args.limits = optimizer_limits(args, [s for s in stages]) if available["zero"] and stages else None
+    numel = sum(p.numel() for p in MODELS[args.model]().parameters())
+    args.limits = optimizer_limits(args, [s for s in stages], numel) if available["zero"] and stages else None
     losses = [r["last_loss"] for r in rows if r["peer"] != "bare"]
     spread = (max(losses) - min(losses)) / max(abs(min(losses)), 1e-12)
-    print(markdown(rows, args))
+    print(markdown(rows, args, numel))
     allowed = LOSS_SPREAD[args.dtype]
     if spread > allowed:
         print(f"\nWARNING: the peers' last losses differ by {spread:.2%}: they did not train the same model",
@@ -610,7 +422,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
                        "repeats": args.repeats, "torch": torch.__version__, "summary": rows, "runs": runs,
-                       "dtype": args.dtype, "optimizer_limits": args.limits,
+                       "dtype": args.dtype, "overlap_comm": args.overlap_comm, "optimizer_limits": args.limits,
                        "engine_ratios": {str(k): v for k, v in engine_ratios(rows).items()},
                        "last_loss_spread": spread}, f, indent=1)
     return 1 if spread > allowed else 0

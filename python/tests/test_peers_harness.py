@@ -1,5 +1,6 @@
-"""benchmarks/peers/torch_peers.py's arithmetic: the paired figures at job level, the best peer by
-paired share, the refusal of a ratio whose baseline is not positive, and the alternating order."""
+"""The peers harnesses' arithmetic (benchmarks/peers/torch_peers.py, its report and common.py):
+the paired figures at job level, the best peer by paired share, the refusal of a ratio whose
+baseline is not positive (torch_peers and cuda_train_peers share it), and the alternating order."""
 import sys
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "peers"))
 import common  # noqa: E402
 import torch_peers  # noqa: E402
+import torch_peers_report  # noqa: E402
 
 
 def rank(steps, bare):
@@ -42,7 +44,7 @@ def row(peer, step, paired):
 
 def test_the_best_peer_is_the_one_with_the_smallest_paired_share():
     rows = [row("zero-s0", 150.0, 10.0), row("ddp", 140.0, 40.0), row("deepspeed-s0", 160.0, 25.0)]
-    got = torch_peers.engine_ratios(rows)[0]
+    got = torch_peers_report.engine_ratios(rows)[0]
     assert got["paired"] and got["best_peer"] == "deepspeed-s0"
     assert got["ratio"] == pytest.approx(0.4)
     assert got["step_ratio"] == pytest.approx(150.0 / 160.0)
@@ -51,10 +53,20 @@ def test_the_best_peer_is_the_one_with_the_smallest_paired_share():
 @pytest.mark.parametrize("theirs, mine, why", [(0.0, 5.0, "not positive"), (-3.0, 5.0, "not positive"),
                                                (20.0, -1.0, "negative")])
 def test_a_ratio_that_would_read_as_a_win_is_refused(theirs, mine, why):
-    got = torch_peers.engine_ratios([row("zero-s1", 150.0, mine), row("ddp", 140.0, theirs)])[1]
+    got = torch_peers_report.engine_ratios([row("zero-s1", 150.0, mine), row("ddp", 140.0, theirs)])[1]
     assert got["ratio"] is None
     assert why in got["ratio_refused"]
-    assert "no ratio" in torch_peers.ratio_lines({1: got})[0]
+    assert "no ratio" in torch_peers_report.ratio_lines({1: got})[0]
+
+
+@pytest.mark.parametrize("num, den, why", [(5.0, None, "no engine share for torch"),
+                                           (None, 5.0, "no engine share for zero"),
+                                           (5.0, 0.0, "torch's engine share is 0.0 ms, not positive"),
+                                           (-2.0, 5.0, "zero's engine share is -2.0 ms, negative")])
+def test_the_ratio_guard_names_whose_figure_is_wrong(num, den, why):
+    got, refused = common.ratio_or_refusal(num, den, "zero", "torch", "engine share", " (noisy)")
+    assert got is None and why in refused
+    assert common.ratio_or_refusal(3.0, 4.0, "zero", "torch", "engine share") == (0.75, None)
 
 
 def test_alternate_reverses_every_other_repeat():

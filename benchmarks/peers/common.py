@@ -34,11 +34,30 @@ class RunFailed(Exception):
 
 # --- the driver --------------------------------------------------------------------------------
 
-def importable(module):
+def importable(module, env=None):
     # From / and through initialize: run from the repository root, `import zero` alone would find
     # the C++ sources' zero/ directory as a namespace package.
     return subprocess.run([sys.executable, "-c", f"import {module}; {module}.initialize"], capture_output=True,
-                          cwd="/").returncode == 0
+                          cwd="/", env=env).returncode == 0
+
+
+def zero_package_env(library=None):
+    """What `import zero` loads in the workers: (environment variables to add, a line saying what
+    that is). By default this repository's python/ with the library its build made
+    (build/libzero.so.0), so that a run measures the working tree: a package installed into a venv
+    earlier stays as it was until scripts/python-env.sh reinstalls it. `library` names another
+    libzero.so.0 (python/ still this repository's). Without a build, the installed package."""
+    lib = Path(library) if library else REPO / "build" / "libzero.so.0"
+    if not lib.is_file():
+        if library:
+            raise SystemExit(f"--zero-library {library}: no such file")
+        return {}, "the installed zero package (this repository has no build/libzero.so.0)"
+    path = os.environ.get("PYTHONPATH")
+    extra = {"PYTHONPATH": str(REPO / "python") + (os.pathsep + path if path else ""),
+             "ZERO_LIBRARY": str(lib.resolve())}
+    commit = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+                            capture_output=True, text=True).stdout.strip() or "no git checkout"
+    return extra, f"zero: this repository's python/ at {commit}, library {lib}"
 
 
 def free_port():

@@ -41,6 +41,7 @@ as many processes at once as there are ranks).
   python benchmarks/peers/torch_peers.py [--model mlp|transformer|transformer-25m] [--dtype fp32|bf16]
                                          [--steps 20] [--repeats 3] [--stages 0,1,2,3] [--nproc 2]
                                          [--json out.json] [--zero-bench build/benchmarks/zero-bench]
+                                         [--zero-library build/libzero.so.0]
                                          [--no-paired] [--overlap-comm default|on|off]
 
 Comparable pairs: zero stage 0 with DDP (both replicate everything), zero stages 1-3 with FSDP2
@@ -306,6 +307,7 @@ def worker(args):
         result["steps"], result["bare_steps"] = times, bare_times  # paired_figures() takes them
     if profiled:
         result["profile"] = per_step(forward.timings(), args.steps)
+        result["zero_package"] = os.path.dirname(os.path.abspath(sys.modules["zero"].__file__))
     common.write_rank(args.out, rank, result)
     common.exit_worker()
 
@@ -341,8 +343,12 @@ def run_once(args, peer, workdir, index):
                                            "--warmup", str(args.warmup),
                                            "--paired" if args.paired else "--no-paired",
                                            "--overlap-comm", args.overlap_comm],
-                    peer, args.timeout)
+                    peer, args.timeout, env=common.one_thread_env(**args.zero_env))
     run, ranks = common.read_ranks(out, args.nproc, TIMES)
+    mine = os.path.join(common.REPO, "python", "zero")
+    if args.zero_env and ranks[0].get("zero_package", mine) != mine:
+        raise SystemExit(f"torch_peers: {peer}'s workers imported zero from {ranks[0]['zero_package']}, "
+                         f"not this repository's {mine}")
     if "steps" in ranks[0]:
         run.update(paired_figures(ranks))
     if "profile" in ranks[0]:
@@ -385,6 +391,9 @@ def main():
     p.add_argument("--paired", action=argparse.BooleanOptionalAction, default=True,
                    help="a bare step beside each of a peer's steps, in the same processes: engine "
                         "shares as the median of the per-step differences (default: on)")
+    p.add_argument("--zero-library", help="the libzero.so.0 zero's workers load, with this repository's "
+                                          "python/ (default: build/libzero.so.0; without one, the "
+                                          "installed zero package)")
     p.add_argument("--overlap-comm", choices=sorted(OVERLAP), default="default",
                    help="zero_optimization.overlap_comm for zero and DeepSpeed (default: the key left "
                         "out, so DeepSpeed's default: on at stage 3, off at 0-2)")
@@ -393,10 +402,12 @@ def main():
         return worker(args)
 
     wanted = args.peers.split(",")
+    args.zero_env, args.zero_what = common.zero_package_env(args.zero_library)
+    print(f"torch_peers: {args.zero_what}", file=sys.stderr)
     stages = [int(s) for s in args.stages.split(",") if s]
     available = {k: k in wanted for k in ("ddp", "fsdp2")}
     for kind in ("zero", "deepspeed"):
-        available[kind] = kind in wanted and common.importable(kind)
+        available[kind] = kind in wanted and common.importable(kind, common.one_thread_env(**args.zero_env))
         if kind in wanted and not available[kind]:
             print(f"torch_peers: {kind} does not import with {sys.executable}: left out", file=sys.stderr)
     peers = ([f"zero-s{s}" for s in stages if available["zero"]] + [k for k in ("ddp", "fsdp2") if available[k]]
@@ -422,7 +433,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
                        "repeats": args.repeats, "torch": torch.__version__, "summary": rows, "runs": runs,
-                       "dtype": args.dtype, "overlap_comm": args.overlap_comm, "optimizer_limits": args.limits,
+                       "dtype": args.dtype, "overlap_comm": args.overlap_comm, "zero_under_test": args.zero_what, "optimizer_limits": args.limits,
                        "engine_ratios": {str(k): v for k, v in engine_ratios(rows).items()},
                        "last_loss_spread": spread}, f, indent=1)
     return 1 if spread > allowed else 0

@@ -171,7 +171,8 @@ def markdown(rows, args, numel):
     lines = [f"{args.model} ({numel / 1e6:.1f}M parameters, {args.dtype}), {args.nproc} processes, "
              f"{args.steps} steps after {args.warmup} warm-up, median of {args.repeats} alternating "
              f"repeats (torch {torch.__version__}, CPU)"
-             + ("" if args.overlap_comm == "default" else f", overlap_comm {args.overlap_comm}"), "",
+             + ("" if args.overlap_comm == "default" else f", overlap_comm {args.overlap_comm}"),
+             args.zero_what, "",
              *common.markdown_table(headers, table, left=2)]
     ratios = engine_ratios(rows)
     if ratios:

@@ -17,9 +17,12 @@ def train(stage, steps=STEPS, **zero_optimization):
            "zero_optimization": {"stage": stage, **zero_optimization}}
     engine, *_ = zero.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     trainable = sum(1 for p in model.parameters() if p.requires_grad)
-    # One rank: a unit's slice is the whole unit (a module's own parameters).
-    alone = sum(1 for m in model.modules()
-                if sum(p.numel() for p in m.parameters(recurse=False)) >= ALONE_MIN_SLICE)
+    # One rank: a unit's slice is the whole unit. A parameter of OWN_UNIT_MIN_NUMEL elements or
+    # more is a unit of its own (here the same bound), a module's smaller ones share one.
+    alone = sum(1 for p in model.parameters() if p.numel() >= ALONE_MIN_SLICE)
+    alone += sum(1 for m in model.modules()
+                 if sum(p.numel() for p in m.parameters(recurse=False)
+                        if p.numel() < ALONE_MIN_SLICE) >= ALONE_MIN_SLICE)
     for step in range(steps):
         x, y = cases.global_batch("transformer", step)
         engine.backward(cases.loss_fn("transformer", engine(x), y))
@@ -38,7 +41,7 @@ def test_timings_count_the_hooks_checks_and_reductions(stage):
     assert py["check_unchanged_calls"] == 2 * STEPS
     assert py["grad_hook_s"] > 0 and py["check_unchanged_s"] > 0
     assert t["optimizer_s"] > 0
-    # The large units (qkv, fc, out) are reduced alone, the small ones in buckets.
+    # The large units (the weights) are reduced alone, the small ones (biases, norms) in buckets.
     assert alone > 0
     assert t["units_alone"] == alone * STEPS
     assert t["buckets"] > t["units_alone"]
@@ -94,15 +97,15 @@ def test_stage3_makes_each_placeholder_once_and_binds_persistent_units_once():
 
 @pytest.mark.parametrize("stage", [0, 1, 3])
 def test_gradients_reduced_where_autograd_wrote_them_train_bitwise_as_copied(stage):
-    """A parameter alone in its unit (a Linear without bias), large enough to be reduced without a
-    bucket: the engine reduces its gradient in autograd's tensor instead of copying it into a slot
-    (zero_engine_grad_lend), with bitwise the result of the copy. ZERO_GRAD_IN_PLACE=0's switch
-    (engine._lend_grads) turns it off for the comparison."""
+    """A parameter alone in its unit (a Linear's weight, with or without a bias beside it), large
+    enough to be reduced without a bucket: the engine reduces its gradient in autograd's tensor
+    instead of copying it into a slot (zero_engine_grad_lend), with bitwise the result of the copy.
+    ZERO_GRAD_IN_PLACE=0's switch (engine._lend_grads) turns it off for the comparison."""
     import copy
 
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False), torch.nn.GELU(),
-                               torch.nn.Linear(256, 16))
+                               torch.nn.Linear(256, 128), torch.nn.GELU(), torch.nn.Linear(128, 16))
     cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
            "zero_optimization": {"stage": stage}}
@@ -122,7 +125,9 @@ def test_gradients_reduced_where_autograd_wrote_them_train_bitwise_as_copied(sta
         assert not engine._lent  # released once step() returned
         engine.close()
     (lent, with_lending), (copied, without) = runs
-    assert lent == 3 * 2 and copied == 0  # the first Linear's weight, every micro-step
+    # The two larger weights (65,536 and 32,768 elements; the second beside its bias), every
+    # micro-step; the last Linear (2,048 + 16) shares one unit and is copied.
+    assert lent == 2 * 3 * 2 and copied == 0
     for name, p in base.named_parameters():
         assert torch.equal(with_lending[name], without[name]), name
         assert not torch.equal(with_lending[name], p.detach()), name  # the steps moved it

@@ -62,10 +62,18 @@ def param_groups(model, model_parameters):
     return groups, overrides
 
 
+# A parameter of at least this many elements is a unit of its own (the reducer's threshold for
+# reducing a unit alone on one rank, GradientReducer::kAloneMinSliceElems): the engine can then
+# reduce its gradient in the tensor autograd wrote (zero_engine_grad_lend) instead of copying it
+# into a unit-wide staging buffer beside its module's other parameters.
+OWN_UNIT_MIN_NUMEL = 1 << 14
+
+
 def register(model, model_parameters, dtype):
-    """The model's parameters as Registered entries, in named_parameters() order. Each module
-    owning parameters directly is a stage-3 unit; a parameter tied into several modules belongs
-    to the first and lists its other names."""
+    """The model's parameters as Registered entries, in named_parameters() order. The units (what
+    stage 3 gathers together, and what the reducer reduces together): each parameter of at least
+    OWN_UNIT_MIN_NUMEL elements is one, and the smaller parameters a module owns directly share
+    one. A parameter tied into several modules belongs to the first and lists its other names."""
     names = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
@@ -75,11 +83,16 @@ def register(model, model_parameters, dtype):
     groups, overrides = param_groups(model, model_parameters)
     unit_of, units = {}, 0
     for _, module in model.named_modules():
-        own = [p for p in module.parameters(recurse=False) if id(p) not in unit_of]
-        if own:
-            for p in own:
-                unit_of[id(p)] = units
-            units += 1
+        small = None  # the unit of this module's small parameters, made at the first
+        for p in module.parameters(recurse=False):
+            if id(p) in unit_of:
+                continue
+            if _numel(p) >= OWN_UNIT_MIN_NUMEL:
+                unit_of[id(p)], units = units, units + 1
+            else:
+                if small is None:
+                    small, units = units, units + 1
+                unit_of[id(p)] = small
     out = []
     for name, p in model.named_parameters():
         if not p.dtype.is_floating_point:
@@ -90,13 +103,21 @@ def register(model, model_parameters, dtype):
         if trainable and id(p) not in groups:
             raise ZeroError(f"parameter '{name}' is trainable but not in model_parameters: pass "
                             "every trainable parameter, or set requires_grad=False on it")
-        # Built under zero.Init: the shape it had before it was partitioned.
-        shape = tuple(p.ds_shape) if is_partitioned_param(p) else tuple(p.shape)
+        shape = _shape(p)
         out.append(Registered(index=len(out), name=name, param=p, shape=shape,
                               numel=math.prod(shape), unit=unit_of[id(p)],
                               group=groups.get(id(p), 0),
                               trainable=trainable, tied_names=names[id(p)][1:]))
     return out, overrides, units
+
+
+def _shape(p):
+    """A parameter's shape; built under zero.Init, the shape it had before it was partitioned."""
+    return tuple(p.ds_shape) if is_partitioned_param(p) else tuple(p.shape)
+
+
+def _numel(p):
+    return math.prod(_shape(p))
 
 
 def snapshot(model):

@@ -1,6 +1,7 @@
 """Stage 3 in a torch module: parameters are empty placeholders until a module runs.
 
-A forward pre-hook gathers the units of a module's own parameters (tied ones included) and
+A forward pre-hook gathers the units of a module's own parameters (its large parameters are units
+of their own, its small ones share one; tied ones included) and
 points their .data at the gathered copy; the forward hook releases them when no other running
 module needs them. A module may also read another module's parameters without calling it
 (nn.MultiheadAttention reads out_proj.weight): reading a stage-3 parameter as a module

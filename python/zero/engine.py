@@ -11,8 +11,9 @@ master weights and optimizer states are device memory (or where the config offlo
 the parameters are views of it. One C call copies a gradient into its slot on torch's current
 stream and marks it ready: the engine's kernels (on the legacy default stream) wait for that copy
 without the host waiting. On the CPU, one C call hands a gradient in and marks it ready: the
-engine reduces it where autograd wrote it when its unit is that one parameter (the tensor is kept
-until step() returns), and copies it into its slot otherwise."""
+engine reduces it where autograd wrote it when its unit is that one parameter (every parameter of
+_model.OWN_UNIT_MIN_NUMEL elements or more is; the tensor is kept until step() returns), and copies
+it into its slot otherwise."""
 import contextlib
 import ctypes
 import json

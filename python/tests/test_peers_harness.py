@@ -74,3 +74,20 @@ def test_alternate_reverses_every_other_repeat():
     common.alternate("t", 3, ["a", "b", "c"], lambda label, i: seen.append(label) or {"ms_step": 1.0})
     assert seen == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert [common.round_order(["a", "b"], i) for i in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+
+
+def test_the_workers_import_this_repositorys_zero(tmp_path, monkeypatch):
+    """torch_peers measures the working tree: the repository's python/ with a build's library, not
+    whatever package a venv was given earlier; and says so."""
+    lib = tmp_path / "libzero.so.0"
+    lib.write_bytes(b"")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    env, what = common.zero_package_env(str(lib))
+    assert env["PYTHONPATH"].split(":") == [str(common.REPO / "python"), "/elsewhere"]
+    assert env["ZERO_LIBRARY"] == str(lib.resolve())
+    assert "this repository's python/" in what and str(lib) in what
+    with pytest.raises(SystemExit, match="no such file"):
+        common.zero_package_env(str(tmp_path / "missing.so"))
+    monkeypatch.setattr(common, "REPO", tmp_path)  # a checkout without a build
+    env, what = common.zero_package_env()
+    assert env == {} and "installed zero package" in what

@@ -246,6 +246,16 @@ def bare_trainer(cls, dtype):
     return model, drop_grads
 
 
+# The engine's phases that run in step(), after backward (engine.timings() keys, seconds): the
+# job's time outside forward and backward is split into these per step (outside_phases()).
+OUTSIDE_PHASES = ("reduce_wait_s", "optimizer_s", "norm_s", "all_gather_s")
+
+
+def phase_seconds(timings):
+    """The cumulative seconds of OUTSIDE_PHASES in an engine.timings() dict (0 for a missing key)."""
+    return [float(timings.get(k, 0.0)) for k in OUTSIDE_PHASES]
+
+
 def timed_step(forward, backward, step, loss_of, x, y):
     """One step, timed: (loss, (step, forward, backward, outside, CPU time) in seconds)."""
     c0 = time.process_time()
@@ -273,6 +283,7 @@ def worker(args):
     g = torch.Generator().manual_seed(1000 + rank)
     batches = [cls.batch(g) for _ in range(args.warmup + args.steps)]
     times, bare_times = [], []
+    phases, seen = [], None  # per timed step, OUTSIDE_PHASES' seconds in that step
     # With --paired the ranks line up before each bare step and each of the peer's steps: a rank
     # that finished its bare step early would otherwise start the peer's step ahead and wait in its
     # first collective, which would count as the peer's.
@@ -300,6 +311,10 @@ def worker(args):
             times.append(mine)
             if paired:
                 bare_times.append(bare)
+            if profiled:  # read after the timed step, so not inside it
+                now = phase_seconds(forward.timings())
+                phases.append([a - b for a, b in zip(now, seen or [0.0] * len(now))])
+                seen = now
     med = [statistics.median(t[j] for t in times) * 1e3 for j in range(5)]
     result = {"rank": rank, "world": world, "ms_step": med[0], "ms_forward": med[1], "ms_backward": med[2],
               "ms_outside": med[3], "cpu_ms_step": med[4], "peak_rss_mib": common.peak_rss_mib(), "last_loss": loss.item()}
@@ -307,6 +322,8 @@ def worker(args):
         result["steps"], result["bare_steps"] = times, bare_times  # paired_figures() takes them
     if profiled:
         result["profile"] = per_step(forward.timings(), args.steps)
+        if paired:
+            result["phase_steps"] = phases
         result["zero_package"] = os.path.dirname(os.path.abspath(sys.modules["zero"].__file__))
     common.write_rank(args.out, rank, result)
     common.exit_worker()
@@ -336,6 +353,28 @@ def paired_figures(ranks):
             "ms_paired_bare_step": statistics.median(bare) * 1e3}
 
 
+def outside_phases(ranks):
+    """Where the job's time outside forward and backward went, per step as the rank that finished
+    its forward and backward last spent it (the step waits for that rank; a faster rank's wait for
+    it is not outside): {phase in ms: median over steps}, OUTSIDE_PHASES' names with _ms, plus
+    "rest_ms", the job's outside time less those phases (the package's Python, the parameter
+    check, the other rank's lag in step()). Its reduce_wait is the reduction itself as far as that
+    rank had to wait for it, not a faster rank's wait for the slower one."""
+    steps = range(len(ranks[0]["steps"]))
+    per_key = {k[:-2] + "_ms": [] for k in OUTSIDE_PHASES}
+    rest = []
+    for i in steps:
+        last = max(ranks, key=lambda r: r["steps"][i][1] + r["steps"][i][2])
+        outside = max(r["steps"][i][0] for r in ranks) - (last["steps"][i][1] + last["steps"][i][2])
+        spent = last["phase_steps"][i]
+        for key, seconds in zip(per_key, spent):
+            per_key[key].append(seconds)
+        rest.append(outside - sum(spent))
+    out = {k: statistics.median(v) * 1e3 for k, v in per_key.items()}
+    out["rest_ms"] = statistics.median(rest) * 1e3
+    return out
+
+
 def run_once(args, peer, workdir, index):
     out = os.path.join(workdir, f"{peer}.{index}")
     common.torchrun(__file__, args.nproc, ["--worker", peer, "--out", out, "--model", args.model,
@@ -355,6 +394,8 @@ def run_once(args, peer, workdir, index):
         # Per key the slowest rank's figure, as for the times.
         run["profile"] = {k: max(r["profile"][k] for r in ranks) for k in ranks[0]["profile"]}
         run["profile_per_rank"] = [r["profile"] for r in ranks]  # (--json) the wait is one rank's lag
+    if "phase_steps" in ranks[0]:
+        run["outside_phases"] = outside_phases(ranks)
     return dict(run, peer=peer)
 
 
@@ -371,6 +412,9 @@ def summarise(runs, peers):
         profiles = [r["profile"] for r in mine if "profile" in r]
         if profiles:
             row["profile"] = {k: statistics.median(p[k] for p in profiles) for k in profiles[0]}
+        phases = [r["outside_phases"] for r in mine if "outside_phases" in r]
+        if phases:
+            row["outside_phases"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
         rows.append(row)
     bare = next((r for r in rows if r["peer"] == "bare"), None)
     for r in rows:

@@ -150,6 +150,19 @@ def profile_lines(rows):
     return ["", *common.markdown_table(headers, table)]
 
 
+def outside_lines(rows):
+    """zero's outside_phases, one column per stage: the job's time outside forward and backward
+    split as the rank that finished backward last spent it."""
+    split = [r for r in rows if "outside_phases" in r]
+    if not split:
+        return []
+    headers = ["the job's outside, per step, ms (the rank last out of backward)", *(r["peer"] for r in split)]
+    keys = list(split[0]["outside_phases"])
+    table = [[k, *(f"{r['outside_phases'][k]:.2f}" for r in split)] for k in keys]
+    table.append(["job's outside (median)", *(f"{r['ms_outside_job']:.2f}" for r in split)])
+    return ["", *common.markdown_table(headers, table)]
+
+
 def markdown(rows, args, numel):
     kinds = {"zero": "zero", "deepspeed": "DeepSpeed", "ddp": "PyTorch DDP (gloo)", "fsdp2": "PyTorch FSDP2 (gloo)",
              "bare": "bare forward+backward"}
@@ -192,4 +205,4 @@ def markdown(rows, args, numel):
     limit = limit_lines(rows, args.limits)
     if limit:
         lines += ["", *limit]
-    return "\n".join(lines + profile_lines(rows))
+    return "\n".join(lines + outside_lines(rows) + profile_lines(rows))

@@ -38,6 +38,23 @@ def test_paired_figures_take_the_slowest_rank_of_each_step():
     assert got["cpu_ms_engine_paired"] == pytest.approx(10.0)
 
 
+def test_the_outside_phases_are_those_of_the_rank_last_out_of_backward():
+    # Step 0: rank 1 leaves backward last (120 ms against 90); step 1: rank 0 (110 against 100).
+    r0 = rank([(0.140, 0.03, 0.06, 0.050, 0.1), (0.130, 0.04, 0.07, 0.020, 0.1)], [])
+    r1 = rank([(0.135, 0.04, 0.08, 0.015, 0.1), (0.128, 0.03, 0.07, 0.028, 0.1)], [])
+    # reduce_wait, optimizer, norm, all_gather seconds per step. Rank 0's 30 ms wait at step 0 is
+    # its wait for rank 1: not counted, since rank 1 is the one the job waits for there.
+    r0["phase_steps"] = [[0.030, 0.004, 0.001, 0.002], [0.006, 0.005, 0.001, 0.003]]
+    r1["phase_steps"] = [[0.008, 0.004, 0.001, 0.002], [0.020, 0.004, 0.000, 0.002]]
+    got = torch_peers.outside_phases([r0, r1])
+    # The job's outside: 140 - 120 = 20 ms, then 130 - 110 = 20 ms.
+    assert got["reduce_wait_ms"] == pytest.approx((8 + 6) / 2)
+    assert got["optimizer_ms"] == pytest.approx(4.5)
+    assert got["all_gather_ms"] == pytest.approx(2.5)
+    # What the phases leave: 20 - 15 = 5 ms at step 0, 20 - 15 = 5 ms at step 1.
+    assert got["rest_ms"] == pytest.approx(5.0)
+
+
 def row(peer, step, paired):
     return {"peer": peer, "ms_step": step, "ms_engine_paired": paired}
 

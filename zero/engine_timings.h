@@ -25,6 +25,11 @@ struct EngineTimings {
   std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
   std::int64_t gathered_elems = 0;  // stage 3: elements those all-gathers filled (padded units)
   std::int64_t secondary_gathers = 0;  // of the gathers, hpZ's inside the secondary group
+  // Stages 1/2: bytes of this rank's new slices the optimizer step wrote into the peers' model
+  // copies itself (EngineImpl::ModelPush; the time is part of optimizer_s), so that those units
+  // were not all-gathered. all_gather_s then holds the barrier after the step and the
+  // all-gathers of the other units.
+  std::int64_t pushed_bytes = 0;
   // offload_optimizer on a GPU (the partition stepped on the host): each reduced gradient chunk is
   // copied to pinned host memory (synchronous; the time is part of unpack_s), and each stretch of
   // the updated model copy is uploaded to the device on a stream of its own while the next one is

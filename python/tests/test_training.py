@@ -67,6 +67,24 @@ def test_module_parameters_are_the_master_weights_in_the_config_dtype(runs, mode
             assert_bitwise(run.module(stage, dtype), expected, what)
 
 
+@pytest.mark.parametrize("world", (2, 3))
+@pytest.mark.parametrize("model", MODELS)
+def test_stages_1_and_2_write_their_slices_into_the_peers_model_copies(runs, model, world):
+    """Over processes the optimizer step writes each rank's new slices into the peers' model copies
+    (EngineImpl::ModelPush) instead of all-gathering them, where a copy lies in the shared host
+    arena: the transformer's do. The mlp's are smaller than the arena's blocks (64 KiB,
+    SharedHostArena::kMinBytes), private to their process, and all-gathered as before. The module
+    tests above check what the peers' copies then hold (the other ranks' slices included), and
+    the stages stay bitwise equal either way."""
+    run = runs.train(model, world)
+    for dtype in cases.DTYPES:
+        for stage in (0, 1, 2, 3):
+            for rank in range(world):
+                pushed = run.info(stage, dtype, rank)["pushed_bytes"]
+                what = f"{model}, {world} ranks, stage {stage} {dtype}, rank {rank}: {pushed} bytes pushed"
+                assert (pushed > 0) == (model == "transformer" and stage in (1, 2)), what
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("model", MODELS)
 def test_mixed_precision_trains_like_fp32(runs, model, world):

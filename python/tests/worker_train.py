@@ -65,7 +65,8 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
             engine.save_checkpoint(os.path.join(args.out, "ckpt", name + "-mid"), tag="mid",
                                    client_state={"step": step + 1})
     info.update(losses=losses, boundaries=boundaries, global_steps=engine.global_steps,
-                train_seconds=time.monotonic() - started)
+                train_seconds=time.monotonic() - started,
+                pushed_bytes=engine.timings()["pushed_bytes"])
     ckpt = os.path.join(args.out, "ckpt", name)
     engine.save_checkpoint(ckpt, tag="end", client_state={"step": cases.STEPS})
     params = list(engine.module.parameters())

@@ -192,6 +192,14 @@ class Communicator {
   // addresses, rank-major (rank q's i-th address at [q·local.size() + i]).
   // REQUIRES: shares_address_space(); the same local.size() on every rank.
   std::vector<void*> exchange_addresses(std::span<void* const> local);
+  // Where `bytes` at address `remote` of rank q's process (learnt from q, e.g. through an
+  // all-gather of host memory) can be read and written with plain loads and stores by this
+  // process, or null: the address itself for this rank and where shares_address_space(); for
+  // ShmComm, a view of q's shared host arena when the bytes lie in it
+  // (zero/device/shared_host_arena.h). Writes through it reach q as a shares_address_space()
+  // rank's do: q sees them once it has left a collective that the writer entered after them.
+  // Thread safety: any thread.
+  virtual void* peer_memory(int q, const void* remote, std::size_t bytes) const;
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Applies to collectives issued after the call.

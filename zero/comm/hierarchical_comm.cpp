@@ -165,6 +165,11 @@ bool HierarchicalComm::shares_address_space() const {
   return !two_level() && world_.shares_address_space();
 }
 
+void* HierarchicalComm::peer_memory(int q, const void* remote, std::size_t bytes) const {
+  if (two_level()) return q == rank() ? const_cast<void*>(remote) : nullptr;
+  return world_.peer_memory(q, remote, bytes);
+}
+
 void HierarchicalComm::count(const CollectiveArgs& a, int group_size, int group_rank, bool inter) {
   const std::uint64_t bytes = ring_bytes(a, group_size, group_rank);
   (inter ? counters_->inter : counters_->intra).fetch_add(bytes, std::memory_order_relaxed);

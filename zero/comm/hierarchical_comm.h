@@ -126,6 +126,8 @@ class HierarchicalComm final : public Communicator {
   // The world's name on one level; "hierarchical(<intra>/<inter>, N nodes x R ranks)" otherwise.
   std::string backend_name() const override;
   bool shares_address_space() const override;
+  // The world's, in one level; in two, this rank's own memory only.
+  void* peer_memory(int q, const void* remote, std::size_t bytes) const override;
 
   const NodeTopology& topology() const { return topology_; }
   // Whether collectives run in two levels (several nodes of several ranks each).

@@ -76,6 +76,11 @@ class ShmComm final : public Communicator {
     return group_->cross_memory_attach() ? ShmTransport::CrossMemoryAttach : ShmTransport::Segment;
   }
   ShmReadStats read_stats() const { return group_->read_stats(); }
+  void* peer_memory(int q, const void* remote, std::size_t bytes) const override {
+    if (q == rank()) return const_cast<void*>(remote);
+    if (q < 0 || q >= size()) return nullptr;
+    return group_->writable(q, reinterpret_cast<std::uint64_t>(remote), bytes);
+  }
 
  protected:
   Work start_impl(const CollectiveArgs& args) override {

@@ -79,9 +79,11 @@ ShmTuning resolve_tuning(ShmTuning t) {
 
 }  // namespace
 
-void* map_staggered(int fd, std::size_t bytes, std::uint64_t own_base, std::uint64_t index) {
+void* map_staggered(int fd, std::size_t bytes, std::uint64_t own_base, std::uint64_t index,
+                    bool writable) {
+  const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   if (own_base == 0) {
-    return ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    return ::mmap(nullptr, bytes, prot, MAP_SHARED | MAP_NORESERVE, fd, 0);
   }
   // Reserve a period more than needed, place the view in it, give back the rest.
   const std::size_t span = bytes + kStaggerPeriod;
@@ -91,7 +93,7 @@ void* map_staggered(int fd, std::size_t bytes, std::uint64_t own_base, std::uint
   const auto lo = reinterpret_cast<std::uint64_t>(reserved);
   const std::uint64_t want = (own_base + index * kStagger) % kStaggerPeriod;
   const std::uint64_t at = lo + (want - lo % kStaggerPeriod + kStaggerPeriod) % kStaggerPeriod;
-  void* view = ::mmap(reinterpret_cast<void*>(at), bytes, PROT_READ,
+  void* view = ::mmap(reinterpret_cast<void*>(at), bytes, prot,
                       MAP_SHARED | MAP_NORESERVE | MAP_FIXED, fd, 0);
   if (view == MAP_FAILED) {
     const int err = errno;
@@ -174,10 +176,16 @@ void ShmGroup::map_peer_arenas() {
     const ShmRankSlot& peer = slot(q);
     if (q == rank_ || peer.arena_fd < 0 || peer.arena_bytes == 0) continue;
     const std::string path = fmt::format("/proc/{}/fd/{}", peer.process.pid, peer.arena_fd);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Writable where the peer's memfd opens for writing (peer_memory()), else read-only.
+    bool writable = true;
+    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      writable = false;
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    }
     void* local = MAP_FAILED;
     if (fd >= 0) {
-      local = map_staggered(fd, peer.arena_bytes, own_base, ++staggered);
+      local = map_staggered(fd, peer.arena_bytes, own_base, ++staggered, writable);
       ::close(fd);
     }
     if (local == MAP_FAILED) {
@@ -187,8 +195,16 @@ void ShmGroup::map_peer_arenas() {
       continue;
     }
     arenas_[static_cast<std::size_t>(q)] = {peer.arena_base, peer.arena_bytes,
-                                            static_cast<const std::byte*>(local)};
+                                            static_cast<std::byte*>(local), writable};
   }
+}
+
+void* ShmGroup::writable(int q, std::uint64_t remote, std::size_t bytes) const {
+  if (direct(q, remote, bytes) == nullptr || !arenas_[static_cast<std::size_t>(q)].writable) {
+    return nullptr;
+  }
+  const PeerArena& a = arenas_[static_cast<std::size_t>(q)];
+  return a.local + (remote - a.remote_base);
 }
 
 const void* ShmGroup::direct(int q, std::uint64_t remote, std::size_t bytes) const {

@@ -37,7 +37,9 @@ namespace zero::comm_detail {
 // whose addresses share that hash keep evicting each other.
 inline constexpr std::uint64_t kStaggerPeriod = std::uint64_t{1} << 28;
 inline constexpr std::uint64_t kStagger = 0x41000;  // 260 KiB: bits 12 and 18 of the distance
-void* map_staggered(int fd, std::size_t bytes, std::uint64_t own_base, std::uint64_t index);
+// `writable`: mapped for reading and writing (the fd must be open for both).
+void* map_staggered(int fd, std::size_t bytes, std::uint64_t own_base, std::uint64_t index,
+                    bool writable = false);
 
 // The collective (or bootstrap, or split) a rank is in: for messages and the deadline.
 struct ShmOp {
@@ -113,6 +115,10 @@ class ShmGroup {
   // Where `bytes` at address `remote` of rank q's process can be read with plain loads in this
   // one (its shared host arena, mapped here at bootstrap), or null: then read_peer() them.
   const void* direct(int q, std::uint64_t remote, std::size_t bytes) const;
+  // The same view for writing (Communicator::peer_memory()), or null where direct() is, or where
+  // q's arena could only be mapped read-only. Thread safety: any thread (the views are fixed
+  // once join() returns).
+  void* writable(int q, std::uint64_t remote, std::size_t bytes) const;
 
   // Bytes this rank read from peers so far: directly from their arenas, and through the kernel.
   const ShmReadStats& read_stats() const { return stats_; }
@@ -140,7 +146,8 @@ class ShmGroup {
   struct PeerArena {
     std::uint64_t remote_base = 0;
     std::uint64_t bytes = 0;
-    const std::byte* local = nullptr;
+    std::byte* local = nullptr;
+    bool writable = false;  // mapped for writing too
   };
 
   ShmSegment segment_;

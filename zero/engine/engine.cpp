@@ -279,6 +279,12 @@ StepResult EngineImpl::step() {
   reducer_->start_window();
   reset_micro_step();
   double own_sumsq = 0.0;  // with norm_after_step(): the step's Σ g² over this rank's slices
+  const bool push = !plan.overflow && may_push_model();
+  if (push) {
+    set_up_model_push();
+    // Every peer is in step() now, past its backward: nobody reads a copy while it is written.
+    if (push_.pushed_units > 0) comm_.barrier().wait();
+  }
   if (!plan.overflow) {
     ScopedTimer timer(timings_.optimizer_s);
     // Ranks agree that every NVMe write went through before any of them commits; an IoError
@@ -295,13 +301,16 @@ StepResult EngineImpl::step() {
     // before the step commits, so that refresh_after_step() below does no I/O.
     std::function<void()> before_commit;
     if (fetcher_ && param_store_) before_commit = [this] { fetcher_->stage_refresh(); };
+    push_.active = push && push_.pushed_units > 0;
     try {
       optimizer_->step(plan.hypers, plan.scalars, agree, param_store_.get(), before_commit,
                        norm_after_step() ? &own_sumsq : nullptr);
     } catch (...) {
+      push_.active = false;
       if (fetcher_) fetcher_->drop_staged();
       throw;
     }
+    push_.active = false;
   }
 
   // Commit.
@@ -329,17 +338,20 @@ StepResult EngineImpl::step() {
       control_.all_reduce(&own_sumsq, &own_sumsq, 1, DType::F64, ReduceOp::Sum).wait();
     result.grad_norm = std::sqrt(own_sumsq) / prev_scale;
   }
-  all_gather_model();
+  all_gather_model(push);
   if (fetcher_) fetcher_->refresh_after_step();
   return result;
 }
 
 // Stages 1/2: every rank's updated slices of the model copy to every rank, several units in
-// flight up to allgather_bucket_size elements.
-void EngineImpl::all_gather_model() {
+// flight up to allgather_bucket_size elements; after a pushing step, a barrier (every push has
+// landed) and the units not pushed.
+void EngineImpl::all_gather_model(bool after_push) {
   if (!gathers_model()) return;
   ScopedTimer timer(timings_.all_gather_s);
-  for (Work& w : start_all_gather_model(parts_.allgather_bucket_elems)) w.wait();
+  const bool skip_pushed = after_push && push_.pushed_units > 0;
+  if (skip_pushed) comm_.barrier().wait();
+  for (Work& w : start_all_gather_model(parts_.allgather_bucket_elems, skip_pushed)) w.wait();
 }
 
 Work EngineImpl::start_model_gather(std::size_t unit) {
@@ -367,12 +379,12 @@ PartitionOptimizer::ModelEcho EngineImpl::push_model_to_peers() {
   };
 }
 
-std::vector<Work> EngineImpl::start_all_gather_model(std::size_t window_elems) {
+std::vector<Work> EngineImpl::start_all_gather_model(std::size_t window_elems, bool skip_pushed) {
   std::deque<std::pair<Work, std::size_t>> inflight;
   std::size_t inflight_elems = 0;
   for (std::size_t u = 0; gathers_model() && u < layout_units_; ++u) {
     const UnitLayout& ul = layout_->unit(static_cast<int>(u));
-    if (ul.padded_elems == 0) continue;
+    if (ul.padded_elems == 0 || (skip_pushed && push_.pushed[u])) continue;
     while (!inflight.empty() && inflight_elems + ul.padded_elems > window_elems) {
       inflight.front().first.wait();
       inflight_elems -= inflight.front().second;

@@ -224,11 +224,13 @@ class EngineImpl final : public Engine, private SliceMap {
   bool norm_after_step() const { return !check_overflow_ && clip_ <= 0; }
   // Whether the model copy is all-gathered after a step (stages 1 and 2, more than one rank).
   bool gathers_model() const { return world_ > 1 && (stage_ == 1 || stage_ == 2); }
-  void all_gather_model();
+  // after_push: the step pushed the units ModelPush covers (a barrier instead of their gathers).
+  void all_gather_model(bool after_push = false);
   // Starts all_gather_model()'s collectives, waiting on the oldest while more than
   // `window_elems` elements would be in flight; returns those still in flight (in place: no
   // memory of their own). Nothing when !gathers_model().
-  std::vector<Work> start_all_gather_model(std::size_t window_elems);
+  // skip_pushed: not the units ModelPush covers.
+  std::vector<Work> start_all_gather_model(std::size_t window_elems, bool skip_pushed = false);
   // Starts the in-place all-gather of `unit`'s model copy (every rank's slice to every rank).
   // REQUIRES: gathers_model(), the unit's padded_elems > 0.
   Work start_model_gather(std::size_t unit);
@@ -240,6 +242,29 @@ class EngineImpl final : public Engine, private SliceMap {
   // model copies meanwhile.
   // REQUIRES: gathers_model(), num_domains() == 1, comm_.shares_address_space().
   PartitionOptimizer::ModelEcho push_model_to_peers();
+  // Stages 1/2, where the communicator lets this rank write the peers' model copies
+  // (Communicator::peer_memory(): in-process ranks, and ShmComm processes for copies in the
+  // shared host arena): the optimizer step writes each new stretch of this rank's slices into
+  // every peer's copy as well, while it is in cache (model_written()), and those units are not
+  // all-gathered after the step. The ranks meet at a barrier before the step (every peer is past
+  // its backward and in step(), so nobody reads a copy being written) and after it (every push
+  // has landed before anyone leaves step()). Units some peer's copy of which cannot be written
+  // (a block outside the arena) are all-gathered as before. Off with ZERO_MODEL_PUSH=0, on an
+  // NVMe tier (a failed step restores only this rank's copy) and where the model copy is not host
+  // memory.
+  struct ModelPush {
+    bool set_up = false;
+    std::vector<std::byte*> peers;      // [q·units + u]: rank q's copy of unit u, writable here
+    std::vector<unsigned char> pushed;  // per unit: written into every peer's copy by the step
+    std::size_t pushed_units = 0;
+    bool active = false;  // inside the optimizer step
+  };
+  bool may_push_model() const;
+  // Collective over comm_ (exchanges the model copies' addresses), once.
+  void set_up_model_push();
+  // SliceMap: inside a pushing step, the stretch of this rank's slice also goes to every peer.
+  void model_written(int domain, int unit, std::size_t slice_offset, std::size_t count) override;
+
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
 
@@ -320,6 +345,7 @@ class EngineImpl final : public Engine, private SliceMap {
   std::int64_t applied_steps_ = 0;
   std::int64_t last_batch_iteration_ = -1;
   EngineTimings timings_;
+  ModelPush push_;
 };
 
 }  // namespace zero::engine_detail

@@ -122,7 +122,10 @@ double device_probe_seconds(Communicator& comm, Device& device,
 // The bytes (read + written, per rank) each phase of one step must move, from the config and
 // the rank's partition: what no implementation of the phase can avoid, whatever it overlaps.
 // optimizer_elems / optimizer_bytes_per_elem: the optimizer's (RankResult); gathered_elems:
-// stage 3's unit elements all-gathered per step (EngineTimings::gathered_elems per step).
+// stage 3's unit elements all-gathered per step (EngineTimings::gathered_elems per step);
+// pushed_bytes: stages 1/2's model copy the optimizer step wrote into the peers' copies per step
+// (EngineTimings::pushed_bytes), written once in the optimizer's phase instead of copied by the
+// all-gather.
 // `model` is the trainer's own traffic with the synthetic workload (its forward stand-in's reads,
 // which a GPU run has none of, and its gradient writes; 0 for --model, whose matrix products are
 // not bound by memory).
@@ -135,7 +138,8 @@ struct PhaseBytes {
 };
 PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
                        std::size_t optimizer_elems, std::size_t optimizer_bytes_per_elem,
-                       double gathered_elems, bool synthetic, bool forward_reads = true);
+                       double gathered_elems, bool synthetic, bool forward_reads = true,
+                       double pushed_bytes = 0);
 
 // Bytes under `tag` summed over memory kinds: peak or current (step_bench_workload.cpp).
 std::size_t tag_bytes(const MemorySnapshot& m, MemoryTag tag, bool peak);

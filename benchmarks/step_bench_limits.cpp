@@ -182,7 +182,8 @@ double device_probe_seconds(Communicator& comm, Device& device,
 // reduced chunks; an all-gather copies W − 1 slices.
 PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
                        std::size_t optimizer_elems, std::size_t optimizer_bytes_per_elem,
-                       double gathered_elems, bool synthetic, bool forward_reads) {
+                       double gathered_elems, bool synthetic, bool forward_reads,
+                       double pushed_bytes) {
   const double W = world;
   const double domains = stage == 0 ? W : 1;
   const double S = static_cast<double>(optimizer_elems) / domains;
@@ -203,7 +204,13 @@ PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
   b.unpack = domains * S * (c + a);
   b.norm = domains * S * a * (check_overflow ? 2 : 1);
   b.optimizer = static_cast<double>(optimizer_elems * optimizer_bytes_per_elem);
-  if (stage == 1 || stage == 2) b.all_gather = 2 * (N - S) * m;
+  if (stage == 1 || stage == 2) {
+    // What the step pushed is written once, from the cache (the optimizer's phase times it);
+    // the all-gather copies the rest.
+    const double pushed = std::min(pushed_bytes, (N - S) * m);
+    b.optimizer += pushed;
+    b.all_gather = 2 * ((N - S) * m - pushed);
+  }
   if (stage == 3) b.gather = 2 * gathered_elems * (W - 1) / W * m;
   return b;
 }

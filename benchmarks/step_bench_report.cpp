@@ -53,6 +53,7 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
   p.buckets = t.buckets;
   p.gathers = t.gathers;
   p.prefetches = t.prefetches;
+  p.pushed_bytes = t.pushed_bytes;
   f.model_s = r0.model_s / n;
   for (const RankResult& r : ranks) {
     f.intra_node_bytes += r.intra_node_bytes / static_cast<double>(ranks.size());
@@ -62,14 +63,17 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
                                p.optimizer_s + p.all_gather_s + p.gather_s);
   f.optimizer_elems = r0.optimizer_elems;
   f.optimizer_bytes_per_elem = r0.optimizer_bytes_per_elem;
-  f.optimizer_gbps =
-      static_cast<double>(r0.optimizer_elems * r0.optimizer_bytes_per_elem) / p.optimizer_s / 1e9;
+  // Stages 1/2: the phase also writes what it pushed into the peers' model copies.
+  f.optimizer_gbps = (static_cast<double>(r0.optimizer_elems * r0.optimizer_bytes_per_elem) +
+                      static_cast<double>(t.pushed_bytes) / n) /
+                     p.optimizer_s / 1e9;
   f.memcpy_gbps = 2.0 * static_cast<double>(r0.memcpy_bytes) / r0.memcpy_s / 1e9;
   f.probe_gbps =
       static_cast<double>(r0.optimizer_elems * r0.probe_bytes_per_elem) / r0.probe_s / 1e9;
   f.limit_bytes =
       phase_bytes(stage, args.world_size, cfg, r0.optimizer_elems, r0.optimizer_bytes_per_elem,
-                  static_cast<double>(t.gathered_elems) / n, !w.mlp, args.device == "cpu");
+                  static_cast<double>(t.gathered_elems) / n, !w.mlp, args.device == "cpu",
+                  static_cast<double>(t.pushed_bytes) / n);
   f.step_limit_s = f.limit_bytes.total() / (f.memcpy_gbps * 1e9);
   f.step_limit_ratio = f.step_limit_s / f.step_s;
   for (const RankResult& r : ranks) {
@@ -177,6 +181,7 @@ void print_figure(const StepArgs& args, const Workload& w, int threads, const Fi
     j["step_limit_ratio"] = sig4(f.step_limit_ratio);
     j["buckets_per_step"] = static_cast<double>(p.buckets) / f.counted_steps;
     j["gathers_per_step"] = static_cast<double>(p.gathers) / f.counted_steps;
+    j["pushed_bytes_per_step"] = static_cast<double>(p.pushed_bytes) / f.counted_steps;
     j["prefetch_enabled"] = f.prefetch_enabled;
     j["prefetch"] = f.prefetch_enabled && p.prefetches > 0;
     if (f.gather_hidden_fraction) j["gather_hidden_fraction"] = sig4(*f.gather_hidden_fraction);
@@ -237,7 +242,9 @@ void print_footer(const StepArgs& args, const std::vector<Figure>& figures) {
       "persistent units are re-gathered outside gather()). limit = the bytes each phase must "
       "move (model (--params), pack, reduce, unpack, norm, optimizer, all-gather or gathers) at the "
       "memcpy speed, summed; l.ratio = limit / step (JSON: phase_limits_s, "
-      "step_limit_s, step_limit_ratio).\n",
+      "step_limit_s, step_limit_ratio). At stages 1/2 the optimizer step writes the rank's slices "
+      "into the peers' model copies itself where it can (pushed_bytes): opt GB/s and the "
+      "optimizer's limit count those bytes, allgath what is left.\n",
       args.model ? "the MLP's forward and backward" : "the forward stand-in's reads");
   for (const Figure& f : figures) {
     if (f.stage != 3) continue;

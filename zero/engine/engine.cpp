@@ -279,12 +279,13 @@ StepResult EngineImpl::step() {
   reducer_->start_window();
   reset_micro_step();
   double own_sumsq = 0.0;  // with norm_after_step(): the step's Σ g² over this rank's slices
-  const bool push = !plan.overflow && may_push_model();
+  bool push = !plan.overflow && may_push_model();
   if (push) {
     set_up_model_push();
-    // Every peer is in step() now, past its backward: nobody reads a copy while it is written.
-    if (push_.pushed_units > 0) comm_.barrier().wait();
+    push = push_.pushed_units > 0;  // agreed on by every rank
   }
+  // Every peer is in step() now, past its backward: nobody reads a copy while it is written.
+  if (push) comm_.barrier().wait();
   if (!plan.overflow) {
     ScopedTimer timer(timings_.optimizer_s);
     // Ranks agree that every NVMe write went through before any of them commits; an IoError
@@ -301,7 +302,7 @@ StepResult EngineImpl::step() {
     // before the step commits, so that refresh_after_step() below does no I/O.
     std::function<void()> before_commit;
     if (fetcher_ && param_store_) before_commit = [this] { fetcher_->stage_refresh(); };
-    push_.active = push && push_.pushed_units > 0;
+    push_.active = push;
     try {
       optimizer_->step(plan.hypers, plan.scalars, agree, param_store_.get(), before_commit,
                        norm_after_step() ? &own_sumsq : nullptr);
@@ -349,9 +350,8 @@ StepResult EngineImpl::step() {
 void EngineImpl::all_gather_model(bool after_push) {
   if (!gathers_model()) return;
   ScopedTimer timer(timings_.all_gather_s);
-  const bool skip_pushed = after_push && push_.pushed_units > 0;
-  if (skip_pushed) comm_.barrier().wait();
-  for (Work& w : start_all_gather_model(parts_.allgather_bucket_elems, skip_pushed)) w.wait();
+  if (after_push) comm_.barrier().wait();
+  for (Work& w : start_all_gather_model(parts_.allgather_bucket_elems, after_push)) w.wait();
 }
 
 Work EngineImpl::start_model_gather(std::size_t unit) {

@@ -224,7 +224,8 @@ class EngineImpl final : public Engine, private SliceMap {
   bool norm_after_step() const { return !check_overflow_ && clip_ <= 0; }
   // Whether the model copy is all-gathered after a step (stages 1 and 2, more than one rank).
   bool gathers_model() const { return world_ > 1 && (stage_ == 1 || stage_ == 2); }
-  // after_push: the step pushed the units ModelPush covers (a barrier instead of their gathers).
+  // after_push: the step pushed the units ModelPush covers, at least one (a barrier instead of
+  // their gathers).
   void all_gather_model(bool after_push = false);
   // Starts all_gather_model()'s collectives, waiting on the oldest while more than
   // `window_elems` elements would be in flight; returns those still in flight (in place: no

@@ -211,7 +211,12 @@ PhaseBytes phase_bytes(int stage, int world, const config::DsConfig& cfg,
     b.optimizer += pushed;
     b.all_gather = 2 * ((N - S) * m - pushed);
   }
-  if (stage == 3) b.gather = 2 * gathered_elems * (W - 1) / W * m;
+  if (stage == 3) {
+    // Persistent units the step pushed are written from the cache into every rank's gathered
+    // copy, this rank's own included (the peers' are what it counted).
+    if (pushed_bytes > 0 && W > 1) b.optimizer += pushed_bytes * W / (W - 1);
+    b.gather = 2 * gathered_elems * (W - 1) / W * m;
+  }
   return b;
 }
 

@@ -63,7 +63,8 @@ Figure summarize(int stage, const std::vector<RankResult>& ranks, const Workload
                                p.optimizer_s + p.all_gather_s + p.gather_s);
   f.optimizer_elems = r0.optimizer_elems;
   f.optimizer_bytes_per_elem = r0.optimizer_bytes_per_elem;
-  // Stages 1/2: the phase also writes what it pushed into the peers' model copies.
+  // Stages 1/2 (and stage 3's persistent units): the phase also writes what it pushed into the
+  // peers' copies.
   f.optimizer_gbps = (static_cast<double>(r0.optimizer_elems * r0.optimizer_bytes_per_elem) +
                       static_cast<double>(t.pushed_bytes) / n) /
                      p.optimizer_s / 1e9;

@@ -28,7 +28,8 @@ struct EngineTimings {
   // Stages 1/2: bytes of this rank's new slices the optimizer step wrote into the peers' model
   // copies itself (EngineImpl::ModelPush; the time is part of optimizer_s), so that those units
   // were not all-gathered. all_gather_s then holds the barrier after the step and the
-  // all-gathers of the other units.
+  // all-gathers of the other units. Stage 3: likewise into the peers' gathered copies of the
+  // persistent units, which are then not re-gathered after the step (nor counted in gathers).
   std::int64_t pushed_bytes = 0;
   // offload_optimizer on a GPU (the partition stepped on the host): each reduced gradient chunk is
   // copied to pinned host memory (synchronous; the time is part of unpack_s), and each stretch of

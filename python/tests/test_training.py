@@ -75,7 +75,8 @@ def test_stages_1_and_2_write_their_slices_into_the_peers_model_copies(runs, mod
     arena: the transformer's do. The mlp's are smaller than the arena's blocks (64 KiB,
     SharedHostArena::kMinBytes), private to their process, and all-gathered as before. The module
     tests above check what the peers' copies then hold (the other ranks' slices included), and
-    the stages stay bitwise equal either way."""
+    the stages stay bitwise equal either way. (At stage 3 these runs keep only units of at most
+    100 elements gathered, all in one block under 64 KiB: nothing pushed; see the next test.)"""
     run = runs.train(model, world)
     for dtype in cases.DTYPES:
         for stage in (0, 1, 2, 3):
@@ -83,6 +84,43 @@ def test_stages_1_and_2_write_their_slices_into_the_peers_model_copies(runs, mod
                 pushed = run.info(stage, dtype, rank)["pushed_bytes"]
                 what = f"{model}, {world} ranks, stage {stage} {dtype}, rank {rank}: {pushed} bytes pushed"
                 assert (pushed > 0) == (model == "transformer" and stage in (1, 2)), what
+
+
+def test_stage_3_writes_its_slices_of_persistent_units_into_every_ranks_copy(tmp_path):
+    """Stage 3 keeps units under stage3_param_persistence_threshold gathered, in one block. Where
+    that block lies in the shared host arena (64 KiB and more: at the default threshold the
+    whole transformer is persistent), each optimizer step writes the rank's new slices into
+    every rank's copies instead of re-gathering the units. The forward reads those copies, so the
+    losses, the modules' parameters and the masters are bitwise those of stage 0 and of stage 3
+    with the push off (ZERO_MODEL_PUSH=0)."""
+    world, runs = 2, "0:fp32,3:fp32,3:bf16"
+    out = {}
+    for name, env in (("push", None), ("gather", {"ZERO_MODEL_PUSH": "0"})):
+        out[name] = tmp_path / name
+        out[name].mkdir()
+        launch = harness.torchrun(world, "worker_train.py",
+                                  ["--model", "transformer", "--out", out[name], "--runs", runs,
+                                   "--persistence", 100000],
+                                  600, out[name] / "log.txt", env=env)
+        assert launch.returncode == 0, f"{name}: exit {launch.returncode}\n{launch.tail()}"
+    info = {(name, s, d, r): harness.read_json(out[name] / f"{s}-{d}.rank{r}.json")
+            for name in out for s, d in (("0", "fp32"), ("3", "fp32"), ("3", "bf16"))
+            for r in range(world)}
+    for r in range(world):
+        for d in ("fp32", "bf16"):
+            assert info["push", "3", d, r]["pushed_bytes"] > 0, f"stage 3 {d}, rank {r}: nothing pushed"
+            assert info["gather", "3", d, r]["pushed_bytes"] == 0, f"stage 3 {d}, rank {r}: pushed with it off"
+            assert info["push", "3", d, r]["losses"] == info["gather", "3", d, r]["losses"], (d, r)
+        assert info["push", "3", "fp32", r]["losses"] == info["push", "0", "fp32", r]["losses"], r
+    for d in ("fp32", "bf16"):
+        for kind in ("master", "module"):
+            pushed = harness.load_st(out["push"] / f"3-{d}.{kind}.safetensors")
+            assert_bitwise(pushed, harness.load_st(out["gather"] / f"3-{d}.{kind}.safetensors"),
+                           f"stage 3 {d} {kind}: pushed vs gathered")
+    stage0 = harness.load_st(out["push"] / "0-fp32.master.safetensors")
+    assert_trained(stage0, harness.initial_weights("transformer"), "stage 0 fp32")
+    assert_bitwise(harness.load_st(out["push"] / "3-fp32.master.safetensors"), stage0,
+                   "stage 3 fp32 with pushed persistent units vs stage 0")
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -340,7 +340,11 @@ StepResult EngineImpl::step() {
     result.grad_norm = std::sqrt(own_sumsq) / prev_scale;
   }
   all_gather_model(push);
-  if (fetcher_) fetcher_->refresh_after_step();
+  if (fetcher_) {
+    // Stage 3: the pushed persistent units are current on every rank once all have pushed.
+    if (push) comm_.barrier().wait();
+    fetcher_->refresh_after_step(push ? &push_.pushed : nullptr);
+  }
   return result;
 }
 

@@ -243,24 +243,29 @@ class EngineImpl final : public Engine, private SliceMap {
   // model copies meanwhile.
   // REQUIRES: gathers_model(), num_domains() == 1, comm_.shares_address_space().
   PartitionOptimizer::ModelEcho push_model_to_peers();
-  // Stages 1/2, where the communicator lets this rank write the peers' model copies
-  // (Communicator::peer_memory(): in-process ranks, and ShmComm processes for copies in the
-  // shared host arena): the optimizer step writes each new stretch of this rank's slices into
-  // every peer's copy as well, while it is in cache (model_written()), and those units are not
-  // all-gathered after the step. The ranks meet at a barrier before the step (every peer is past
-  // its backward and in step(), so nobody reads a copy being written) and after it (every push
-  // has landed before anyone leaves step()). Units some peer's copy of which cannot be written
-  // (a block outside the arena) are all-gathered as before. Off with ZERO_MODEL_PUSH=0, on an
-  // NVMe tier (a failed step restores only this rank's copy) and where the model copy is not host
-  // memory.
+  // Stages 1/2, and stage 3's persistent units, where the communicator lets this rank write the
+  // peers' copies (Communicator::peer_memory(): in-process ranks, and ShmComm processes for
+  // copies in the shared host arena): the optimizer step writes each new stretch of this rank's
+  // slices into every peer's copy as well (at stage 3 into its own gathered copy too), while it
+  // is in cache (model_written()), and those units are not all-gathered after the step. The
+  // ranks meet at a barrier before the step (every peer is past its backward and in step(), so
+  // nobody reads a copy being written) and after it (every push has landed before anyone leaves
+  // step()). Units some peer's copy of which cannot be written (a block outside the arena) are
+  // all-gathered as before. Off with ZERO_MODEL_PUSH=0, on an NVMe tier or a swapped stage-3
+  // partition (a failed step restores only this rank's copy), under MiCS, and where the model
+  // copy is not host memory.
   struct ModelPush {
     bool set_up = false;
-    std::vector<std::byte*> peers;      // [q·units + u]: rank q's copy of unit u, writable here
+    // [q·units + u]: rank q's copy of unit u, writable here (the rank's own: stage 3 only)
+    std::vector<std::byte*> peers;
     std::vector<unsigned char> pushed;  // per unit: written into every peer's copy by the step
     std::size_t pushed_units = 0;
     bool active = false;  // inside the optimizer step
   };
   bool may_push_model() const;
+  // The copy of `unit` that the step pushes into (the model copy at stages 1/2, the fetcher's
+  // gathered copy of a persistent unit at stage 3), or null.
+  std::byte* pushed_copy(std::size_t unit);
   // Collective over comm_ (exchanges the model copies' addresses), once.
   void set_up_model_push();
   // SliceMap: inside a pushing step, the stretch of this rank's slice also goes to every peer.

@@ -1,6 +1,6 @@
-// The updated model copy to the peers without an all-gather, at stages 1/2 (EngineImpl::ModelPush
-// in engine_impl.h): each rank writes its new slices into every peer's copy as the optimizer step
-// writes them.
+// The updated model copy to the peers without an all-gather, at stages 1/2 and for stage 3's
+// persistent units (EngineImpl::ModelPush in engine_impl.h): each rank writes its new slices into
+// every peer's copy as the optimizer step writes them.
 #include <cstdlib>
 #include <string_view>
 
@@ -10,7 +10,9 @@
 namespace zero::engine_detail {
 
 bool EngineImpl::may_push_model() const {
-  if (!gathers_model() || num_domains() != 1 || !host_memory_ || host_step_) return false;
+  const bool persistent_units = stage_ == 3 && world_ > 1 && fetcher_ && !param_store_ && !mics_;
+  if (!(gathers_model() || persistent_units) || num_domains() != 1 || !host_memory_ || host_step_)
+    return false;
   if (optimizer_->store().nvme_count() > 0) return false;
   const char* env = std::getenv("ZERO_MODEL_PUSH");
   return env == nullptr || std::string_view(env) != "0";
@@ -24,7 +26,7 @@ void EngineImpl::set_up_model_push() {
   static_assert(sizeof(void*) == sizeof(double));
   std::vector<void*> all(layout_units_ * static_cast<std::size_t>(world_));
   for (std::size_t u = 0; u < layout_units_; ++u) {
-    all[static_cast<std::size_t>(rank_) * layout_units_ + u] = units_[u].model.data();
+    all[static_cast<std::size_t>(rank_) * layout_units_ + u] = pushed_copy(u);
   }
   if (!all.empty()) comm_.all_gather_in_place(all.data(), layout_units_, DType::F64).wait();
   push_.peers.assign(all.size(), nullptr);
@@ -35,10 +37,15 @@ void EngineImpl::set_up_model_push() {
     if (bytes == 0) continue;
     bool every_peer = true;
     for (int q = 0; q < world_; ++q) {
-      if (q == rank_) continue;
       const std::size_t at = static_cast<std::size_t>(q) * layout_units_ + u;
-      push_.peers[at] = static_cast<std::byte*>(comm_.peer_memory(q, all[at], bytes));
-      every_peer = every_peer && push_.peers[at] != nullptr;
+      if (all[at] == nullptr) {  // stage 3: not a persistent unit
+        every_peer = false;
+      } else if (q == rank_) {
+        if (stage_ == 3) push_.peers[at] = static_cast<std::byte*>(all[at]);
+      } else {
+        push_.peers[at] = static_cast<std::byte*>(comm_.peer_memory(q, all[at], bytes));
+        every_peer = every_peer && push_.peers[at] != nullptr;
+      }
     }
     push_.pushed[u] = every_peer ? 1 : 0;
   }
@@ -61,14 +68,23 @@ void EngineImpl::model_written(int domain, int unit, std::size_t slice_offset, s
   const std::size_t msize = dtype_size(model_dtype_);
   const std::size_t slice = layout_->unit(unit).slice_elems;
   const std::size_t at = (static_cast<std::size_t>(rank_) * slice + slice_offset) * msize;
-  const std::byte* mine = static_cast<const std::byte*>(units_[u].model.data()) + at;
+  // The stretch the step just wrote: into the model copy at stages 1/2, the partition at stage 3.
+  const std::byte* mine = stage_ == 3
+                              ? own_slice(unit, slice_offset)
+                              : static_cast<const std::byte*>(units_[u].model.data()) + at;
   for (int q = 0; q < world_; ++q) {
-    if (q == rank_) continue;
-    std::byte* peer = push_.peers[static_cast<std::size_t>(q) * layout_units_ + u];
-    // Streamed: this core will not read the peer's copy, and the stores need not read its lines.
-    copy_streaming(peer + at, mine, count * msize);
-    timings_.pushed_bytes += static_cast<std::int64_t>(count * msize);
+    std::byte* copy = push_.peers[static_cast<std::size_t>(q) * layout_units_ + u];
+    if (copy == nullptr) continue;  // this rank's model copy at stages 1/2: written already
+    // Streamed: this core will not read the copy before the next forward, and the stores need
+    // not read its lines.
+    copy_streaming(copy + at, mine, count * msize);
+    if (q != rank_) timings_.pushed_bytes += static_cast<std::int64_t>(count * msize);
   }
+}
+
+std::byte* EngineImpl::pushed_copy(std::size_t unit) {
+  if (stage_ == 3) return fetcher_ ? fetcher_->persistent_copy(static_cast<int>(unit)) : nullptr;
+  return static_cast<std::byte*>(units_[unit].model.data());
 }
 
 }  // namespace zero::engine_detail

@@ -52,7 +52,26 @@ ParamFetcher::ParamFetcher(Communicator& comm, Device& device, const FlatLayout&
       persistent_total += numel;
     }
   }
+  // The persistent units' copies share one block, so that even the small ones lie where a host
+  // block's peers can reach it (a ShmComm rank's shared host arena takes blocks of 64 KiB and
+  // more) and a step can write them there (EngineImpl::ModelPush).
+  std::size_t pool_bytes = 0;
+  for (Unit& u : units_) {
+    if (!u.persistent || u.elems == 0) continue;
+    u.pool_offset = pool_bytes;
+    const std::size_t bytes = u.elems * dtype_size(dtype_);
+    pool_bytes += (bytes + kPoolAlignment - 1) / kPoolAlignment * kPoolAlignment;
+  }
+  if (pool_bytes > 0) {
+    persistent_pool_ =
+        device_.allocate(pool_bytes, MemoryKind::Device, MemoryTag::LowPrecisionParams);
+  }
   refresh_after_step();
+}
+
+std::byte* ParamFetcher::copy_of(const Unit& u) const {
+  if (u.persistent) return static_cast<std::byte*>(persistent_pool_.data()) + u.pool_offset;
+  return static_cast<std::byte*>(u.buffer.data());
 }
 
 ParamFetcher::~ParamFetcher() {
@@ -77,10 +96,9 @@ void ParamFetcher::start_gather(int unit) {
   const UnitLayout& ul = layout_.unit(unit);
   // A persistent unit is refreshed in place: its parameters keep their address for the engine's
   // life, so that a framework may alias them as it aliases the model copy at stages 0-2.
-  if (!u.persistent || u.buffer.empty()) {
-    u.buffer =
-        device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
-                         u.persistent ? MemoryTag::LowPrecisionParams : MemoryTag::GatherBuffers);
+  if (!u.persistent) {
+    u.buffer = device_.allocate(u.elems * dtype_size(dtype_), MemoryKind::Device,
+                                MemoryTag::GatherBuffers);
   }
   ++timings_.gathers;
   timings_.gathered_elems += static_cast<std::int64_t>(u.elems);
@@ -88,7 +106,7 @@ void ParamFetcher::start_gather(int unit) {
   u.state = State::InFlight;
   if (!u.secondary.empty()) {
     const std::size_t block = u.elems / static_cast<std::size_t>(options_.secondary->size());
-    u.work = options_.secondary->all_gather(u.secondary.data(), u.buffer.data(), block, dtype_);
+    u.work = options_.secondary->all_gather(u.secondary.data(), copy_of(u), block, dtype_);
     ++timings_.secondary_gathers;
     return;
   }
@@ -113,7 +131,7 @@ void ParamFetcher::start_gather(int unit) {
     u.work = comm_.all_gather_in_place(u.quantized.data(), qbytes / 4, DType::F32);
     return;
   }
-  u.work = comm_.all_gather(slice, u.buffer.data(), ul.slice_elems, dtype_);
+  u.work = comm_.all_gather(slice, copy_of(u), ul.slice_elems, dtype_);
 }
 
 void ParamFetcher::wait(Unit& u) {
@@ -146,7 +164,7 @@ void ParamFetcher::settle(Unit& u) {
       device_.compute().dequantize(
           static_cast<const std::byte*>(u.quantized.data()) + q * qbytes, slice,
           options_.weight_bits,
-          static_cast<std::byte*>(u.buffer.data()) + q * slice * dtype_size(dtype_), dtype_,
+          copy_of(u) + q * slice * dtype_size(dtype_), dtype_,
           options_.exec);
     }
     u.quantized.reset();
@@ -157,8 +175,7 @@ void ParamFetcher::settle(Unit& u) {
     const std::size_t bytes =
         u.elems / static_cast<std::size_t>(options_.secondary->size()) * dtype_size(dtype_);
     u.secondary = device_.allocate(bytes, MemoryKind::Device, MemoryTag::SecondaryParams);
-    device_.copy(u.secondary.data(), static_cast<const std::byte*>(u.buffer.data()) + h * bytes,
-                 bytes);
+    device_.copy(u.secondary.data(), copy_of(u) + h * bytes, bytes);
   }
 }
 
@@ -279,7 +296,7 @@ void ParamFetcher::release(int unit) {
 
 const std::byte* ParamFetcher::data(int unit) const {
   const Unit& u = units_[static_cast<std::size_t>(unit)];
-  return u.state == State::Gathered ? static_cast<const std::byte*>(u.buffer.data()) : nullptr;
+  return u.state == State::Gathered ? copy_of(u) : nullptr;
 }
 
 void ParamFetcher::overwrite(int unit, std::size_t offset, const std::byte* src,
@@ -288,7 +305,7 @@ void ParamFetcher::overwrite(int unit, std::size_t offset, const std::byte* src,
   wait(u);
   u.secondary.reset();  // stale now; every rank drops it (set_param is collective)
   if (u.state != State::Gathered || elems == 0) return;
-  device_.copy(element_at(u.buffer, dtype_, offset), src, elems * dtype_size(dtype_));
+  device_.copy(copy_of(u) + offset * dtype_size(dtype_), src, elems * dtype_size(dtype_));
 }
 
 void ParamFetcher::end_micro_step() {
@@ -313,15 +330,26 @@ void ParamFetcher::end_micro_step() {
   current_.clear();
 }
 
-void ParamFetcher::refresh_after_step() {
+void ParamFetcher::refresh_after_step(const std::vector<unsigned char>* current) {
   for (Unit& u : units_) {
     if (!u.persistent) free(u);
     u.secondary.reset();
   }
   for (std::size_t i = 0; i < units_.size(); ++i) {
-    if (units_[i].persistent) start_gather(static_cast<int>(i));
+    if (!units_[i].persistent) continue;
+    if (current != nullptr && i < current->size() && (*current)[i] != 0) {
+      units_[i].staged.reset();  // nothing to gather from
+      continue;
+    }
+    start_gather(static_cast<int>(i));
   }
   for (Unit& u : units_) wait(u);
+}
+
+std::byte* ParamFetcher::persistent_copy(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (!u.persistent || u.elems == 0) return nullptr;
+  return copy_of(u);
 }
 
 Buffer ParamFetcher::copy_slice(int unit) {

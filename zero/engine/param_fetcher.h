@@ -115,8 +115,13 @@ class ParamFetcher {
   void finish_order_check();
   // After an optimizer step changed the slices: every gathered copy is stale. Frees them and
   // re-gathers the persistent units (collective), from the slices stage_refresh() read if it
-  // ran since.
-  void refresh_after_step();
+  // ran since; a unit marked in `current` (per unit, nonzero: every rank's copy already holds the
+  // step's values, written there by the ranks themselves) is not re-gathered. Every rank passes
+  // the same marks.
+  void refresh_after_step(const std::vector<unsigned char>* current = nullptr);
+  // A persistent unit's gathered copy (its elems, every rank's slice at rank · slice_elems),
+  // which keeps its address for the fetcher's life; null for any other unit.
+  std::byte* persistent_copy(int unit);
   // Reads the persistent units' slices for the next refresh_after_step() now (from the slice
   // source: with the slices in a swap store, before the step that wrote them commits, so a
   // failed read fails that step instead of one already committed). drop_staged() forgets them
@@ -134,7 +139,8 @@ class ParamFetcher {
     bool persistent = false;
     bool prefetched = false;  // gathered ahead of its use and not yet asked for
     std::size_t elems = 0;    // padded flat size (0: nothing to gather)
-    Buffer buffer;
+    Buffer buffer;  // the gathered copy of a unit that is not persistent (copy_of())
+    std::size_t pool_offset = 0;  // a persistent unit's copy in persistent_pool_
     Buffer source;  // the slice copied out of `source_` while its all-gather runs
     Buffer staged;  // stage_refresh()'s copy of the slice, for the next refresh
     Buffer secondary;  // hpZ: this rank's block of the gathered unit, until the next step
@@ -146,6 +152,8 @@ class ParamFetcher {
   };
   enum class Trace { Record, Complete, Invalid };
 
+  static constexpr std::size_t kPoolAlignment = 256;  // bytes, each persistent copy's start
+  std::byte* copy_of(const Unit& u) const;  // the unit's gathered copy
   void gather_impl(int unit, std::optional<void*> native_stream);  // nullopt: the host waits
   void start_gather(int unit);
   Buffer copy_slice(int unit);  // the unit's slice out of source_, in a staging buffer
@@ -168,6 +176,7 @@ class ParamFetcher {
   const FetchOptions options_;
   EngineTimings& timings_;
   std::vector<Unit> units_;
+  Buffer persistent_pool_;  // every persistent unit's gathered copy, at its pool_offset
   std::size_t live_elems_ = 0;      // gathered or in flight, persistent units excluded
   std::size_t inflight_elems_ = 0;  // prefetches not yet waited for
   Trace mode_ = Trace::Record;

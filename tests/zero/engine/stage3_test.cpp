@@ -3,6 +3,7 @@
 // gathers, uses and releases one unit at a time (as a layer-by-layer forward does), and its
 // gradients depend on the gathered values, so a wrong gather shows in the parameters.
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -210,8 +211,21 @@ TEST_CASE("persistent units stay gathered and count as parameters, not as the li
   const Stage3Run r = run_layers(stage3_config("fp32", 0, 100000, 64), 2, 3, forward);
   for (const auto& e : r.errors) REQUIRE(e.empty());
   const EngineTimings& t = r.timings[0];
-  // Units 0, 1 (48), 2 (56), 3 (64) are persistent; 4 and 5 are gathered every step.
-  CHECK(t.gathers == 3 * 2 + 4 * 4);  // 2 per step, plus 4 persistent at create and after each step
+  // Units 0, 1 (48), 2 (56), 3 (64) are persistent; 4 and 5 are gathered every step. The ranks
+  // share an address space, so each step writes its new slices of the persistent units into every
+  // rank's copy instead of re-gathering them: its whole slice of each (the units pad to 64, 64,
+  // 64 and 96 elements, slices of 32, 32, 32 and 48) to the one peer, 3 steps of fp32.
+  CHECK(t.gathers == 3 * 2 + 4);  // 2 per step, plus the 4 persistent at create
+  CHECK(t.pushed_bytes == 3 * (32 + 32 + 32 + 48) * 4);
+  {
+    // Without the push they are re-gathered after each step, to the same values.
+    REQUIRE(::setenv("ZERO_MODEL_PUSH", "0", 1) == 0);
+    const Stage3Run gathered = run_layers(stage3_config("fp32", 0, 100000, 64), 2, 3, forward);
+    ::unsetenv("ZERO_MODEL_PUSH");
+    require_same(r, gathered);
+    CHECK(gathered.timings[0].gathers == 3 * 2 + 4 * 4);
+    CHECK(gathered.timings[0].pushed_bytes == 0);
+  }
   const MemorySnapshot& m = r.memory[0];
   // Persistent copies (4 units, padded to 2 × 16) next to this rank's slices.
   CHECK(m.at(MemoryKind::Device, MemoryTag::LowPrecisionParams).current_bytes >=

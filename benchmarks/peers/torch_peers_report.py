@@ -3,6 +3,7 @@ the best peer (refused where a baseline is not positive), the optimizer's traffi
 zero-bench's probe, and the markdown report."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -81,13 +82,17 @@ def zero_bench_path(args):
     return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
 
 
+PROBE_ROUNDS = 3
+
+
 def optimizer_limits(args, stages, numel):
     """{stage: {...}}: the least time the optimizer's own traffic takes on one rank, from
     zero-bench's traffic probe run on as many processes at once as the ranks (they share the
     memory bus as the ranks do): AdamW over the rank's partition (the whole model at stage 0, a
     1/N share at stages 1-3), its bytes per parameter from zero-bench (fp32: gradient, master
-    and two states; bf16: a bf16 gradient and a bf16 model copy written besides). None without
-    zero-bench."""
+    and two states; bf16: a bf16 gradient and a bf16 model copy written besides). The probe's
+    speed is the slowest process's in a round, the median of PROBE_ROUNDS rounds (one round's
+    varied by 2x on this machine). None without zero-bench."""
     bench = zero_bench_path(args)
     if bench is None:
         print("torch_peers: no zero-bench (build it, or pass --zero-bench): no optimizer limit",
@@ -100,22 +105,25 @@ def optimizer_limits(args, stages, numel):
         cmd = [bench, "kernels", "--json", "--params", str(part), "--threads", "1", "--reps", "7",
                "--optimizer", "adamw", "--grad-dtype", grad, "--state-dtype", "fp32"]
 
-        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=common.one_thread_env())
-                 for _ in range(args.nproc)]
-        records = []
-        for proc in procs:
-            text, _ = proc.communicate(timeout=args.timeout)
-            if proc.returncode != 0:
-                raise SystemExit(f"torch_peers: {' '.join(cmd)} failed (exit {proc.returncode})")
-            records += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-        mine = [r for r in records if r["param_out"] == out]
-        if len(mine) != args.nproc:
-            raise SystemExit(f"torch_peers: zero-bench gave {len(mine)} records for AdamW "
-                             f"{grad}/fp32 out {out}, expected {args.nproc}")
-        # The slowest process's probe: every rank has to finish its step.
-        gb_per_s = min(r["limit_gb_per_s"] for r in mine)
+        rounds = []
+        for _ in range(PROBE_ROUNDS):
+            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=common.one_thread_env())
+                     for _ in range(args.nproc)]
+            records = []
+            for proc in procs:
+                text, _ = proc.communicate(timeout=args.timeout)
+                if proc.returncode != 0:
+                    raise SystemExit(f"torch_peers: {' '.join(cmd)} failed (exit {proc.returncode})")
+                records += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+            mine = [r for r in records if r["param_out"] == out]
+            if len(mine) != args.nproc:
+                raise SystemExit(f"torch_peers: zero-bench gave {len(mine)} records for AdamW "
+                                 f"{grad}/fp32 out {out}, expected {args.nproc}")
+            # The slowest process's probe: every rank has to finish its step.
+            rounds.append(min(r["limit_gb_per_s"] for r in mine))
+        gb_per_s = statistics.median(rounds)
         limits[stage] = {"partition_params": part, "bytes_per_param": mine[0]["bytes_per_param"],
-                         "probe_gb_per_s": gb_per_s,
+                         "probe_gb_per_s": gb_per_s, "probe_rounds_gb_per_s": rounds,
                          "limit_ms": part * mine[0]["bytes_per_param"] / (gb_per_s * 1e9) * 1e3}
     return limits
 

@@ -3,8 +3,10 @@
 // unit instead of by module).
 //
 //   * Persistent units (every parameter ≤ stage3_param_persistence_threshold, the total bounded by
-//     stage3_model_persistence_threshold) stay gathered; they are refreshed after each optimizer
-//     step, in place: a persistent unit's data() keeps its address for the fetcher's life.
+//     stage3_model_persistence_threshold) stay gathered, all in one block; they are refreshed
+//     after each optimizer step, in place (a persistent unit's data() keeps its address for the
+//     fetcher's life), or left as they are where the step wrote every rank's copy itself
+//     (refresh_after_step's `current`, EngineImpl::ModelPush).
 //   * Trace-based prefetch: the first micro-step records the order of gather() calls; later
 //     micro-steps follow it and all-gather upcoming units asynchronously, up to
 //     stage3_prefetch_bucket_size elements in flight. A gather() that does not match the trace

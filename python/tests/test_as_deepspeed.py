@@ -66,3 +66,29 @@ def test_install_from_python_and_bad_usage(tmp_path):
     assert none.returncode == 2 and "usage: python -m zero.as_deepspeed" in none.stdout
     missing = run_module([tmp_path / "nope.py"])
     assert missing.returncode == 2 and "nope.py' is not a file" in missing.stdout
+
+
+EXIT_SCRIPT = """
+import torch
+import torch.distributed as dist
+import deepspeed
+
+deepspeed.init_distributed()
+out = [torch.empty(1) for _ in range(dist.get_world_size())]
+dist.all_gather(out, torch.tensor([float(dist.get_rank())]))
+assert dist.get_backend() == "gloo" and [t.item() for t in out] == list(range(len(out)))
+# No destroy_process_group(), as in the Hugging Face Trainer's scripts.
+"""
+
+
+def test_a_script_that_leaves_its_gloo_group_alive_exits_cleanly(tmp_path):
+    """A gloo default group alive at interpreter exit aborted about half of such 4-rank launches
+    ("terminate called without an active exception", pytorch issue 190489); init_distributed
+    destroys it at exit. Five launches: the old behaviour passes all five about once in 32."""
+    script = tmp_path / "leave_group.py"
+    script.write_text(EXIT_SCRIPT)
+    for i in range(5):
+        launch = harness.torchrun(4, "zero.as_deepspeed", [script], 240, tmp_path / f"log{i}.txt",
+                                  module=True)
+        assert launch.returncode == 0, f"launch {i}:\n{launch.tail()}"
+        assert "terminate called" not in launch.output, f"launch {i}:\n{launch.tail()}"

@@ -21,6 +21,9 @@ struct EngineTimings {
                                 // when persistent units are re-gathered after a step
   std::int64_t buckets = 0;     // bucket reductions issued (units reduced alone included)
   std::int64_t units_alone = 0;  // of which units reduced alone, with nothing packed
+  // Of those, units whose ranks' gradients the optimizer step summed itself, tile by tile, with no
+  // collective (the reduction fused into the step; its time is part of optimizer_s).
+  std::int64_t units_fused = 0;
   std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
   std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
   std::int64_t gathered_elems = 0;  // stage 3: elements those all-gathers filled (padded units)

@@ -123,6 +123,42 @@ def test_stage_3_writes_its_slices_of_persistent_units_into_every_ranks_copy(tmp
                    "stage 3 fp32 with pushed persistent units vs stage 0")
 
 
+def test_the_step_sums_the_lone_units_left_to_it_with_the_collectives_bits(tmp_path):
+    """Without clipping (nothing reads the norm before the step) and without overlap_comm (stages
+    0-2 by default), the transformer's lone units are left unreduced when backward ends, and each
+    optimizer step sums the ranks' gradients of them itself, reading the peers' staging buffers in
+    the shared host arena (EngineImpl::FusedReduction; their gradients are then copied there, not
+    lent). The losses and masters are bitwise those of the collectives (ZERO_FUSED_REDUCTION=0)
+    and of stage 3, whose overlap_comm starts those reductions during backward."""
+    world, runs = 2, "0:fp32,1:fp32,2:fp32,3:fp32"
+    out = {}
+    for name, env in (("fused", None), ("collective", {"ZERO_FUSED_REDUCTION": "0"})):
+        out[name] = tmp_path / name
+        out[name].mkdir()
+        launch = harness.torchrun(world, "worker_train.py",
+                                  ["--model", "transformer", "--out", out[name], "--runs", runs,
+                                   "--clip", 0],
+                                  600, out[name] / "log.txt", env=env)
+        assert launch.returncode == 0, f"{name}: exit {launch.returncode}\n{launch.tail()}"
+    info = {(name, s, r): harness.read_json(out[name] / f"{s}-fp32.rank{r}.json")
+            for name in out for s in "0123" for r in range(world)}
+    for s in "0123":
+        for r in range(world):
+            fused = info["fused", s, r]["units_fused"]
+            assert (fused > 0) == (s != "3"), f"stage {s}, rank {r}: {fused} units fused"
+            assert info["collective", s, r]["units_fused"] == 0, f"stage {s}, rank {r}"
+            assert info["fused", s, r]["losses"] == info["collective", "0", r]["losses"], (s, r)
+            assert info["collective", s, r]["losses"] == info["collective", "0", r]["losses"], (s, r)
+    reference = harness.load_st(out["collective"] / "0-fp32.master.safetensors")
+    assert_trained(reference, harness.initial_weights("transformer"), "stage 0 fp32, collectives")
+    for name in out:
+        for s in "0123":
+            for kind in ("master", "module"):
+                what = f"stage {s} fp32 {kind}, {name} vs stage 0 with collectives"
+                expected = harness.load_st(out["collective"] / f"0-fp32.{kind}.safetensors")
+                assert_bitwise(harness.load_st(out[name] / f"{s}-fp32.{kind}.safetensors"), expected, what)
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("model", MODELS)
 def test_mixed_precision_trains_like_fp32(runs, model, world):

@@ -2,7 +2,7 @@
 a fresh engine and a freshly seeded model each time, and writes what the tests compare to OUT.
 
   worker_train.py --model M --out OUT [--runs 0:fp32,3:bf16,...] [--save-mid S:D@STEP,...]
-                  [--resume S:D@CKPT_DIR,...] [--persistence N]
+                  [--resume S:D@CKPT_DIR,...] [--persistence N] [--clip X]
 
 For each run STAGE:DTYPE (default: every stage x every dtype) it writes under OUT:
   S-D.master.safetensors   rank 0: get_fp32_state_dict_from_zero_checkpoint of the final checkpoint
@@ -44,6 +44,8 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
     cfg = cases.config(stage, dtype, world, cases.FP16_SCALE[args.model])
     if args.persistence is not None:  # stage3_param_persistence_threshold instead of cases'
         cfg["zero_optimization"]["stage3_param_persistence_threshold"] = args.persistence
+    if args.clip is not None:  # gradient_clipping instead of cases' (0: none)
+        cfg["gradient_clipping"] = args.clip
     engine, _, _, _ = zero.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     info = {"param_dtypes": sorted({str(p.dtype) for p in engine.module.parameters()}),
             "train_batch_size": engine.train_batch_size(),
@@ -68,7 +70,8 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
                                    client_state={"step": step + 1})
     info.update(losses=losses, boundaries=boundaries, global_steps=engine.global_steps,
                 train_seconds=time.monotonic() - started,
-                pushed_bytes=engine.timings()["pushed_bytes"])
+                pushed_bytes=engine.timings()["pushed_bytes"],
+                units_fused=engine.timings()["units_fused"])
     ckpt = os.path.join(args.out, "ckpt", name)
     engine.save_checkpoint(ckpt, tag="end", client_state={"step": cases.STEPS})
     params = list(engine.module.parameters())
@@ -93,6 +96,7 @@ def main():
     p.add_argument("--save-mid", default="")
     p.add_argument("--resume", default="")
     p.add_argument("--persistence", type=int)
+    p.add_argument("--clip", type=float)
     args = p.parse_args()
     args.save_mid = {spec.split("@")[0].replace(":", "-"): int(spec.split("@")[1])
                      for spec in args.save_mid.split(",") if spec}

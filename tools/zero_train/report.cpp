@@ -175,6 +175,7 @@ json engine_json(const EngineTimings& t, std::int64_t steps) {
           {"gather_wait_ms", ms(t.gather_wait_s)},
           {"buckets", per(t.buckets)},
           {"units_alone", per(t.units_alone)},
+          {"units_fused", per(t.units_fused)},
           {"gathers", per(t.gathers)},
           {"secondary_gathers", per(t.secondary_gathers)},
           {"landed_bytes", per(t.landed_bytes)},

@@ -516,6 +516,7 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
                         {"gather_wait_s", t.gather_wait_s},
                         {"buckets", t.buckets},
                         {"units_alone", t.units_alone},
+                        {"units_fused", t.units_fused},
                         {"gathers", t.gathers},
                         {"prefetches", t.prefetches},
                         {"gathered_elems", t.gathered_elems},

@@ -200,6 +200,11 @@ class Communicator {
   // rank's do: q sees them once it has left a collective that the writer entered after them.
   // Thread safety: any thread.
   virtual void* peer_memory(int q, const void* remote, std::size_t bytes) const;
+  // The same for reading only: also where the bytes could be mapped only for reading (ShmComm
+  // where q's arena does not open for writing). Reads see q's writes as above.
+  virtual const void* peer_readable(int q, const void* remote, std::size_t bytes) const {
+    return peer_memory(q, remote, bytes);
+  }
 
   std::chrono::milliseconds timeout() const { return timeout_; }
   // Applies to collectives issued after the call.

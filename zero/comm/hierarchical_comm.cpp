@@ -170,6 +170,11 @@ void* HierarchicalComm::peer_memory(int q, const void* remote, std::size_t bytes
   return world_.peer_memory(q, remote, bytes);
 }
 
+const void* HierarchicalComm::peer_readable(int q, const void* remote, std::size_t bytes) const {
+  if (two_level()) return q == rank() ? remote : nullptr;
+  return world_.peer_readable(q, remote, bytes);
+}
+
 void HierarchicalComm::count(const CollectiveArgs& a, int group_size, int group_rank, bool inter) {
   const std::uint64_t bytes = ring_bytes(a, group_size, group_rank);
   (inter ? counters_->inter : counters_->intra).fetch_add(bytes, std::memory_order_relaxed);

@@ -128,6 +128,7 @@ class HierarchicalComm final : public Communicator {
   bool shares_address_space() const override;
   // The world's, in one level; in two, this rank's own memory only.
   void* peer_memory(int q, const void* remote, std::size_t bytes) const override;
+  const void* peer_readable(int q, const void* remote, std::size_t bytes) const override;
 
   const NodeTopology& topology() const { return topology_; }
   // Whether collectives run in two levels (several nodes of several ranks each).

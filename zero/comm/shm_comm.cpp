@@ -81,6 +81,11 @@ class ShmComm final : public Communicator {
     if (q < 0 || q >= size()) return nullptr;
     return group_->writable(q, reinterpret_cast<std::uint64_t>(remote), bytes);
   }
+  const void* peer_readable(int q, const void* remote, std::size_t bytes) const override {
+    if (q == rank()) return remote;
+    if (q < 0 || q >= size()) return nullptr;
+    return group_->direct(q, reinterpret_cast<std::uint64_t>(remote), bytes);
+  }
 
  protected:
   Work start_impl(const CollectiveArgs& args) override {

@@ -138,6 +138,7 @@ bool EngineImpl::grad_in_place(std::size_t param, std::byte* data) {
   ZERO_CHECK(!ps.ready, "grad_in_place: parameter '{}' is already ready in this micro-step",
              specs_[param].name);
   if (ps.numel == 0 || device_.gpu_ordinal() >= 0) return false;
+  if (expects_late_units() && !comm_.shares_address_space()) return false;
   const int unit = layout_->placement(*ps.layout_index).unit;
   if (!reducer_->lend(unit, data)) return false;
   ps.slot_out = true;
@@ -161,7 +162,7 @@ void EngineImpl::grad_ready(std::size_t param) {
 
 // Closes the micro-step's gradients: missing ones count as zero (or are an error), then the
 // reducer ends the micro-step (what is left in the buckets is reduced).
-void EngineImpl::finish_micro_step() {
+void EngineImpl::finish_micro_step(bool leave_late) {
   std::vector<std::string> missing;
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (params_[i].layout_index && !params_[i].ready) missing.push_back(specs_[i].name);
@@ -190,7 +191,7 @@ void EngineImpl::finish_micro_step() {
     us.pending = 0;
     reducer_->unit_complete(static_cast<int>(u));
   }
-  reducer_->end_micro_step();
+  reducer_->end_micro_step(leave_late);
 }
 
 void EngineImpl::reset_micro_step() {
@@ -258,7 +259,15 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
 
 StepResult EngineImpl::step() {
   if (fetcher_) fetcher_->end_micro_step();
-  finish_micro_step();
+  const bool boundary = forced_boundary_.value_or(micro_in_window_ + 1 >= gas_);
+  // A window of one micro-step may leave its lone units' reductions to the step (FusedReduction).
+  finish_micro_step(boundary && micro_in_window_ == 0 && may_fuse_reduction());
+  // The late units' buffers go back to the reducer however step() ends; on success after the
+  // norm's all-reduce, which no rank leaves before every rank's step has read them.
+  struct EndFused {
+    EngineImpl& engine;
+    ~EndFused() { engine.end_fused_reduction(); }
+  } end_fused{*this};
   if (fetcher_) fetcher_->finish_order_check();
   StepResult result;
   result.loss_scale = scaler_->scale();
@@ -266,7 +275,7 @@ StepResult EngineImpl::step() {
   result.skipped_steps = skipped_steps_;
   result.lr = current_lr(0);
   result.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  if (!forced_boundary_.value_or(micro_in_window_ + 1 >= gas_)) {
+  if (!boundary) {
     ++micro_in_window_;
     reset_micro_step();
     return result;
@@ -284,8 +293,10 @@ StepResult EngineImpl::step() {
     set_up_model_push();
     push = push_.pushed_units > 0;  // agreed on by every rank
   }
-  // Every peer is in step() now, past its backward: nobody reads a copy while it is written.
-  if (push) comm_.barrier().wait();
+  // Every peer is in step() now, past its backward: nobody reads a copy while it is written (the
+  // exchange of the late units' buffers is such a barrier).
+  const bool fused = set_up_fused_reduction();
+  if (push && !fused) comm_.barrier().wait();
   if (!plan.overflow) {
     ScopedTimer timer(timings_.optimizer_s);
     // Ranks agree that every NVMe write went through before any of them commits; an IoError

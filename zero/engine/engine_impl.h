@@ -207,7 +207,8 @@ class EngineImpl final : public Engine, private SliceMap {
   void make_param_store();
   std::byte* own_slice(int unit, std::size_t slice_offset);  // valid until the next call
   void copy_own_slice(int unit, std::byte* out);
-  void finish_micro_step();
+  // leave_late: GradientReducer::end_micro_step's (the reduction fused into the step).
+  void finish_micro_step(bool leave_late = false);
   void reset_micro_step();
   // Collective, before any write: overflow vote, squared norm and every group's coefficients.
   struct StepPlan {
@@ -270,6 +271,41 @@ class EngineImpl final : public Engine, private SliceMap {
   void set_up_model_push();
   // SliceMap: inside a pushing step, the stretch of this rank's slice also goes to every peer.
   void model_written(int domain, int unit, std::size_t slice_offset, std::size_t count) override;
+
+  // The reduction fused into the step (engine_fused_reduction.cpp). Where every rank can read
+  // its peers' gradient buffers (Communicator::peer_readable(): in-process ranks, and ShmComm
+  // processes for buffers in the shared host arena), the lone units whose reductions had not
+  // started when backward ended (GradientReducer::late_units(): all of them without
+  // overlap_comm) are not reduced by a collective: the optimizer step sums each tile of the
+  // ranks' gradients into the target right before it steps that tile (settle_gradient()), with
+  // the communicators' reduction in rank order, so the bits are the collective's. That saves the
+  // collective's sync, the comm thread's hand-offs and the step's read of the target from
+  // memory. Only at a boundary that is a window's first micro-step, with norm_after_step() (no
+  // norm read before the step), on host memory without an NVMe tier, swapped stage-3 partition
+  // or MiCS; off with ZERO_FUSED_REDUCTION=0. The exchange of the buffers' addresses (after
+  // every rank's backward) orders the reads after the peers' writes; the norm's all-reduce after
+  // the step orders them before anyone's next backward writes the buffers again.
+  struct FusedReduction {
+    bool active = false;            // inside a step that forms the late units' gradients
+    // No rank could read a late unit's buffers of some peer (a backend without peer views, e.g.
+    // MPI): fusing is given up for good, every rank agreeing.
+    bool unreadable = false;
+    std::vector<int> late;          // per layout unit: its row in `sources`, or -1
+    std::vector<const std::byte*> sources;  // [row·W + q]: rank q's buffer, readable here
+  };
+  bool may_fuse_reduction() const;
+  // This micro-step is expected to leave its lone units late (may_fuse_reduction(), no
+  // overlap_comm, a window of one micro-step): their gradients had better be in memory the
+  // peers can read, so grad_in_place() lends them only to a backend that shares the address
+  // space (elsewhere they are copied into staging buffers, which lie in ShmComm's shared arena).
+  bool expects_late_units() const;
+  // Collective over comm_: exchanges the late units' buffers and has the units some rank cannot
+  // read reduced the usual way. Returns whether any unit is left for the step to form.
+  bool set_up_fused_reduction();
+  void end_fused_reduction();  // the late units' buffers given back to the reducer
+  // SliceMap: the late units' gradients, formed tile by tile as the optimizer reaches them.
+  bool gradient_late(int domain, int unit) const override;
+  void settle_gradient(int domain, int unit, std::size_t slice_offset, std::size_t count) override;
 
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
@@ -352,6 +388,7 @@ class EngineImpl final : public Engine, private SliceMap {
   std::int64_t last_batch_iteration_ = -1;
   EngineTimings timings_;
   ModelPush push_;
+  FusedReduction fused_;
 };
 
 }  // namespace zero::engine_detail

@@ -232,8 +232,8 @@ void GradientReducer::finish(std::span<Alone* const> done) {
   }
 }
 
-void GradientReducer::end_micro_step() {
-  drain();
+void GradientReducer::end_micro_step(bool leave_late) {
+  drain(leave_late && may_be_late());
   window_first_micro_ = false;
   buckets_this_micro_ = 0;
   account_feedback();
@@ -406,17 +406,55 @@ void GradientReducer::finish(Slot& slot) {
   }
 }
 
-void GradientReducer::drain() {
+void GradientReducer::drain(bool leave_late) {
   flush_bucket();
   for (Slot& s : slots_) {
     if (s.in_flight) finish(s);
   }
   // Every waiting reduction is issued before the first wait, so they run back to back.
   std::vector<Alone*> waiting;
-  for (Alone& a : alone_) waiting.push_back(&a);
+  for (Alone& a : alone_) {
+    if (leave_late && !a.issued) {
+      late_.push_back({a.unit, staged(units_[static_cast<std::size_t>(a.unit)])});
+    } else {
+      waiting.push_back(&a);
+    }
+  }
   finish(waiting);
   alone_.clear();
   alone_elems_ = 0;
+}
+
+// A late unit's target is the plain rank-order sum: no scale or cast on landing, nothing to add
+// it to, no quantization and no error feedback.
+bool GradientReducer::may_be_late() const {
+  return world_ > 1 && window_first_micro_ && options_.quantize_bits == 0 &&
+         options_.consume_scale == 1.0f && options_.accum_dtype == options_.comm_dtype &&
+         options_.op != ReduceOp::Max;
+}
+
+void GradientReducer::reduce_late(std::span<const int> units) {
+  std::deque<Alone> again;
+  for (const int unit : units) {
+    ZERO_ASSERT(std::any_of(late_.begin(), late_.end(),
+                            [&](const LateUnit& l) { return l.unit == unit; }));
+    again.push_back(Alone{unit, Work(), false, false, false});
+  }
+  std::vector<Alone*> waiting;
+  for (Alone& a : again) waiting.push_back(&a);
+  finish(waiting);  // drops the units' buffers: they leave late_ as well
+  std::erase_if(late_, [&](const LateUnit& l) {
+    return std::find(units.begin(), units.end(), l.unit) != units.end();
+  });
+}
+
+void GradientReducer::release_late() {
+  for (const LateUnit& l : late_) {
+    UnitBuffers& ub = units_[static_cast<std::size_t>(l.unit)];
+    ub.staging.reset();
+    ub.lent = nullptr;
+  }
+  late_.clear();
 }
 
 }  // namespace zero::engine_detail

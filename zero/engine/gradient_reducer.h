@@ -125,7 +125,30 @@ class GradientReducer {
 
   // The end of a micro-step's backward (every unit complete): reduces the open bucket and waits
   // for every reduction; the target's gradients then hold this window's sum so far. Collective.
-  void end_micro_step();
+  // With `leave_late`, in the first micro-step of a window, the lone units whose reductions have
+  // not started (all of them without overlap_comm, unless the budget started some) are left
+  // unreduced instead, when their landing would be a plain copy and nothing is quantized: those
+  // are late_units(), whose target gradients the caller forms itself (or hands back to
+  // reduce_late()) before anything reads them. Every rank leaves the same units late.
+  void end_micro_step(bool leave_late = false);
+
+  // A unit end_micro_step(true) left unreduced: its gradients (staging buffer or lent memory: W
+  // rank slices of slice_elems elements in the communication dtype), kept until release_late().
+  // Its target gradients are Σ over ranks q of their buffers' slices, taken in rank order with
+  // compute.reduce and op() (Avg: divided by the world size), as the communicators sum them.
+  struct LateUnit {
+    int unit = 0;
+    const std::byte* gradients = nullptr;
+  };
+  std::span<const LateUnit> late_units() const { return late_; }
+  // The late units among `units` reduced and landed the usual way; they leave late_units().
+  // Collective: every rank passes the same units in the same order.
+  void reduce_late(std::span<const int> units);
+  // The late units' buffers are given up (the next micro-step may stage into them again).
+  // REQUIRES: no peer still reads them.
+  void release_late();
+  ReduceOp op() const { return options_.op; }
+  DType comm_dtype() const { return options_.comm_dtype; }
 
   // The next micro-step opens a new accumulation window: its results overwrite instead of add.
   void start_window();
@@ -194,7 +217,8 @@ class GradientReducer {
   void submit(const Source& source);
   void flush_bucket();
   void finish(Slot& slot);
-  void drain();
+  void drain(bool leave_late);
+  bool may_be_late() const;
 
   Communicator& comm_;
   Device& device_;
@@ -212,6 +236,7 @@ class GradientReducer {
   std::size_t open_elems_ = 0;
   std::vector<Slot> slots_;
   std::deque<Alone> alone_;     // in unit-completion order (the issue order)
+  std::vector<LateUnit> late_;  // left unreduced by end_micro_step(true), until release_late()
   std::size_t alone_elems_ = 0;  // their units' padded elements
   // host_landing: reduced chunks in pinned host memory, four buffers taken in turn. A device's
   // copy into the buffer whose bytes the host had just read (the unpack) ran at about half a

@@ -12,6 +12,11 @@ namespace {
 
 // 16-bit master weights are stepped in fp32 tiles of this many elements.
 constexpr std::size_t kMasterTileElems = 1 << 16;
+// A run whose gradients are formed late is stepped in tiles of this many elements, each formed
+// (SliceMap::settle_gradient) right before it is stepped: 64 KiB of fp32 gradient, read back from
+// L2. A multiple of the norm block, so each tile's blocks are the run's.
+constexpr std::size_t kLateTileElems = 1 << 14;
+static_assert(kLateTileElems % kernels::kNormBlockElems == 0);
 
 }  // namespace
 
@@ -313,11 +318,17 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
   // The model copy is written by the kernel, from the updated master while it is in registers:
   // rounded once to 16 bits, or (fp32) the master's own bits, with no second pass over it.
   if (model_out != nullptr) t.param_out_dtype = model_dtype;
-  const std::size_t tile =
-      master_dtype == DType::F32 && !on_copies ? std::max<std::size_t>(n, 1) : kMasterTileElems;
+  const bool late = slices_.gradient_late(run.domain, run.unit);
+  const bool in_place = master_dtype == DType::F32 && !on_copies;
+  std::size_t tile = in_place ? std::max<std::size_t>(n, 1) : kMasterTileElems;
+  if (late) tile = std::min(tile, kLateTileElems);
   const std::size_t ssize = dtype_size(options_.state_dtype);
   const std::size_t states = view.tensors.size() - static_cast<std::size_t>(first_state());
   std::byte* const run_master = master_at(run, first, view);
+  // An fp32 master stepped in place sums the run's norm blocks on the way (tile by tile when
+  // late: the tiles start on blocks).
+  const bool batched = batch != nullptr && in_place && !late;
+  double* const run_blocks = in_place && !batched ? fused_norm_blocks(run, first, last) : nullptr;
   for (std::size_t b = 0; b < n; b += tile) {
     const std::size_t m = std::min(tile, n - b);
     std::byte* master = run_master + b * dtype_size(master_dtype);
@@ -332,6 +343,7 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
       t.master = static_cast<float*>(master_tile_.data());
       compute_.combine(t.master, DType::F32, master, master_dtype, m, 1.0f, false, options_.exec);
     }
+    if (late) slices_.settle_gradient(run.domain, run.unit, first + b, m);
     t.grad = grad + b * dtype_size(options_.grad_dtype);
     std::byte* state[2] = {nullptr, nullptr};
     for (std::size_t k = 0; k < states && k < 2; ++k) {
@@ -346,25 +358,25 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
     t.state1 = state[1];
     if (model_out != nullptr) t.param_out = model_out + b * dtype_size(model_dtype);
     t.numel = m;
-    if (batch != nullptr && master_dtype == DType::F32 && !on_copies) {
+    if (batched) {
       batch->tensors.push_back(t);  // one tile: the whole run, stepped in place
       if (write_model) batch->written.push_back({run.domain, run.unit, first, n});
       return;
     }
-    // One tile (an fp32 master, in place): the whole run, its norm blocks summed on the way.
-    double* block_sums =
-        master_dtype == DType::F32 && !on_copies ? fused_norm_blocks(run, first, last) : nullptr;
-    if (block_sums != nullptr) {
-      compute_.optimizer_step_norm(hyper, scalars, t, block_sums, options_.exec);
-      continue;
+    if (run_blocks != nullptr) {
+      compute_.optimizer_step_norm(hyper, scalars, t, run_blocks + b / kernels::kNormBlockElems,
+                                   options_.exec);
+    } else {
+      compute_.optimizer_step(hyper, scalars, t, options_.exec);
     }
-    compute_.optimizer_step(hyper, scalars, t, options_.exec);
+    // A late run's model copy is said written tile by tile, while each tile is in cache.
+    if (late && write_model) slices_.model_written(run.domain, run.unit, first + b, m);
     if (master_dtype != DType::F32 && !on_copies) {
       // The master keeps what the model copy got: the update rounded once to bf16.
       compute_.combine(master, master_dtype, t.master, DType::F32, m, 1.0f, false, options_.exec);
     }
   }
-  if (write_model) slices_.model_written(run.domain, run.unit, first, n);
+  if (write_model && !late) slices_.model_written(run.domain, run.unit, first, n);
 }
 
 void PartitionOptimizer::write_model() {

@@ -37,6 +37,14 @@ class SliceMap {
   virtual void model_written(int /*domain*/, int /*unit*/, std::size_t /*slice_offset*/,
                              std::size_t /*count*/) {}
   virtual void model_settled() {}
+  // Gradients formed late (the engine's reduction fused into the step): gradient_late() says
+  // that `domain`'s slice of `unit` is not formed yet, and settle_gradient() forms `count`
+  // elements of it from `slice_offset` on, which a reader asks for right before it reads them
+  // (so it reads them back from cache). A map whose gradients are formed already says false and
+  // settles nothing. Settling a stretch twice gives the same bits.
+  virtual bool gradient_late(int /*domain*/, int /*unit*/) const { return false; }
+  virtual void settle_gradient(int /*domain*/, int /*unit*/, std::size_t /*slice_offset*/,
+                               std::size_t /*count*/) {}
 };
 
 }  // namespace zero::engine_detail

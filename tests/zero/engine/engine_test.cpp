@@ -456,6 +456,68 @@ TEST_CASE("the norm summed in the step's own walk has the bits of the norm taken
   }
 }
 
+TEST_CASE("the reduction fused into the step gives the bits of the collective it replaces",
+          "[engine]") {
+  // Units 0 and 1 (256x256 weights and their biases) have slices of 16,448 elements or more at up
+  // to 4 ranks: lone units. Without overlap_comm and with a budget that holds both, backward ends
+  // with neither reduced, and the step sums each tile of the ranks' gradients itself (no norm
+  // before the step: no clipping, no loss scale). The biases are in a param group of their own,
+  // so a run starts inside a norm block and those blocks are summed after the step, from the
+  // gradients the step formed. With ZERO_FUSED_REDUCTION=0 the same units are reduce-scattered
+  // (all-reduced at stage 0); with overlap_comm their reductions start during backward.
+  // bf16 checks no overflow here (bf16.check_grad_overflow, on by default, reads the norm first).
+  const auto spec_for = [](int stage, const std::string& precision, int world, int budget,
+                           bool overlap = false) {
+    TrainSpec spec;
+    spec.config = base_config(stage, precision, 1);
+    spec.config["gradient_clipping"] = 0.0;
+    if (precision == "bf16") spec.config["bf16"]["check_grad_overflow"] = false;
+    spec.config["zero_optimization"]["overlap_comm"] = overlap;
+    spec.config["zero_optimization"]["reduce_bucket_size"] = budget;
+    spec.world = world;
+    spec.steps = 3;
+    spec.model = "mlp:256,256,256,4";
+    spec.groups = {{}, {std::nullopt, 0.0}};
+    spec.group_of = [](std::size_t i) { return static_cast<int>(i % 2); };
+    return spec;
+  };
+  const auto fused_units = [](const TrainResult& r) {
+    std::int64_t n = r.timings[0].units_fused;
+    for (const EngineTimings& t : r.timings) REQUIRE(t.units_fused == n);
+    return n;
+  };
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (int world : {2, 3, 4}) {
+      INFO(precision << ", " << world << " ranks");
+      const TrainResult reference = train(spec_for(3, precision, world, 1'000'000, true));
+      REQUIRE(fused_units(reference) == 0);
+      for (int stage : {0, 1, 2, 3}) {
+        INFO("stage " << stage);
+        const TrainResult fused = train(spec_for(stage, precision, world, 1'000'000));
+        CHECK(fused_units(fused) == 3 * 2);
+        require_bitwise_equal(reference, fused);
+        REQUIRE(fused.steps.size() == reference.steps.size());
+        for (std::size_t i = 0; i < fused.steps.size(); ++i) {
+          INFO("step " << i);
+          REQUIRE(fused.steps[i].grad_norm > 0.0);
+          REQUIRE(std::memcmp(&fused.steps[i].grad_norm, &reference.steps[i].grad_norm,
+                              sizeof(double)) == 0);
+        }
+        // A budget of a few hundred elements starts unit 1's reduction when unit 0 completes
+        // (backward runs last layer first): only unit 0 is left to the step.
+        const TrainResult some = train(spec_for(stage, precision, world, 300));
+        CHECK(fused_units(some) == 3 * 1);
+        require_bitwise_equal(reference, some);
+        REQUIRE(::setenv("ZERO_FUSED_REDUCTION", "0", 1) == 0);
+        const TrainResult off = train(spec_for(stage, precision, world, 1'000'000));
+        ::unsetenv("ZERO_FUSED_REDUCTION");
+        CHECK(fused_units(off) == 0);
+        require_bitwise_equal(reference, off);
+      }
+    }
+  }
+}
+
 TEST_CASE("the memory ledger matches the ZeRO formulas within padding and bucket sizes",
           "[engine]") {
   const std::string model = "mlp:64,256,256,16";

@@ -82,6 +82,7 @@ struct TrainResult {
   // Per rank, at the end: the bytes sent by level where the engine's communicator counts them
   // (a HierarchicalComm), zeros otherwise.
   std::vector<NodeTraffic> traffic;
+  std::vector<EngineTimings> timings;  // per rank, at the end
 };
 
 inline nlohmann::json base_config(int stage, const std::string& precision, int gas, int micro = 4) {
@@ -136,6 +137,7 @@ inline TrainResult train(const TrainSpec& spec) {
   const int gas = static_cast<int>(*cfg.gradient_accumulation_steps);
   TrainResult result;
   result.memory.resize(static_cast<std::size_t>(spec.world));
+  result.timings.resize(static_cast<std::size_t>(spec.world));
   result.traffic.resize(static_cast<std::size_t>(spec.world));
   std::mutex mu;
   const TeacherStudentData data(shape, spec.seed);
@@ -232,6 +234,7 @@ inline TrainResult train(const TrainSpec& spec) {
     for (std::size_t i = 0; i < specs.size(); ++i) final_params.push_back(engine->gather_master(i));
     std::lock_guard<std::mutex> lock(mu);
     result.memory[static_cast<std::size_t>(r)] = engine->memory();
+    result.timings[static_cast<std::size_t>(r)] = engine->timings();
     if (const auto* nodes = dynamic_cast<const HierarchicalComm*>(engine_comm))
       result.traffic[static_cast<std::size_t>(r)] = nodes->traffic();
     if (r == 0) result.params = std::move(final_params);

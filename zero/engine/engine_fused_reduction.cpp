@@ -1,0 +1,107 @@
+// The reduction fused into the optimizer step (EngineImpl::FusedReduction in engine_impl.h): the
+// lone units left unreduced at the end of backward are summed over the ranks by the step itself,
+// tile by tile, each tile right before the optimizer steps it.
+#include <cstdlib>
+#include <string_view>
+
+#include "zero/engine/engine_impl.h"
+
+namespace zero::engine_detail {
+
+bool EngineImpl::may_fuse_reduction() const {
+  if (world_ < 2 || fused_.unreadable || !host_memory_ || host_step_ || param_store_ || mics_ ||
+      !norm_after_step())
+    return false;
+  if (optimizer_->store().nvme_count() > 0) return false;
+  const char* env = std::getenv("ZERO_FUSED_REDUCTION");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
+bool EngineImpl::expects_late_units() const {
+  return !parts_.reducer.overlap_comm && micro_in_window_ == 0 &&
+         forced_boundary_.value_or(gas_ <= 1) && may_fuse_reduction();
+}
+
+bool EngineImpl::set_up_fused_reduction() {
+  const std::span<const GradientReducer::LateUnit> late = reducer_->late_units();
+  if (late.empty()) return false;
+  const std::size_t rows = late.size();
+  const auto W = static_cast<std::size_t>(world_);
+  // Every rank's buffers, rank-major: 64-bit words, which an fp64 all-gather copies bit for bit.
+  // No rank contributes before its backward is over, so no buffer is read while it is written.
+  static_assert(sizeof(void*) == sizeof(double));
+  std::vector<const void*> all(rows * W);
+  for (std::size_t i = 0; i < rows; ++i) {
+    all[static_cast<std::size_t>(rank_) * rows + i] = late[i].gradients;
+  }
+  comm_.all_gather_in_place(all.data(), rows, DType::F64).wait();
+  const std::size_t esize = dtype_size(reducer_->comm_dtype());
+  fused_.sources.assign(rows * W, nullptr);
+  std::vector<float> cannot(rows, 0.0f);
+  for (std::size_t i = 0; i < rows; ++i) {
+    const std::size_t bytes = layout_->unit(late[i].unit).padded_elems * esize;
+    for (int q = 0; q < world_; ++q) {
+      const void* view = comm_.peer_readable(q, all[static_cast<std::size_t>(q) * rows + i], bytes);
+      fused_.sources[i * W + static_cast<std::size_t>(q)] = static_cast<const std::byte*>(view);
+      if (view == nullptr) cannot[i] = 1.0f;
+    }
+  }
+  // Every rank must form (and not reduce) the same units: a unit is formed only where every rank
+  // can read every peer's buffer of it.
+  comm_.all_reduce(cannot.data(), cannot.data(), rows, DType::F32, ReduceOp::Max).wait();
+  fused_.late.assign(layout_units_, -1);
+  std::vector<int> usual;
+  for (std::size_t i = 0; i < rows; ++i) {
+    if (cannot[i] != 0.0f) {
+      usual.push_back(late[i].unit);
+    } else {
+      fused_.late[static_cast<std::size_t>(late[i].unit)] = static_cast<int>(i);
+      ++timings_.units_fused;
+    }
+  }
+  // Rows stay as they are: reduce_late() drops its units from late_units(), not from `sources`.
+  if (!usual.empty()) reducer_->reduce_late(usual);
+  fused_.active = usual.size() < rows;
+  fused_.unreadable = !fused_.active;
+  return fused_.active;
+}
+
+void EngineImpl::end_fused_reduction() {
+  fused_.active = false;
+  fused_.late.clear();
+  fused_.sources.clear();
+  reducer_->release_late();
+}
+
+bool EngineImpl::gradient_late(int /*domain*/, int unit) const {
+  return fused_.active && fused_.late[static_cast<std::size_t>(unit)] >= 0;
+}
+
+void EngineImpl::settle_gradient(int domain, int unit, std::size_t slice_offset,
+                                 std::size_t count) {
+  const int row = fused_.active ? fused_.late[static_cast<std::size_t>(unit)] : -1;
+  if (row < 0 || count == 0) return;
+  const auto W = static_cast<std::size_t>(world_);
+  const DType dtype = reducer_->comm_dtype();
+  const std::size_t S = layout_->unit(unit).slice_elems;
+  // Domain d's slice is its rank's: element slice_offset of it at q·S + slice_offset in each
+  // rank's unit-flat buffer.
+  const std::size_t at =
+      (static_cast<std::size_t>(domain_rank(domain)) * S + slice_offset) * dtype_size(dtype);
+  constexpr int kMaxInline = 16;
+  const void* inline_srcs[kMaxInline];
+  std::vector<const void*> many;
+  const void** srcs = inline_srcs;
+  if (W > kMaxInline) {
+    many.resize(W);
+    srcs = many.data();
+  }
+  for (std::size_t q = 0; q < W; ++q) {
+    srcs[q] = fused_.sources[static_cast<std::size_t>(row) * W + q] + at;
+  }
+  const bool avg = reducer_->op() == ReduceOp::Avg;
+  compute_.reduce(gradient(domain, unit, slice_offset), srcs, world_, count, dtype,
+                  kernels::ReduceKind::Sum, avg ? static_cast<float>(world_) : 0.0f, exec_);
+}
+
+}  // namespace zero::engine_detail

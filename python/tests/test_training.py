@@ -86,6 +86,20 @@ def test_stages_1_and_2_write_their_slices_into_the_peers_model_copies(runs, mod
                 assert (pushed > 0) == (model == "transformer" and stage in (1, 2)), what
 
 
+def launch_transformer_pairs(tmp_path, world, runs, args, variants):
+    """{name: OUT}: one worker_train.py launch of the transformer's `runs` per variant (name: extra
+    environment), each into tmp_path/name, checked to exit 0."""
+    out = {}
+    for name, env in variants.items():
+        out[name] = tmp_path / name
+        out[name].mkdir()
+        launch = harness.torchrun(world, "worker_train.py",
+                                  ["--model", "transformer", "--out", out[name], "--runs", runs, *args],
+                                  600, out[name] / "log.txt", env=env)
+        assert launch.returncode == 0, f"{name}: exit {launch.returncode}\n{launch.tail()}"
+    return out
+
+
 def test_stage_3_writes_its_slices_of_persistent_units_into_every_ranks_copy(tmp_path):
     """Stage 3 keeps units under stage3_param_persistence_threshold gathered, in one block. Where
     that block lies in the shared host arena (64 KiB and more: at the default threshold the
@@ -93,16 +107,9 @@ def test_stage_3_writes_its_slices_of_persistent_units_into_every_ranks_copy(tmp
     every rank's copies instead of re-gathering the units. The forward reads those copies, so the
     losses, the modules' parameters and the masters are bitwise those of stage 0 and of stage 3
     with the push off (ZERO_MODEL_PUSH=0)."""
-    world, runs = 2, "0:fp32,3:fp32,3:bf16"
-    out = {}
-    for name, env in (("push", None), ("gather", {"ZERO_MODEL_PUSH": "0"})):
-        out[name] = tmp_path / name
-        out[name].mkdir()
-        launch = harness.torchrun(world, "worker_train.py",
-                                  ["--model", "transformer", "--out", out[name], "--runs", runs,
-                                   "--persistence", 100000],
-                                  600, out[name] / "log.txt", env=env)
-        assert launch.returncode == 0, f"{name}: exit {launch.returncode}\n{launch.tail()}"
+    world = 2
+    out = launch_transformer_pairs(tmp_path, world, "0:fp32,3:fp32,3:bf16", ["--persistence", 100000],
+                                   {"push": None, "gather": {"ZERO_MODEL_PUSH": "0"}})
     info = {(name, s, d, r): harness.read_json(out[name] / f"{s}-{d}.rank{r}.json")
             for name in out for s, d in (("0", "fp32"), ("3", "fp32"), ("3", "bf16"))
             for r in range(world)}
@@ -130,16 +137,9 @@ def test_the_step_sums_the_lone_units_left_to_it_with_the_collectives_bits(tmp_p
     the shared host arena (EngineImpl::FusedReduction; their gradients are then copied there, not
     lent). The losses and masters are bitwise those of the collectives (ZERO_FUSED_REDUCTION=0)
     and of stage 3, whose overlap_comm starts those reductions during backward."""
-    world, runs = 2, "0:fp32,1:fp32,2:fp32,3:fp32"
-    out = {}
-    for name, env in (("fused", None), ("collective", {"ZERO_FUSED_REDUCTION": "0"})):
-        out[name] = tmp_path / name
-        out[name].mkdir()
-        launch = harness.torchrun(world, "worker_train.py",
-                                  ["--model", "transformer", "--out", out[name], "--runs", runs,
-                                   "--clip", 0],
-                                  600, out[name] / "log.txt", env=env)
-        assert launch.returncode == 0, f"{name}: exit {launch.returncode}\n{launch.tail()}"
+    world = 2
+    out = launch_transformer_pairs(tmp_path, world, "0:fp32,1:fp32,2:fp32,3:fp32", ["--clip", 0],
+                                   {"fused": None, "collective": {"ZERO_FUSED_REDUCTION": "0"}})
     info = {(name, s, r): harness.read_json(out[name] / f"{s}-fp32.rank{r}.json")
             for name in out for s in "0123" for r in range(world)}
     for s in "0123":

@@ -81,6 +81,17 @@ std::vector<std::vector<float>> reference_fp32(const json& config, int world, in
   return p;
 }
 
+// Every step's gradient norm, bitwise, and positive (not a vacuous pass).
+void require_same_norms(const TrainResult& a, const TrainResult& b) {
+  REQUIRE(!b.steps.empty());
+  REQUIRE(b.steps.size() == a.steps.size());
+  for (std::size_t i = 0; i < b.steps.size(); ++i) {
+    INFO("step " << i);
+    REQUIRE(b.steps[i].grad_norm > 0.0);
+    REQUIRE(std::memcmp(&b.steps[i].grad_norm, &a.steps[i].grad_norm, sizeof(double)) == 0);
+  }
+}
+
 TrainResult run(const json& config, int world, int steps = 5) {
   return train_config(config, world, steps);
 }
@@ -442,14 +453,7 @@ TEST_CASE("the norm summed in the step's own walk has the bits of the norm taken
           const TrainResult before = train(spec_for(1e30));
           const TrainResult during = train(spec_for(0.0));
           require_bitwise_equal(before, during);
-          REQUIRE(!during.steps.empty());
-          REQUIRE(during.steps.size() == before.steps.size());
-          for (std::size_t i = 0; i < during.steps.size(); ++i) {
-            INFO("step " << i);
-            REQUIRE(during.steps[i].grad_norm > 0.0);
-            REQUIRE(std::memcmp(&during.steps[i].grad_norm, &before.steps[i].grad_norm,
-                                sizeof(double)) == 0);
-          }
+          require_same_norms(before, during);
         }
       }
     }
@@ -496,13 +500,7 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
         const TrainResult fused = train(spec_for(stage, precision, world, 1'000'000));
         CHECK(fused_units(fused) == 3 * 2);
         require_bitwise_equal(reference, fused);
-        REQUIRE(fused.steps.size() == reference.steps.size());
-        for (std::size_t i = 0; i < fused.steps.size(); ++i) {
-          INFO("step " << i);
-          REQUIRE(fused.steps[i].grad_norm > 0.0);
-          REQUIRE(std::memcmp(&fused.steps[i].grad_norm, &reference.steps[i].grad_norm,
-                              sizeof(double)) == 0);
-        }
+        require_same_norms(reference, fused);
         // A budget of a few hundred elements starts unit 1's reduction when unit 0 completes
         // (backward runs last layer first): only unit 0 is left to the step.
         const TrainResult some = train(spec_for(stage, precision, world, 300));

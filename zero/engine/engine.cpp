@@ -214,6 +214,7 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
     // exactly when every gradient is (a finite fp32 value's square is below 1.2e77, so no count of
     // them a rank holds can overflow the sum), so the overflow vote reads the local sum.
     double sumsq = optimizer_->squared_norm();
+    fused_.own_formed = fused_.active;  // squared_norm() formed this rank's late slices
     float overflow = 0.0f;
     if (check_overflow_) {
       overflow = std::isfinite(sumsq) ? 0.0f : 1.0f;
@@ -281,6 +282,9 @@ StepResult EngineImpl::step() {
     return result;
   }
   result.boundary = true;
+  // After every rank's backward (a collective): the late units' buffers exchanged. The norm
+  // below forms this rank's own slices of them; the step forms the rest (stage 0's other domains).
+  const bool fused = set_up_fused_reduction();
   const StepPlan plan = plan_step();
 
   // A new window starts whatever happens below: a failed step discards its gradients.
@@ -294,8 +298,7 @@ StepResult EngineImpl::step() {
     push = push_.pushed_units > 0;  // agreed on by every rank
   }
   // Every peer is in step() now, past its backward: nobody reads a copy while it is written (the
-  // exchange of the late units' buffers is such a barrier).
-  const bool fused = set_up_fused_reduction();
+  // exchange of the late units' buffers was such a barrier).
   if (push && !fused) comm_.barrier().wait();
   if (!plan.overflow) {
     ScopedTimer timer(timings_.optimizer_s);
@@ -323,6 +326,11 @@ StepResult EngineImpl::step() {
       throw;
     }
     push_.active = false;
+    // No rank leaves step() (and stages into its buffers again) while a peer may still read its
+    // late units' buffers: the norm's all-reduce after the step orders that, as does the barrier
+    // after a push; where the norm came first, only stage 0's other domains were read since its
+    // all-reduce, and a barrier of its own follows them.
+    if (fused && !norm_after_step() && !push && num_domains() > 1) comm_.barrier().wait();
   }
 
   // Commit.

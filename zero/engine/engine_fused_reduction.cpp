@@ -9,8 +9,7 @@
 namespace zero::engine_detail {
 
 bool EngineImpl::may_fuse_reduction() const {
-  if (world_ < 2 || fused_.unreadable || !host_memory_ || host_step_ || param_store_ || mics_ ||
-      !norm_after_step())
+  if (world_ < 2 || fused_.unreadable || !host_memory_ || host_step_ || param_store_ || mics_)
     return false;
   if (optimizer_->store().nvme_count() > 0) return false;
   const char* env = std::getenv("ZERO_FUSED_REDUCTION");
@@ -68,19 +67,21 @@ bool EngineImpl::set_up_fused_reduction() {
 
 void EngineImpl::end_fused_reduction() {
   fused_.active = false;
+  fused_.own_formed = false;
   fused_.late.clear();
   fused_.sources.clear();
   reducer_->release_late();
 }
 
-bool EngineImpl::gradient_late(int /*domain*/, int unit) const {
-  return fused_.active && fused_.late[static_cast<std::size_t>(unit)] >= 0;
+bool EngineImpl::gradient_late(int domain, int unit) const {
+  if (!fused_.active || (fused_.own_formed && domain == optimizer_->own_domain())) return false;
+  return fused_.late[static_cast<std::size_t>(unit)] >= 0;
 }
 
 void EngineImpl::settle_gradient(int domain, int unit, std::size_t slice_offset,
                                  std::size_t count) {
-  const int row = fused_.active ? fused_.late[static_cast<std::size_t>(unit)] : -1;
-  if (row < 0 || count == 0) return;
+  if (!gradient_late(domain, unit) || count == 0) return;
+  const int row = fused_.late[static_cast<std::size_t>(unit)];
   const auto W = static_cast<std::size_t>(world_);
   const DType dtype = reducer_->comm_dtype();
   const std::size_t S = layout_->unit(unit).slice_elems;

@@ -280,13 +280,17 @@ class EngineImpl final : public Engine, private SliceMap {
   // ranks' gradients into the target right before it steps that tile (settle_gradient()), with
   // the communicators' reduction in rank order, so the bits are the collective's. That saves the
   // collective's sync, the comm thread's hand-offs and the step's read of the target from
-  // memory. Only at a boundary that is a window's first micro-step, with norm_after_step() (no
-  // norm read before the step), on host memory without an NVMe tier, swapped stage-3 partition
-  // or MiCS; off with ZERO_FUSED_REDUCTION=0. The exchange of the buffers' addresses (after
-  // every rank's backward) orders the reads after the peers' writes; the norm's all-reduce after
-  // the step orders them before anyone's next backward writes the buffers again.
+  // memory. When the norm is read before the step (clipping, an overflow check), the norm's pass
+  // forms the rank's own slices instead (PartitionOptimizer::squared_norm), each tile's norm
+  // blocks summed from cache, and the step forms only stage 0's other domains. Only at a
+  // boundary that is a window's first micro-step, on host memory without an NVMe tier, swapped
+  // stage-3 partition or MiCS; off with ZERO_FUSED_REDUCTION=0. The exchange of the buffers'
+  // addresses (after every rank's backward) orders the reads after the peers' writes; the norm's
+  // all-reduce after the step, a push's barrier, or else a barrier of its own orders them before
+  // anyone's next backward writes the buffers again.
   struct FusedReduction {
     bool active = false;            // inside a step that forms the late units' gradients
+    bool own_formed = false;        // the norm formed this rank's own domain of them
     // No rank could read a late unit's buffers of some peer (a backend without peer views, e.g.
     // MPI): fusing is given up for good, every rank agreeing.
     bool unreadable = false;

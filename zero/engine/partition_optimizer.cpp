@@ -167,7 +167,32 @@ std::vector<kernels::ArrayRef> PartitionOptimizer::gradient_slices() const {
 }
 
 double PartitionOptimizer::squared_norm() const {
-  return compute_.squared_l2_norm_many(gradient_slices(), options_.exec);
+  const int own = own_domain();
+  bool late = false;
+  for (std::size_t u = 0; u < layout_.num_units() && !late; ++u) {
+    late = slices_.gradient_late(own, static_cast<int>(u));
+  }
+  if (!late) return compute_.squared_l2_norm_many(gradient_slices(), options_.exec);
+  // Late gradients are formed here, tile by tile, and each tile's norm blocks summed while it is
+  // in cache; every block sum alone (squared_l2_norm of one block is that block's sum), added up
+  // as finish_norm() adds them: the bits of the one call above.
+  constexpr std::size_t kBlock = kernels::kNormBlockElems;
+  std::vector<double> sums(norm_.first.back(), 0.0);
+  for (std::size_t u = 0; u < layout_.num_units(); ++u) {
+    const int unit = static_cast<int>(u);
+    const std::size_t S = layout_.unit(unit).slice_elems;
+    const bool formed_here = slices_.gradient_late(own, unit);
+    for (std::size_t off = 0; off < S; off += kLateTileElems) {
+      const std::size_t m = std::min(kLateTileElems, S - off);
+      if (formed_here) slices_.settle_gradient(own, unit, off, m);
+      for (std::size_t b = off; b < off + m; b += kBlock) {
+        sums[norm_.first[u] + b / kBlock] =
+            compute_.squared_l2_norm(slices_.gradient(own, unit, b), options_.grad_dtype,
+                                     std::min(kBlock, S - b), options_.exec);
+      }
+    }
+  }
+  return kernels::sum_norm_blocks(sums, norm_.first);
 }
 
 double* PartitionOptimizer::fused_norm_blocks(const Run& run, std::size_t first, std::size_t last) {

@@ -101,7 +101,8 @@ class PartitionOptimizer {
 
   // Σ g² over the rank's own slices, unit by unit in unit order, in double: every slice in one
   // call of the compute table (one wait on a device). Not finite exactly when a gradient is ±inf
-  // or NaN, which makes it the overflow check too.
+  // or NaN, which makes it the overflow check too. Own slices whose gradients are late
+  // (SliceMap::gradient_late) are formed on the way (settle_gradient), with the same bits.
   double squared_norm() const;
 
   // One optimizer step of every run: hypers[g] and scalars[g] for param group g (validated by

@@ -464,18 +464,17 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
           "[engine]") {
   // Units 0 and 1 (256x256 weights and their biases) have slices of 16,448 elements or more at up
   // to 4 ranks: lone units. Without overlap_comm and with a budget that holds both, backward ends
-  // with neither reduced, and the step sums each tile of the ranks' gradients itself (no norm
-  // before the step: no clipping, no loss scale). The biases are in a param group of their own,
-  // so a run starts inside a norm block and those blocks are summed after the step, from the
-  // gradients the step formed. With ZERO_FUSED_REDUCTION=0 the same units are reduce-scattered
-  // (all-reduced at stage 0); with overlap_comm their reductions start during backward.
-  // bf16 checks no overflow here (bf16.check_grad_overflow, on by default, reads the norm first).
-  const auto spec_for = [](int stage, const std::string& precision, int world, int budget,
-                           bool overlap = false) {
+  // with neither reduced, and the step sums each tile of the ranks' gradients itself; with
+  // clipping (or fp16's overflow check) the norm's pass forms the rank's own slices first. The
+  // biases are in a param group of their own, so a run starts inside a norm block and those
+  // blocks are summed after the step, from the gradients the step formed. With
+  // ZERO_FUSED_REDUCTION=0 the same units are reduce-scattered (all-reduced at stage 0); with
+  // overlap_comm their reductions start during backward (the reference).
+  const auto spec_for = [](int stage, const std::string& precision, double clip, int world,
+                           int budget, bool overlap = false) {
     TrainSpec spec;
     spec.config = base_config(stage, precision, 1);
-    spec.config["gradient_clipping"] = 0.0;
-    if (precision == "bf16") spec.config["bf16"]["check_grad_overflow"] = false;
+    spec.config["gradient_clipping"] = clip;
     spec.config["zero_optimization"]["overlap_comm"] = overlap;
     spec.config["zero_optimization"]["reduce_bucket_size"] = budget;
     spec.world = world;
@@ -490,27 +489,32 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
     for (const EngineTimings& t : r.timings) REQUIRE(t.units_fused == n);
     return n;
   };
-  for (const std::string precision : {"fp32", "bf16"}) {
-    for (int world : {2, 3, 4}) {
-      INFO(precision << ", " << world << " ranks");
-      const TrainResult reference = train(spec_for(3, precision, world, 1'000'000, true));
-      REQUIRE(fused_units(reference) == 0);
-      for (int stage : {0, 1, 2, 3}) {
-        INFO("stage " << stage);
-        const TrainResult fused = train(spec_for(stage, precision, world, 1'000'000));
-        CHECK(fused_units(fused) == 3 * 2);
-        require_bitwise_equal(reference, fused);
-        require_same_norms(reference, fused);
-        // A budget of a few hundred elements starts unit 1's reduction when unit 0 completes
-        // (backward runs last layer first): only unit 0 is left to the step.
-        const TrainResult some = train(spec_for(stage, precision, world, 300));
-        CHECK(fused_units(some) == 3 * 1);
-        require_bitwise_equal(reference, some);
-        REQUIRE(::setenv("ZERO_FUSED_REDUCTION", "0", 1) == 0);
-        const TrainResult off = train(spec_for(stage, precision, world, 1'000'000));
-        ::unsetenv("ZERO_FUSED_REDUCTION");
-        CHECK(fused_units(off) == 0);
-        require_bitwise_equal(reference, off);
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
+    // fp16 and bf16 check for overflow, which reads the norm before the step, as clipping does.
+    for (const double clip : {0.0, 0.05}) {
+      if (precision != "fp32" && clip > 0) continue;
+      for (int world : {2, 3, 4}) {
+        INFO(precision << ", clipping " << clip << ", " << world << " ranks");
+        const TrainResult reference =
+            train(spec_for(3, precision, clip, world, 1'000'000, true));
+        REQUIRE(fused_units(reference) == 0);
+        for (int stage : {0, 1, 2, 3}) {
+          INFO("stage " << stage);
+          const TrainResult fused = train(spec_for(stage, precision, clip, world, 1'000'000));
+          CHECK(fused_units(fused) == 3 * 2);
+          require_bitwise_equal(reference, fused);
+          require_same_norms(reference, fused);
+          // A budget of a few hundred elements starts unit 1's reduction when unit 0 completes
+          // (backward runs last layer first): only unit 0 is left to the step.
+          const TrainResult some = train(spec_for(stage, precision, clip, world, 300));
+          CHECK(fused_units(some) == 3 * 1);
+          require_bitwise_equal(reference, some);
+          REQUIRE(::setenv("ZERO_FUSED_REDUCTION", "0", 1) == 0);
+          const TrainResult off = train(spec_for(stage, precision, clip, world, 1'000'000));
+          ::unsetenv("ZERO_FUSED_REDUCTION");
+          CHECK(fused_units(off) == 0);
+          require_bitwise_equal(reference, off);
+        }
       }
     }
   }

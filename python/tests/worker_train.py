@@ -2,7 +2,7 @@
 a fresh engine and a freshly seeded model each time, and writes what the tests compare to OUT.
 
   worker_train.py --model M --out OUT [--runs 0:fp32,3:bf16,...] [--save-mid S:D@STEP,...]
-                  [--resume S:D@CKPT_DIR,...] [--persistence N] [--clip X]
+                  [--resume S:D@CKPT_DIR,...] [--persistence N] [--clip X] [--gas N]
 
 For each run STAGE:DTYPE (default: every stage x every dtype) it writes under OUT:
   S-D.master.safetensors   rank 0: get_fp32_state_dict_from_zero_checkpoint of the final checkpoint
@@ -46,6 +46,9 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
         cfg["zero_optimization"]["stage3_param_persistence_threshold"] = args.persistence
     if args.clip is not None:  # gradient_clipping instead of cases' (0: none)
         cfg["gradient_clipping"] = args.clip
+    if args.gas is not None:  # micro-steps a window instead of cases' 1 (each step() one of them)
+        cfg["gradient_accumulation_steps"] = args.gas
+        cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * world * args.gas
     engine, _, _, _ = zero.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     info = {"param_dtypes": sorted({str(p.dtype) for p in engine.module.parameters()}),
             "train_batch_size": engine.train_batch_size(),
@@ -97,6 +100,7 @@ def main():
     p.add_argument("--resume", default="")
     p.add_argument("--persistence", type=int)
     p.add_argument("--clip", type=float)
+    p.add_argument("--gas", type=int)
     args = p.parse_args()
     args.save_mid = {spec.split("@")[0].replace(":", "-"): int(spec.split("@")[1])
                      for spec in args.save_mid.split(",") if spec}

@@ -17,8 +17,8 @@ bool EngineImpl::may_fuse_reduction() const {
 }
 
 bool EngineImpl::expects_late_units() const {
-  return !parts_.reducer.overlap_comm && micro_in_window_ == 0 &&
-         forced_boundary_.value_or(gas_ <= 1) && may_fuse_reduction();
+  return !parts_.reducer.overlap_comm && forced_boundary_.value_or(micro_in_window_ + 1 >= gas_) &&
+         may_fuse_reduction();
 }
 
 bool EngineImpl::set_up_fused_reduction() {
@@ -36,6 +36,8 @@ bool EngineImpl::set_up_fused_reduction() {
   comm_.all_gather_in_place(all.data(), rows, DType::F64).wait();
   const std::size_t esize = dtype_size(reducer_->comm_dtype());
   fused_.sources.assign(rows * W, nullptr);
+  fused_.adds.assign(rows, 0);
+  for (std::size_t i = 0; i < rows; ++i) fused_.adds[i] = late[i].accumulate ? 1 : 0;
   std::vector<float> cannot(rows, 0.0f);
   for (std::size_t i = 0; i < rows; ++i) {
     const std::size_t bytes = layout_->unit(late[i].unit).padded_elems * esize;
@@ -70,6 +72,7 @@ void EngineImpl::end_fused_reduction() {
   fused_.own_formed = false;
   fused_.late.clear();
   fused_.sources.clear();
+  fused_.adds.clear();
   reducer_->release_late();
 }
 
@@ -81,28 +84,40 @@ bool EngineImpl::gradient_late(int domain, int unit) const {
 void EngineImpl::settle_gradient(int domain, int unit, std::size_t slice_offset,
                                  std::size_t count) {
   if (!gradient_late(domain, unit) || count == 0) return;
-  const int row = fused_.late[static_cast<std::size_t>(unit)];
+  const auto row = static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)]);
   const auto W = static_cast<std::size_t>(world_);
-  const DType dtype = reducer_->comm_dtype();
+  const DType comm = reducer_->comm_dtype();
+  const DType accum = reducer_->accum_dtype();
+  const bool adds = fused_.adds[row] != 0;
   const std::size_t S = layout_->unit(unit).slice_elems;
-  // Domain d's slice is its rank's: element slice_offset of it at q·S + slice_offset in each
-  // rank's unit-flat buffer.
-  const std::size_t at =
-      (static_cast<std::size_t>(domain_rank(domain)) * S + slice_offset) * dtype_size(dtype);
-  constexpr int kMaxInline = 16;
+  const float divisor = reducer_->op() == ReduceOp::Avg ? static_cast<float>(world_) : 0.0f;
+  constexpr std::size_t kMaxInline = 16;
   const void* inline_srcs[kMaxInline];
-  std::vector<const void*> many;
-  const void** srcs = inline_srcs;
-  if (W > kMaxInline) {
-    many.resize(W);
-    srcs = many.data();
+  std::vector<const void*> many(W > kMaxInline ? W : 0);
+  const void** srcs = W > kMaxInline ? many.data() : inline_srcs;
+  // The ranks' stretches of domain d's slice (its rank's: at q·S + offset in each rank's
+  // unit-flat buffer), from element `offset` of the slice on.
+  const auto point_at = [&](std::size_t offset) {
+    const std::size_t at =
+        (static_cast<std::size_t>(domain_rank(domain)) * S + offset) * dtype_size(comm);
+    for (std::size_t q = 0; q < W; ++q) srcs[q] = fused_.sources[row * W + q] + at;
+  };
+  if (!adds && accum == comm) {  // a plain copy: the sum goes straight into the target
+    point_at(slice_offset);
+    compute_.reduce(gradient(domain, unit, slice_offset), srcs, world_, count, comm,
+                    kernels::ReduceKind::Sum, divisor, exec_);
+    return;
   }
-  for (std::size_t q = 0; q < W; ++q) {
-    srcs[q] = fused_.sources[static_cast<std::size_t>(row) * W + q] + at;
+  // Else summed into scratch and landed as GradientReducer lands a collective's result.
+  if (fused_.scratch.empty()) fused_.scratch = alloc(kSettleElems, comm, MemoryTag::Staging);
+  for (std::size_t done = 0; done < count; done += kSettleElems) {
+    const std::size_t m = std::min(kSettleElems, count - done);
+    point_at(slice_offset + done);
+    compute_.reduce(fused_.scratch.data(), srcs, world_, m, comm, kernels::ReduceKind::Sum,
+                    divisor, exec_);
+    compute_.combine(gradient(domain, unit, slice_offset + done), accum, fused_.scratch.data(),
+                     comm, m, 1.0f, adds, exec_);
   }
-  const bool avg = reducer_->op() == ReduceOp::Avg;
-  compute_.reduce(gradient(domain, unit, slice_offset), srcs, world_, count, dtype,
-                  kernels::ReduceKind::Sum, avg ? static_cast<float>(world_) : 0.0f, exec_);
 }
 
 }  // namespace zero::engine_detail

@@ -283,11 +283,13 @@ class EngineImpl final : public Engine, private SliceMap {
   // memory. When the norm is read before the step (clipping, an overflow check), the norm's pass
   // forms the rank's own slices instead (PartitionOptimizer::squared_norm), each tile's norm
   // blocks summed from cache, and the step forms only stage 0's other domains. Only at a
-  // boundary that is a window's first micro-step, on host memory without an NVMe tier, swapped
-  // stage-3 partition or MiCS; off with ZERO_FUSED_REDUCTION=0. The exchange of the buffers'
-  // addresses (after every rank's backward) orders the reads after the peers' writes; the norm's
-  // all-reduce after the step, a push's barrier, or else a barrier of its own orders them before
-  // anyone's next backward writes the buffers again.
+  // window's boundary (in a window of several micro-steps the earlier ones are reduced and
+  // accumulated as before, and the late sums are added to that as a collective's would be), on
+  // host memory without an NVMe tier, swapped stage-3 partition or MiCS; off with
+  // ZERO_FUSED_REDUCTION=0. The exchange of the buffers' addresses (after every rank's backward)
+  // orders the reads after the peers' writes; the norm's all-reduce after the step, a push's
+  // barrier, or else a barrier of its own orders them before anyone's next backward writes the
+  // buffers again.
   struct FusedReduction {
     bool active = false;            // inside a step that forms the late units' gradients
     bool own_formed = false;        // the norm formed this rank's own domain of them
@@ -296,10 +298,13 @@ class EngineImpl final : public Engine, private SliceMap {
     bool unreadable = false;
     std::vector<int> late;          // per layout unit: its row in `sources`, or -1
     std::vector<const std::byte*> sources;  // [row·W + q]: rank q's buffer, readable here
+    std::vector<unsigned char> adds;        // per row: added to the target (LateUnit::accumulate)
+    Buffer scratch;  // kSettleElems sums on their way into the target, when not a plain copy
   };
+  static constexpr std::size_t kSettleElems = std::size_t{1} << 14;
   bool may_fuse_reduction() const;
   // This micro-step is expected to leave its lone units late (may_fuse_reduction(), no
-  // overlap_comm, a window of one micro-step): their gradients had better be in memory the
+  // overlap_comm, the window's last micro-step): their gradients had better be in memory the
   // peers can read, so grad_in_place() lends them only to a backend that shares the address
   // space (elsewhere they are copied into staging buffers, which lie in ShmComm's shared arena).
   bool expects_late_units() const;

@@ -415,7 +415,7 @@ void GradientReducer::drain(bool leave_late) {
   std::vector<Alone*> waiting;
   for (Alone& a : alone_) {
     if (leave_late && !a.issued) {
-      late_.push_back({a.unit, staged(units_[static_cast<std::size_t>(a.unit)])});
+      late_.push_back({a.unit, staged(units_[static_cast<std::size_t>(a.unit)]), a.accumulate});
     } else {
       waiting.push_back(&a);
     }
@@ -425,20 +425,20 @@ void GradientReducer::drain(bool leave_late) {
   alone_elems_ = 0;
 }
 
-// A late unit's target is the plain rank-order sum: no scale or cast on landing, nothing to add
-// it to, no quantization and no error feedback.
+// A late unit's target is the rank-order sum landed with no scale: no quantization, no error
+// feedback.
 bool GradientReducer::may_be_late() const {
-  return world_ > 1 && window_first_micro_ && options_.quantize_bits == 0 &&
-         options_.consume_scale == 1.0f && options_.accum_dtype == options_.comm_dtype &&
+  return world_ > 1 && options_.quantize_bits == 0 && options_.consume_scale == 1.0f &&
          options_.op != ReduceOp::Max;
 }
 
 void GradientReducer::reduce_late(std::span<const int> units) {
   std::deque<Alone> again;
   for (const int unit : units) {
-    ZERO_ASSERT(std::any_of(late_.begin(), late_.end(),
-                            [&](const LateUnit& l) { return l.unit == unit; }));
-    again.push_back(Alone{unit, Work(), false, false, false});
+    const auto it = std::find_if(late_.begin(), late_.end(),
+                                 [&](const LateUnit& l) { return l.unit == unit; });
+    ZERO_ASSERT(it != late_.end());
+    again.push_back(Alone{unit, Work(), false, false, it->accumulate});
   }
   std::vector<Alone*> waiting;
   for (Alone& a : again) waiting.push_back(&a);

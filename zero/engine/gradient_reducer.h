@@ -125,20 +125,25 @@ class GradientReducer {
 
   // The end of a micro-step's backward (every unit complete): reduces the open bucket and waits
   // for every reduction; the target's gradients then hold this window's sum so far. Collective.
-  // With `leave_late`, in the first micro-step of a window, the lone units whose reductions have
-  // not started (all of them without overlap_comm, unless the budget started some) are left
-  // unreduced instead, when their landing would be a plain copy and nothing is quantized: those
-  // are late_units(), whose target gradients the caller forms itself (or hands back to
-  // reduce_late()) before anything reads them. Every rank leaves the same units late.
+  // With `leave_late`, the lone units whose reductions have not started (all of them without
+  // overlap_comm, unless the budget started some) are left unreduced instead, when their landing
+  // takes no scale and nothing is quantized: those are late_units(), whose target gradients the
+  // caller forms itself (or hands back to reduce_late()) before anything reads them. Every rank
+  // leaves the same units late.
   void end_micro_step(bool leave_late = false);
 
   // A unit end_micro_step(true) left unreduced: its gradients (staging buffer or lent memory: W
   // rank slices of slice_elems elements in the communication dtype), kept until release_late().
-  // Its target gradients are Σ over ranks q of their buffers' slices, taken in rank order with
-  // compute.reduce and op() (Avg: divided by the world size), as the communicators sum them.
+  // Its target gradients are what landing the collective's result would make of them: the sum
+  // over ranks q of their buffers' slices, taken in rank order with compute.reduce and op() (Avg:
+  // divided by the world size) as the communicators sum them, in the communication dtype, then
+  // combined into the target (accumulation dtype, scale 1), added to what is there when
+  // `accumulate` (not the window's first micro-step) — a plain copy, when the dtypes agree and
+  // nothing is added, which the sum may then write straight into the target.
   struct LateUnit {
     int unit = 0;
     const std::byte* gradients = nullptr;
+    bool accumulate = false;
   };
   std::span<const LateUnit> late_units() const { return late_; }
   // The late units among `units` reduced and landed the usual way; they leave late_units().
@@ -149,6 +154,7 @@ class GradientReducer {
   void release_late();
   ReduceOp op() const { return options_.op; }
   DType comm_dtype() const { return options_.comm_dtype; }
+  DType accum_dtype() const { return options_.accum_dtype; }
 
   // The next micro-step opens a new accumulation window: its results overwrite instead of add.
   void start_window();

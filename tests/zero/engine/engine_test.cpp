@@ -463,18 +463,30 @@ TEST_CASE("the norm summed in the step's own walk has the bits of the norm taken
 TEST_CASE("the reduction fused into the step gives the bits of the collective it replaces",
           "[engine]") {
   // Units 0 and 1 (256x256 weights and their biases) have slices of 16,448 elements or more at up
-  // to 4 ranks: lone units. Without overlap_comm and with a budget that holds both, backward ends
-  // with neither reduced, and the step sums each tile of the ranks' gradients itself; with
-  // clipping (or fp16's overflow check) the norm's pass forms the rank's own slices first. The
-  // biases are in a param group of their own, so a run starts inside a norm block and those
-  // blocks are summed after the step, from the gradients the step formed. With
+  // to 4 ranks: lone units. Without overlap_comm and with a budget that holds both, the window's
+  // last backward ends with neither reduced, and the step sums each tile of the ranks' gradients
+  // itself; with clipping (or an overflow check: fp16, bf16) the norm's pass forms the rank's own
+  // slices first; in a window of several micro-steps the sums are added to what the earlier
+  // micro-steps' collectives left, and with fp32 accumulation of bf16 gradients they are cast on
+  // the way in. The biases are in a param group of their own, so a run starts inside a norm block
+  // and those blocks are summed after the step, from the gradients the step formed. With
   // ZERO_FUSED_REDUCTION=0 the same units are reduce-scattered (all-reduced at stage 0); with
   // overlap_comm their reductions start during backward (the reference).
-  const auto spec_for = [](int stage, const std::string& precision, double clip, int world,
-                           int budget, bool overlap = false) {
+  struct Case {
+    std::string precision;
+    double clip;
+    int gas;
+    bool fp32_accumulation;
+  };
+  const Case cases[] = {{"fp32", 0.0, 1, false},  {"fp32", 0.05, 1, false},
+                        {"fp32", 0.0, 3, false},  {"fp32", 0.05, 2, false},
+                        {"bf16", 1.0, 1, false},  {"bf16", 1.0, 2, true},
+                        {"fp16", 0.0, 1, false},  {"fp16", 0.0, 2, false}};
+  const auto spec_for = [](const Case& c, int stage, int world, int budget, bool overlap = false) {
     TrainSpec spec;
-    spec.config = base_config(stage, precision, 1);
-    spec.config["gradient_clipping"] = clip;
+    spec.config = base_config(stage, c.precision, c.gas);
+    spec.config["gradient_clipping"] = c.clip;
+    if (c.fp32_accumulation) spec.config["data_types"] = {{"grad_accum_dtype", "fp32"}};
     spec.config["zero_optimization"]["overlap_comm"] = overlap;
     spec.config["zero_optimization"]["reduce_bucket_size"] = budget;
     spec.world = world;
@@ -489,32 +501,28 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
     for (const EngineTimings& t : r.timings) REQUIRE(t.units_fused == n);
     return n;
   };
-  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
-    // fp16 and bf16 check for overflow, which reads the norm before the step, as clipping does.
-    for (const double clip : {0.0, 0.05}) {
-      if (precision != "fp32" && clip > 0) continue;
-      for (int world : {2, 3, 4}) {
-        INFO(precision << ", clipping " << clip << ", " << world << " ranks");
-        const TrainResult reference =
-            train(spec_for(3, precision, clip, world, 1'000'000, true));
-        REQUIRE(fused_units(reference) == 0);
-        for (int stage : {0, 1, 2, 3}) {
-          INFO("stage " << stage);
-          const TrainResult fused = train(spec_for(stage, precision, clip, world, 1'000'000));
-          CHECK(fused_units(fused) == 3 * 2);
-          require_bitwise_equal(reference, fused);
-          require_same_norms(reference, fused);
-          // A budget of a few hundred elements starts unit 1's reduction when unit 0 completes
-          // (backward runs last layer first): only unit 0 is left to the step.
-          const TrainResult some = train(spec_for(stage, precision, clip, world, 300));
-          CHECK(fused_units(some) == 3 * 1);
-          require_bitwise_equal(reference, some);
-          REQUIRE(::setenv("ZERO_FUSED_REDUCTION", "0", 1) == 0);
-          const TrainResult off = train(spec_for(stage, precision, clip, world, 1'000'000));
-          ::unsetenv("ZERO_FUSED_REDUCTION");
-          CHECK(fused_units(off) == 0);
-          require_bitwise_equal(reference, off);
-        }
+  for (const Case& c : cases) {
+    for (int world : {2, 3, 4}) {
+      INFO(c.precision << ", clipping " << c.clip << ", accumulation " << c.gas
+                       << (c.fp32_accumulation ? " in fp32" : "") << ", " << world << " ranks");
+      const TrainResult reference = train(spec_for(c, 3, world, 1'000'000, true));
+      REQUIRE(fused_units(reference) == 0);
+      for (int stage : {0, 1, 2, 3}) {
+        INFO("stage " << stage);
+        const TrainResult fused = train(spec_for(c, stage, world, 1'000'000));
+        CHECK(fused_units(fused) == 3 * 2);
+        require_bitwise_equal(reference, fused);
+        require_same_norms(reference, fused);
+        // A budget of a few hundred elements starts unit 1's reduction when unit 0 completes
+        // (backward runs last layer first): only unit 0 is left to the step.
+        const TrainResult some = train(spec_for(c, stage, world, 300));
+        CHECK(fused_units(some) == 3 * 1);
+        require_bitwise_equal(reference, some);
+        REQUIRE(::setenv("ZERO_FUSED_REDUCTION", "0", 1) == 0);
+        const TrainResult off = train(spec_for(c, stage, world, 1'000'000));
+        ::unsetenv("ZERO_FUSED_REDUCTION");
+        CHECK(fused_units(off) == 0);
+        require_bitwise_equal(reference, off);
       }
     }
   }

@@ -16,9 +16,11 @@
 // target and nothing is landed either. A lone unit of one parameter may even be reduced in the
 // trainer's own gradient memory (lend()), so that nothing is copied into a staging buffer at all.
 // Lone units wait or stay in flight (with their staging buffers) up to a bucket's elements per
-// slot, and the drain reduces the rest. With overlap_comm a lone unit's reduction starts at once,
-// during backward; without, it starts when that budget or the drain asks for it, so backward keeps
-// the cores (as a bucket waits until it is full). Each reduced element is the same sum over ranks
+// slot, and the drain reduces the rest (or, asked to, leaves them late: their sums are then the
+// caller's to form, as the engine's optimizer step does, see end_micro_step()). With
+// overlap_comm a lone unit's reduction starts at once, during backward; without, it starts when
+// that budget or the drain asks for it, so backward keeps the cores (as a bucket waits until it
+// is full). Each reduced element is the same sum over ranks
 // in rank order whichever way it travels, so both ways give bitwise the same gradients.
 // A finished reduction lands in the SliceMap the engine passes in: domain d's reduced chunk is
 // written to gradients(d, unit, offset), added to what is there for all but the first micro-step

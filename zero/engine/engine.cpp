@@ -260,7 +260,7 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
 
 StepResult EngineImpl::step() {
   if (fetcher_) fetcher_->end_micro_step();
-  const bool boundary = forced_boundary_.value_or(micro_in_window_ + 1 >= gas_);
+  const bool boundary = at_boundary();
   // A window's last micro-step may leave its lone units' reductions to the step (FusedReduction).
   finish_micro_step(boundary && may_fuse_reduction());
   // The late units' buffers go back to the reducer however step() ends; on success after the

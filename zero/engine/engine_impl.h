@@ -391,6 +391,8 @@ class EngineImpl final : public Engine, private SliceMap {
   std::optional<LossScaler> scaler_;
   std::int64_t micro_in_window_ = 0;
   std::optional<bool> forced_boundary_;  // set_accumulation_boundary(); unset: the count decides
+  // Whether the current micro-step ends its window (forced_boundary_, else the count).
+  bool at_boundary() const { return forced_boundary_.value_or(micro_in_window_ + 1 >= gas_); }
   std::int64_t global_steps_ = 0;
   std::int64_t skipped_steps_ = 0;
   std::int64_t applied_steps_ = 0;

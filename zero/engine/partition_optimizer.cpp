@@ -174,8 +174,8 @@ double PartitionOptimizer::squared_norm() const {
   }
   if (!late) return compute_.squared_l2_norm_many(gradient_slices(), options_.exec);
   // Late gradients are formed here, tile by tile, and each tile's norm blocks summed while it is
-  // in cache; every block sum alone (squared_l2_norm of one block is that block's sum), added up
-  // as finish_norm() adds them: the bits of the one call above.
+  // in cache; every block's sum alone (block_sum), added up as finish_norm() adds them: the bits
+  // of the one call above.
   constexpr std::size_t kBlock = kernels::kNormBlockElems;
   std::vector<double> sums(norm_.first.back(), 0.0);
   for (std::size_t u = 0; u < layout_.num_units(); ++u) {
@@ -185,10 +185,8 @@ double PartitionOptimizer::squared_norm() const {
     for (std::size_t off = 0; off < S; off += kLateTileElems) {
       const std::size_t m = std::min(kLateTileElems, S - off);
       if (formed_here) slices_.settle_gradient(own, unit, off, m);
-      for (std::size_t b = off; b < off + m; b += kBlock) {
-        sums[norm_.first[u] + b / kBlock] =
-            compute_.squared_l2_norm(slices_.gradient(own, unit, b), options_.grad_dtype,
-                                     std::min(kBlock, S - b), options_.exec);
+      for (std::size_t b = off / kBlock; b < (off + m + kBlock - 1) / kBlock; ++b) {
+        sums[norm_.first[u] + b] = block_sum(unit, b);
       }
     }
   }
@@ -206,17 +204,20 @@ double* PartitionOptimizer::fused_norm_blocks(const Run& run, std::size_t first,
   return norm_.sums.data() + base + first / kBlock;
 }
 
-double PartitionOptimizer::finish_norm() {
+double PartitionOptimizer::block_sum(int unit, std::size_t block) const {
   constexpr std::size_t kBlock = kernels::kNormBlockElems;
+  const std::size_t offset = block * kBlock;
+  const std::size_t S = layout_.unit(unit).slice_elems;
+  // One block alone: squared_l2_norm adds its one block sum to 0.0, which is that sum.
+  return compute_.squared_l2_norm(slices_.gradient(own_domain(), unit, offset),
+                                  options_.grad_dtype, std::min(kBlock, S - offset),
+                                  options_.exec);
+}
+
+double PartitionOptimizer::finish_norm() {
   for (std::size_t u = 0; u < layout_.num_units(); ++u) {
-    const std::size_t S = layout_.unit(static_cast<int>(u)).slice_elems;
     for (std::size_t b = norm_.first[u]; b < norm_.first[u + 1]; ++b) {
-      if (norm_.summed[b]) continue;
-      const std::size_t offset = (b - norm_.first[u]) * kBlock;
-      // One block alone: squared_l2_norm adds its one block sum to 0.0, which is that sum.
-      norm_.sums[b] = compute_.squared_l2_norm(
-          slices_.gradient(own_domain(), static_cast<int>(u), offset), options_.grad_dtype,
-          std::min(kBlock, S - offset), options_.exec);
+      if (!norm_.summed[b]) norm_.sums[b] = block_sum(static_cast<int>(u), b - norm_.first[u]);
     }
   }
   return kernels::sum_norm_blocks(norm_.sums, norm_.first);

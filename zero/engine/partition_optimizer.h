@@ -242,6 +242,8 @@ class PartitionOptimizer {
   // Whether step_part may step [first, last) of `run` with the norm fused, and if so the kernel's
   // block sums for the run (the run's first block) after marking what it will sum whole.
   double* fused_norm_blocks(const Run& run, std::size_t first, std::size_t last);
+  // Norm block `block` of the rank's own slice of `unit`: its sum of squares, alone.
+  double block_sum(int unit, std::size_t block) const;
   // The fused step's Σ g²: the blocks no kernel summed are summed now, then every block added as
   // squared_norm() adds them.
   double finish_norm();

@@ -130,27 +130,34 @@ def test_stage_3_writes_its_slices_of_persistent_units_into_every_ranks_copy(tmp
                    "stage 3 fp32 with pushed persistent units vs stage 0")
 
 
-@pytest.mark.parametrize("clip,gas", ((0.0, 1), (None, 1), (None, 2)))
-def test_the_step_sums_the_lone_units_left_to_it_with_the_collectives_bits(tmp_path, clip, gas):
-    """Without overlap_comm (stages 0-2 by default), the transformer's lone units are left
-    unreduced when a window's last backward ends, and each optimizer step sums the ranks'
-    gradients of them itself (clip 0: nothing reads the norm before the step), or the norm's pass
-    does (None: cases' clipping), adding them to the window's earlier micro-steps (gas 2), reading
-    the peers' staging buffers in the shared host arena
-    (EngineImpl::FusedReduction; their gradients are then copied there, not lent). The losses and
-    masters are bitwise those of the collectives (ZERO_FUSED_REDUCTION=0) and of stage 3, whose
-    overlap_comm starts those reductions during backward. (The reduce_bucket_size of 5000 lets
-    only the last lone unit of each backward wait; the rest are reduced as the next completes.)"""
+@pytest.mark.parametrize("clip,gas,bucket", ((0.0, 1, None), (None, 1, None), (None, 2, None),
+                                             (0.0, 1, 10**7)))
+def test_the_step_sums_the_lone_units_left_to_it_with_the_collectives_bits(tmp_path, clip, gas, bucket):
+    """The transformer's lone units whose reductions have not started when a window's last
+    backward ends are left unreduced, and each optimizer step sums the ranks' gradients of them
+    itself (clip 0: nothing reads the norm before the step), or the norm's pass does (None:
+    cases' clipping), adding them to the window's earlier micro-steps (gas 2), reading the peers'
+    staging buffers in the shared host arena (EngineImpl::FusedReduction; their gradients are then
+    copied there, not lent). Without overlap_comm (stages 0-2 by default) a reduction starts once
+    the units after it fill the whole reduce_bucket_size budget (cases' 5000: all but the last
+    lone unit of each backward); with it (stage 3), once they fill a bucket, so cases' 5000 leaves
+    stage 3 none and 10**7 leaves every stage all of them. The losses and masters are bitwise
+    those of the collectives (ZERO_FUSED_REDUCTION=0), at every stage."""
     world = 2
     out = launch_transformer_pairs(tmp_path, world, "0:fp32,1:fp32,2:fp32,3:fp32",
-                                   ["--gas", gas] + ([] if clip is None else ["--clip", clip]),
+                                   ["--gas", gas] + ([] if clip is None else ["--clip", clip])
+                                   + ([] if bucket is None else ["--reduce-bucket", bucket]),
                                    {"fused": None, "collective": {"ZERO_FUSED_REDUCTION": "0"}})
     info = {(name, s, r): harness.read_json(out[name] / f"{s}-fp32.rank{r}.json")
             for name in out for s in "0123" for r in range(world)}
+    lone = {r: info["collective", "0", r]["units_alone"] for r in range(world)}
     for s in "0123":
         for r in range(world):
             fused = info["fused", s, r]["units_fused"]
-            assert (fused > 0) == (s != "3"), f"stage {s}, rank {r}: {fused} units fused"
+            if bucket is not None:
+                assert fused == lone[r] > 0, f"stage {s}, rank {r}: {fused} of {lone[r]} units fused"
+            else:
+                assert (fused > 0) == (s != "3"), f"stage {s}, rank {r}: {fused} units fused"
             assert info["collective", s, r]["units_fused"] == 0, f"stage {s}, rank {r}"
             assert info["fused", s, r]["losses"] == info["collective", "0", r]["losses"], (s, r)
             assert info["collective", s, r]["losses"] == info["collective", "0", r]["losses"], (s, r)

@@ -46,6 +46,8 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
         cfg["zero_optimization"]["stage3_param_persistence_threshold"] = args.persistence
     if args.clip is not None:  # gradient_clipping instead of cases' (0: none)
         cfg["gradient_clipping"] = args.clip
+    if args.reduce_bucket is not None:  # reduce_bucket_size instead of cases' 5000
+        cfg["zero_optimization"]["reduce_bucket_size"] = args.reduce_bucket
     if args.gas is not None:  # micro-steps a window instead of cases' 1 (each step() one of them)
         cfg["gradient_accumulation_steps"] = args.gas
         cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * world * args.gas
@@ -74,7 +76,8 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
     info.update(losses=losses, boundaries=boundaries, global_steps=engine.global_steps,
                 train_seconds=time.monotonic() - started,
                 pushed_bytes=engine.timings()["pushed_bytes"],
-                units_fused=engine.timings()["units_fused"])
+                units_fused=engine.timings()["units_fused"],
+                units_alone=engine.timings()["units_alone"])
     ckpt = os.path.join(args.out, "ckpt", name)
     engine.save_checkpoint(ckpt, tag="end", client_state={"step": cases.STEPS})
     params = list(engine.module.parameters())
@@ -101,6 +104,7 @@ def main():
     p.add_argument("--persistence", type=int)
     p.add_argument("--clip", type=float)
     p.add_argument("--gas", type=int)
+    p.add_argument("--reduce-bucket", type=int)
     args = p.parse_args()
     args.save_mid = {spec.split("@")[0].replace(":", "-"): int(spec.split("@")[1])
                      for spec in args.save_mid.split(",") if spec}

@@ -157,7 +157,9 @@ void EngineImpl::grad_ready(std::size_t param) {
              specs_[param].name, param);
   ps.ready = true;
   const int unit = specs_[param].unit;
-  if (--units_[static_cast<std::size_t>(unit)].pending == 0) reducer_->unit_complete(unit);
+  if (--units_[static_cast<std::size_t>(unit)].pending == 0) {
+    reducer_->unit_complete(unit, expects_late_units());
+  }
 }
 
 // Closes the micro-step's gradients: missing ones count as zero (or are an error), then the
@@ -189,7 +191,7 @@ void EngineImpl::finish_micro_step(bool leave_late) {
       }
     }
     us.pending = 0;
-    reducer_->unit_complete(static_cast<int>(u));
+    reducer_->unit_complete(static_cast<int>(u), expects_late_units());
   }
   reducer_->end_micro_step(leave_late);
 }

@@ -17,7 +17,7 @@ bool EngineImpl::may_fuse_reduction() const {
 }
 
 bool EngineImpl::expects_late_units() const {
-  return !parts_.reducer.overlap_comm && at_boundary() && may_fuse_reduction();
+  return at_boundary() && may_fuse_reduction();
 }
 
 bool EngineImpl::set_up_fused_reduction() {

@@ -276,7 +276,9 @@ class EngineImpl final : public Engine, private SliceMap {
   // its peers' gradient buffers (Communicator::peer_readable(): in-process ranks, and ShmComm
   // processes for buffers in the shared host arena), the lone units whose reductions had not
   // started when backward ended (GradientReducer::late_units(): all of them without
-  // overlap_comm) are not reduced by a collective: the optimizer step sums each tile of the
+  // overlap_comm, the newest reduce_bucket_size elements of them with it, the older ones
+  // reduced during backward) are not reduced by a collective: the optimizer step sums each tile
+  // of the
   // ranks' gradients into the target right before it steps that tile (settle_gradient()), with
   // the communicators' reduction in rank order, so the bits are the collective's. That saves the
   // collective's sync, the comm thread's hand-offs and the step's read of the target from
@@ -303,8 +305,9 @@ class EngineImpl final : public Engine, private SliceMap {
   };
   static constexpr std::size_t kSettleElems = std::size_t{1} << 14;
   bool may_fuse_reduction() const;
-  // This micro-step is expected to leave its lone units late (may_fuse_reduction(), no
-  // overlap_comm, the window's last micro-step): their gradients had better be in memory the
+  // This micro-step is expected to leave its lone units late (may_fuse_reduction(), the window's
+  // last micro-step; with overlap_comm the newest of them, see GradientReducer::unit_complete()'s
+  // `hold`): their gradients had better be in memory the
   // peers can read, so grad_in_place() lends them only to a backend that shares the address
   // space (elsewhere they are copied into staging buffers, which lie in ShmComm's shared arena).
   bool expects_late_units() const;

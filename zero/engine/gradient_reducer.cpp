@@ -112,12 +112,12 @@ std::byte* GradientReducer::accumulated(int rank, int unit, std::size_t slice_of
                     static_cast<std::size_t>(rank) * S + slice_offset);
 }
 
-void GradientReducer::unit_complete(int unit) {
+void GradientReducer::unit_complete(int unit, bool hold) {
   if (static_cast<std::size_t>(unit) >= units_.size()) return;
   UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
   if (layout_.unit(unit).padded_elems == 0) return;
   if (goes_alone(unit)) {
-    reduce_alone(unit);
+    reduce_alone(unit, hold);
     return;
   }
   // Into the buckets; the staging buffer is freed once every piece is packed.
@@ -148,13 +148,14 @@ std::byte* GradientReducer::straight_target(const Alone& alone) {
   return first;
 }
 
-void GradientReducer::reduce_alone(int unit) {
+void GradientReducer::reduce_alone(int unit, bool hold) {
   ++timings_.buckets;
   ++timings_.units_alone;
   const UnitLayout& ul = layout_.unit(unit);
   // Up to a bucket's elements per slot (two with overlap_comm) of all ranks' slices wait or are
   // in flight: the staging buffers they hold are what the buckets would hold.
-  const std::size_t budget = std::max<std::size_t>(options_.bucket_elems, 1) * slots_.size();
+  const std::size_t slot_budget = std::max<std::size_t>(options_.bucket_elems, 1);
+  const std::size_t budget = slot_budget * slots_.size();
   while (!alone_.empty() && alone_elems_ + ul.padded_elems > budget) {
     finish(alone_.front());
     alone_elems_ -= layout_.unit(alone_.front().unit).padded_elems;
@@ -162,9 +163,26 @@ void GradientReducer::reduce_alone(int unit) {
   }
   alone_elems_ += ul.padded_elems;
   alone_.push_back(Alone{unit, Work(), false, false, !window_first_micro_});
-  // With overlap_comm the reduction runs while backward goes on; without, it starts when the
-  // budget or the end of the micro-step asks for it, so backward has the cores to itself.
-  if (options_.overlap_comm) issue(alone_.back());
+  // Without overlap_comm the reduction starts when the budget or the end of the micro-step asks
+  // for it, so backward has the cores to itself.
+  if (!options_.overlap_comm) return;
+  // With overlap_comm it runs while backward goes on: at once, or (hold) once newer units than
+  // it hold a slot's budget. The newest units, a slot's budget at most, are then still waiting
+  // when backward ends, for the caller to leave late.
+  if (!hold) {
+    issue(alone_.back());
+    return;
+  }
+  // The units issued are a prefix of alone_ (in completion order); those waiting, the rest.
+  std::size_t first = alone_.size();
+  std::size_t waiting = 0;
+  while (first > 0 && !alone_[first - 1].issued) {
+    waiting += layout_.unit(alone_[--first].unit).padded_elems;
+  }
+  for (; waiting > slot_budget; ++first) {
+    issue(alone_[first]);
+    waiting -= layout_.unit(alone_[first].unit).padded_elems;
+  }
 }
 
 void GradientReducer::issue(Alone& alone) {

@@ -18,9 +18,11 @@
 // Lone units wait or stay in flight (with their staging buffers) up to a bucket's elements per
 // slot, and the drain reduces the rest (or, asked to, leaves them late: their sums are then the
 // caller's to form, as the engine's optimizer step does, see end_micro_step()). With
-// overlap_comm a lone unit's reduction starts at once, during backward; without, it starts when
-// that budget or the drain asks for it, so backward keeps the cores (as a bucket waits until it
-// is full). Each reduced element is the same sum over ranks
+// overlap_comm a lone unit's reduction starts at once, during backward, or, in a micro-step
+// meant to leave units late (unit_complete()'s `hold`), once newer units hold a slot's budget,
+// so that the newest ones are left late and the older ones still overlap with backward; without
+// overlap_comm it starts when the whole budget or the drain asks for it, so backward keeps the
+// cores (as a bucket waits until it is full). Each reduced element is the same sum over ranks
 // in rank order whichever way it travels, so both ways give bitwise the same gradients.
 // A finished reduction lands in the SliceMap the engine passes in: domain d's reduced chunk is
 // written to gradients(d, unit, offset), added to what is there for all but the first micro-step
@@ -122,8 +124,11 @@ class GradientReducer {
 
   // Every gradient of `unit` is in staging(unit) (or the lent memory) for this micro-step:
   // submitted to the buckets (a full bucket starts a reduction), or reduced alone. A unit without
-  // elements, or beyond the layout, is a no-op.
-  void unit_complete(int unit);
+  // elements, or beyond the layout, is a no-op. `hold`: this micro-step is meant to end with
+  // end_micro_step(true), so with overlap_comm a lone unit's reduction waits too, until newer
+  // units hold a slot's budget (the newest ones are then left late); without overlap_comm they
+  // wait anyway. Every rank passes the same `hold`.
+  void unit_complete(int unit, bool hold = false);
 
   // The end of a micro-step's backward (every unit complete): reduces the open bucket and waits
   // for every reduction; the target's gradients then hold this window's sum so far. Collective.
@@ -217,7 +222,7 @@ class GradientReducer {
   // Where a straight collective of the unit writes (every domain's slices, one after the other),
   // or null when the landing is more than a copy or the target's slices are not laid out so.
   std::byte* straight_target(const Alone& alone);
-  void reduce_alone(int unit);
+  void reduce_alone(int unit, bool hold);
   void issue(Alone& alone);
   void finish(Alone& alone);  // issues it first if need be
   void finish(std::span<Alone* const> done);  // issues all first, then lands them together

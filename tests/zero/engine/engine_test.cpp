@@ -470,8 +470,10 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
   // micro-steps' collectives left, and with fp32 accumulation of bf16 gradients they are cast on
   // the way in. The biases are in a param group of their own, so a run starts inside a norm block
   // and those blocks are summed after the step, from the gradients the step formed. With
-  // ZERO_FUSED_REDUCTION=0 the same units are reduce-scattered (all-reduced at stage 0); with
-  // overlap_comm their reductions start during backward (the reference).
+  // overlap_comm the newest units up to a bucket's elements are left to the step, the older ones
+  // reduced during backward. With ZERO_FUSED_REDUCTION=0 the same units are reduce-scattered
+  // (all-reduced at stage 0); with overlap_comm as well, their reductions start during backward
+  // (the reference).
   struct Case {
     std::string precision;
     double clip;
@@ -505,7 +507,9 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
     for (int world : {2, 3, 4}) {
       INFO(c.precision << ", clipping " << c.clip << ", accumulation " << c.gas
                        << (c.fp32_accumulation ? " in fp32" : "") << ", " << world << " ranks");
+      REQUIRE(::setenv("ZERO_FUSED_REDUCTION", "0", 1) == 0);
       const TrainResult reference = train(spec_for(c, 3, world, 1'000'000, true));
+      ::unsetenv("ZERO_FUSED_REDUCTION");
       REQUIRE(fused_units(reference) == 0);
       for (int stage : {0, 1, 2, 3}) {
         INFO("stage " << stage);
@@ -518,6 +522,15 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
         const TrainResult some = train(spec_for(c, stage, world, 300));
         CHECK(fused_units(some) == 3 * 1);
         require_bitwise_equal(reference, some);
+        // overlap_comm: a bucket's elements (one unit of 65,792 and the small ones) wait; unit 1,
+        // complete first, starts when unit 0 completes; with a bucket that holds both, neither.
+        const TrainResult overlapped = train(spec_for(c, stage, world, 70'000, true));
+        CHECK(fused_units(overlapped) == 3 * 1);
+        require_bitwise_equal(reference, overlapped);
+        require_same_norms(reference, overlapped);
+        const TrainResult held = train(spec_for(c, stage, world, 1'000'000, true));
+        CHECK(fused_units(held) == 3 * 2);
+        require_bitwise_equal(reference, held);
         REQUIRE(::setenv("ZERO_FUSED_REDUCTION", "0", 1) == 0);
         const TrainResult off = train(spec_for(c, stage, world, 1'000'000));
         ::unsetenv("ZERO_FUSED_REDUCTION");

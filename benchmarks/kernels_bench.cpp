@@ -2,10 +2,14 @@
 // each next to its roofline measured in the same run: kernels::traffic_probe_cpu moves the same
 // bytes in the same pattern (same arrays, tiles, threads) with no optimizer arithmetic.
 // The result is validated against the scalar path before timing. With --tensors K the --params
-// elements are K tensors of mixed sizes (tensor_sizes below), stepped as one list.
+// elements are K tensors of mixed sizes (tensor_sizes below), stepped as one list. With --cold
+// (CPU) every timed pass, kernel and probe alike, starts from caches that hold none of its arrays,
+// as in training, where forward and backward evict the optimizer's states between two steps;
+// without, repeated passes find what the last-level cache kept of them.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -56,6 +60,7 @@ struct KernelsArgs {
   std::string device = "cpu";  // "cuda": the CUDA kernels on GPU 0, against its traffic probe
   int tensors = 1;             // the params split into this many tensors (tensor_sizes)
   std::uint64_t sizes_seed = 1;
+  bool cold = false;  // caches evicted before every timed pass (CPU)
   std::optional<DType> only_grad;   // nullopt = fp32 and bf16
   std::optional<DType> only_state;  // nullopt = fp32 and bf16
 };
@@ -63,7 +68,7 @@ struct KernelsArgs {
 constexpr std::string_view kUsage =
     "usage: zero-bench kernels [--json] [--params N|64M|1G] [--tensors K] [--sizes-seed S] "
     "[--threads T] [--isa I] [--reps R] [--optimizer O] [--grad-dtype fp32|bf16] "
-    "[--state-dtype fp32|bf16] [--device cpu|cuda]";
+    "[--state-dtype fp32|bf16] [--device cpu|cuda] [--cold]";
 
 KernelsArgs parse_args(std::span<const std::string> args) {
   KernelsArgs r;
@@ -82,6 +87,9 @@ KernelsArgs parse_args(std::span<const std::string> args) {
     if (a == "--json") {
       arg.no_value();
       r.json = true;
+    } else if (a == "--cold") {
+      arg.no_value();
+      r.cold = true;
     } else if (a == "--params") {
       r.params = parse_count(flag_value(arg, kUsage), a, kUsage);
     } else if (a == "--tensors") {
@@ -117,6 +125,8 @@ KernelsArgs parse_args(std::span<const std::string> args) {
       ZERO_CHECK(false, "unexpected argument '{}'; {}", args[i], kUsage);
     }
   }
+  ZERO_CHECK(!r.cold || r.device == "cpu",
+             "--cold with --device {}: the cache eviction is the CPU's; leave --cold out", r.device);
   ZERO_CHECK(static_cast<std::size_t>(r.tensors) <= r.params,
              "--tensors {} with --params {}: every tensor needs at least one element", r.tensors,
              r.params);
@@ -235,6 +245,29 @@ Arrays make_arrays(std::size_t n, int threads) {
   fill_arrays(a, n, threads);
   return a;
 }
+
+// --cold: a buffer four times the last-level cache (64 MiB at least) read through before a timed
+// pass, by the calling thread. Read, not written: its lines stay clean, so the pass pays for
+// bringing its arrays in (and for the write-backs its own stores cause), not for writing the
+// buffer back; the arrays' dirty lines are written back during the read, outside the timing.
+class CacheEvictor {
+ public:
+  CacheEvictor() {
+    const long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const std::size_t bytes =
+        std::max<std::size_t>(std::size_t{64} << 20, l3 > 0 ? 4 * static_cast<std::size_t>(l3) : 0);
+    words_.assign(bytes / sizeof(std::uint64_t), 1);
+  }
+  void operator()() {
+    std::uint64_t sum = 0;
+    for (std::size_t i = 0; i < words_.size(); i += 64 / sizeof(std::uint64_t)) sum += words_[i];
+    sink_ = sum;
+  }
+
+ private:
+  std::vector<std::uint64_t> words_;
+  volatile std::uint64_t sink_ = 0;
+};
 
 struct Case {
   OptimizerHyper hyper;
@@ -433,11 +466,11 @@ void print_row(const KernelsArgs& args, const Layout& layout, const Row& r) {
         "\"state_dtype\":\"%s\",\"param_out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
         "\"params\":%zu,\"params_per_s\":%.6g,\"bytes_per_param\":%zu,\"gb_per_s\":%.4g,"
         "\"limit\":\"traffic-probe\",\"limit_gb_per_s\":%.4g,\"ratio\":%.3f,\"tensors\":%zu,"
-        "\"sizes_seed\":%llu,\"step_s\":%.6g,\"probe_s\":%.6g,\"sizes\":%s}\n",
+        "\"sizes_seed\":%llu,\"step_s\":%.6g,\"probe_s\":%.6g,\"cold\":%s,\"sizes\":%s}\n",
         args.device.c_str(), name.c_str(), grad_name.c_str(), state_name.c_str(), out_name,
         r.where.c_str(), r.threads, r.n, params_per_s, r.bytes, gb_per_s, limit_gb_per_s, ratio,
         layout.sizes.size(), static_cast<unsigned long long>(args.sizes_seed), r.kernel_s,
-        r.probe_s, json_sizes(layout).c_str());
+        r.probe_s, args.cold ? "true" : "false", json_sizes(layout).c_str());
   } else {
     std::printf("%-8s %-5s %-5s %-5s %6zu %12.0f %9.1f %12.1f %6.3f\n", name.c_str(),
                 grad_name.c_str(), state_name.c_str(), out_name, r.bytes, params_per_s / 1e6,
@@ -543,9 +576,12 @@ int run_kernels(std::span<const std::string> argv) {
   if (args.device != "cpu") return run_kernels_on_device(args, optimizers);
   // Several tensors on the CPU: one optimizer_step_cpu (traffic_probe_cpu) call per tensor, as
   // the engine steps its partitions; each tensor is validated alone.
-  print_heading(args, fmt::format("{} threads, isa {}", threads, kernels::isa_name(isa)));
+  print_heading(args, fmt::format("{} threads, isa {}{}", threads, kernels::isa_name(isa),
+                                  args.cold ? ", caches evicted before every pass" : ""));
   const Layout layout = make_layout(args);
   const Arrays arrays = make_arrays(layout.extent, threads);
+  std::optional<CacheEvictor> evict;
+  if (args.cold) evict.emplace();
   std::int64_t step = 1;
   for (const Case& c : cases_of(args, optimizers)) {
     const OptimizerHyper& hyper = c.hyper;
@@ -559,11 +595,13 @@ int run_kernels(std::span<const std::string> argv) {
     double best_kernel = 1e30, best_probe = 1e30;
     for (int r = 0; r < args.repetitions; ++r) {
       const kernels::StepScalars scalars{1e-3, step++, 1.0};
+      if (evict) (*evict)();
       auto t0 = std::chrono::steady_clock::now();
       for (const OptimizerTensors& t : tensors) {
         kernels::optimizer_step_cpu(hyper, scalars, t, exec);
       }
       best_kernel = std::min(best_kernel, seconds_since(t0));
+      if (evict) (*evict)();
       t0 = std::chrono::steady_clock::now();
       for (const OptimizerTensors& t : tensors) kernels::traffic_probe_cpu(t, state_count, exec);
       best_probe = std::min(best_probe, seconds_since(t0));

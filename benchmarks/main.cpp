@@ -24,7 +24,7 @@ constexpr Subcommand kSubcommands[] = {
     {"kernels",
      "optimizer kernels vs their memory-traffic roofline  [--json] [--params N] [--tensors K] "
      "[--threads T] [--isa I] [--reps R] [--optimizer O] [--grad-dtype D] [--state-dtype D] "
-     "[--device cpu|cuda]",
+     "[--device cpu|cuda] [--cold]",
      zero::bench::run_kernels},
     {"checkpoint",
      "save, load and zero_to_fp32 vs plain sequential I/O  [--json] [--params N] [--world-size W] "

@@ -92,7 +92,10 @@ def optimizer_limits(args, stages, numel):
     1/N share at stages 1-3), its bytes per parameter from zero-bench (fp32: gradient, master
     and two states; bf16: a bf16 gradient and a bf16 model copy written besides). The probe's
     speed is the slowest process's in a round, the median of PROBE_ROUNDS rounds (one round's
-    varied by 2x on this machine). None without zero-bench."""
+    varied by 2x on this machine). Measured twice: warm, the probe's passes repeated over the same
+    arrays (what the last-level cache keeps of them helps: the issue's limit), and cold
+    (zero-bench kernels --cold: every pass starts from caches that hold none of them, as a step
+    does after forward and backward). None without zero-bench."""
     bench = zero_bench_path(args)
     if bench is None:
         print("torch_peers: no zero-bench (build it, or pass --zero-bench): no optimizer limit",
@@ -104,27 +107,30 @@ def optimizer_limits(args, stages, numel):
         part = numel if stage == 0 else -(-numel // args.nproc)
         cmd = [bench, "kernels", "--json", "--params", str(part), "--threads", "1", "--reps", "7",
                "--optimizer", "adamw", "--grad-dtype", grad, "--state-dtype", "fp32"]
-
-        rounds = []
-        for _ in range(PROBE_ROUNDS):
-            procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=common.one_thread_env())
-                     for _ in range(args.nproc)]
-            records = []
-            for proc in procs:
-                text, _ = proc.communicate(timeout=args.timeout)
-                if proc.returncode != 0:
-                    raise SystemExit(f"torch_peers: {' '.join(cmd)} failed (exit {proc.returncode})")
-                records += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-            mine = [r for r in records if r["param_out"] == out]
-            if len(mine) != args.nproc:
-                raise SystemExit(f"torch_peers: zero-bench gave {len(mine)} records for AdamW "
-                                 f"{grad}/fp32 out {out}, expected {args.nproc}")
-            # The slowest process's probe: every rank has to finish its step.
-            rounds.append(min(r["limit_gb_per_s"] for r in mine))
-        gb_per_s = statistics.median(rounds)
-        limits[stage] = {"partition_params": part, "bytes_per_param": mine[0]["bytes_per_param"],
-                         "probe_gb_per_s": gb_per_s, "probe_rounds_gb_per_s": rounds,
-                         "limit_ms": part * mine[0]["bytes_per_param"] / (gb_per_s * 1e9) * 1e3}
+        limit = {"partition_params": part}
+        for kind, extra in (("", []), ("cold_", ["--cold"])):
+            rounds = []
+            for _ in range(PROBE_ROUNDS):
+                procs = [subprocess.Popen(cmd + extra, stdout=subprocess.PIPE, text=True,
+                                          env=common.one_thread_env())
+                         for _ in range(args.nproc)]
+                records = []
+                for proc in procs:
+                    text, _ = proc.communicate(timeout=args.timeout)
+                    if proc.returncode != 0:
+                        raise SystemExit(f"torch_peers: {' '.join(cmd + extra)} failed (exit {proc.returncode})")
+                    records += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+                mine = [r for r in records if r["param_out"] == out]
+                if len(mine) != args.nproc:
+                    raise SystemExit(f"torch_peers: zero-bench gave {len(mine)} records for AdamW "
+                                     f"{grad}/fp32 out {out}, expected {args.nproc}")
+                # The slowest process's probe: every rank has to finish its step.
+                rounds.append(min(r["limit_gb_per_s"] for r in mine))
+            gb_per_s = statistics.median(rounds)
+            limit["bytes_per_param"] = mine[0]["bytes_per_param"]
+            limit.update({f"{kind}probe_gb_per_s": gb_per_s, f"{kind}probe_rounds_gb_per_s": rounds,
+                          f"{kind}limit_ms": part * mine[0]["bytes_per_param"] / (gb_per_s * 1e9) * 1e3})
+        limits[stage] = limit
     return limits
 
 
@@ -143,7 +149,9 @@ def limit_lines(rows, limits):
         lines.append(f"zero stage {stage}: {what} {outside:.1f} ms = "
                      f"{outside / lim['limit_ms']:.2f}x the optimizer's traffic limit "
                      f"({lim['partition_params'] / 1e6:.2f}M params x {lim['bytes_per_param']} B at "
-                     f"{lim['probe_gb_per_s']:.1f} GB/s = {lim['limit_ms']:.1f} ms)")
+                     f"{lim['probe_gb_per_s']:.1f} GB/s = {lim['limit_ms']:.1f} ms), "
+                     f"{outside / lim['cold_limit_ms']:.2f}x its cold limit "
+                     f"({lim['cold_probe_gb_per_s']:.1f} GB/s = {lim['cold_limit_ms']:.1f} ms)")
     return lines
 
 

@@ -56,6 +56,12 @@ struct ComputeKernels {
   void (*optimizer_step_norm)(const OptimizerHyper& hyper, const StepScalars& scalars,
                               const OptimizerTensors& tensors, double* block_sums,
                               const CpuExec& exec) = nullptr;
+  // optimizer_step (block_sums null) or optimizer_step_norm of the gradient `sources` sum, each
+  // element summed as it is stepped (kernels/optimizer.h, optimizer_step_summed_cpu). Null where
+  // a backend has none (CUDA): the caller then sums into memory first (reduce).
+  void (*optimizer_step_summed)(const OptimizerHyper& hyper, const StepScalars& scalars,
+                                const OptimizerTensors& tensors, const GradSources& sources,
+                                double* block_sums, const CpuExec& exec) = nullptr;
   // data[i] ← data[i]·scale in place; true when a result is ±inf or NaN.
   bool (*unscale_and_check)(void* data, DType dtype, std::size_t numel, float scale,
                             const CpuExec& exec);

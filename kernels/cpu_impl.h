@@ -4,6 +4,7 @@
 // ScalarOps with the same element function, so every ISA gives the same bits.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -57,14 +58,26 @@ void store_from_float(void* base, std::size_t i, typename Ops::V x) {
   }
 }
 
+// A norm block's eight lane sums added in the fixed tree.
+inline double add_norm_lanes(const double lanes[8]) {
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
 // kOut is F64 when there is no low-precision param copy to write.
 template <OptimizerKind kKind, int kStates, DType kGrad, DType kState, DType kOut>
 struct StepElement {
+  static constexpr DType kGradDType = kGrad;
   template <class Ops>
   static void run(const StepCoeffs& c, const OptimizerTensors& t, std::size_t i) {
+    step<Ops>(c, t, i, load_as_float<Ops, kGrad>(t.grad, i));
+  }
+  // The step of element (or vector) i with its gradient g, read already.
+  template <class Ops>
+  static void step(const StepCoeffs& c, const OptimizerTensors& t, std::size_t i,
+                   typename Ops::V g) {
     using V = typename Ops::V;
     V p = Ops::load_f32(t.master + i);
-    const V g = load_as_float<Ops, kGrad>(t.grad, i);
     V s0 = kStates > 0 ? load_as_float<Ops, kState>(t.state0, i) : V(0.0f);
     V s1 = kStates > 1 ? load_as_float<Ops, kState>(t.state1, i) : V(0.0f);
     optimizer_update<kKind>(c, p, g, s0, s1);
@@ -86,15 +99,70 @@ void optimizer_loop(const StepCoeffs& coeffs, const OptimizerTensors& t, std::si
   for (; i < end; ++i) Element::template run<ScalarOps>(c, t, i);
 }
 
-template <class Ops, OptimizerKind kKind, int kStates>
-void optimizer_dispatch_dtypes(const StepCoeffs& c, const OptimizerTensors& t, std::size_t begin,
-                               std::size_t end) {
+// The sum of the gradient's sources at i, as reduce_at (below) forms it and stores it in the
+// gradient dtype, and as the step's load then reads it back: rounded through that dtype.
+template <class Ops, DType kGrad>
+typename Ops::V summed_gradient(const void* const* srcs, int nsrc, float divisor, std::size_t i) {
+  using V = typename Ops::V;
+  V acc = load_as_float<Ops, kGrad>(srcs[0], i);
+  for (int k = 1; k < nsrc; ++k) acc = acc + load_as_float<Ops, kGrad>(srcs[k], i);
+  if (divisor != 0.0f) acc = acc / V(divisor);
+  if constexpr (kGrad == DType::F32) {
+    return acc;
+  } else {
+    std::uint16_t rounded[Ops::kWidth];
+    store_from_float<Ops, kGrad>(rounded, 0, acc);
+    return load_as_float<Ops, kGrad>(rounded, 0);
+  }
+}
+
+// optimizer_loop over a gradient summed from `sources` in the same walk (begin a multiple
+// of the norm block). kNorm: each norm block's squares of the summed gradient are added as
+// squared_norm_block_range adds them (vectors into the ISA's lanes, a tail into lane k % 8) and
+// block_sums[(b - begin) / kNormBlockElems] ← the block's sum.
+template <class Ops, class Element, bool kNorm>
+void optimizer_summed_loop(const StepCoeffs& coeffs, const OptimizerTensors& t,
+                           const GradSources& sources, std::size_t begin, std::size_t end,
+                           double* block_sums) {
+  constexpr DType kGrad = Element::kGradDType;
+  constexpr std::size_t kBlock = detail::kNormBlockElems;
+  const StepCoeffs c = coeffs;
+  // Local copies: stores through the arrays cannot alias them, so they stay in registers.
+  const void* srcs[GradSources::kMaxCount];
+  const int nsrc = sources.count;
+  for (int k = 0; k < nsrc; ++k) srcs[k] = sources.arrays[k];
+  const float divisor = sources.divisor;
+  for (std::size_t b = begin; b < end; b += kBlock) {
+    const std::size_t block_end = std::min(end, b + kBlock);
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::size_t i = b;
+    if constexpr (Ops::kWidth > 1) {
+      typename Ops::SquareAcc acc;
+      for (; i + Ops::kWidth <= block_end; i += Ops::kWidth) {
+        const typename Ops::V g = summed_gradient<Ops, kGrad>(srcs, nsrc, divisor, i);
+        if constexpr (kNorm) Ops::accumulate_squares(g, acc);
+        Element::template step<Ops>(c, t, i, g);
+      }
+      if constexpr (kNorm) Ops::spill(acc, lanes);
+    }
+    for (; i < block_end; ++i) {
+      const float g = summed_gradient<ScalarOps, kGrad>(srcs, nsrc, divisor, i);
+      if constexpr (kNorm) ScalarOps::accumulate_squares(g, lanes, (i - b) % 8);
+      Element::template step<ScalarOps>(c, t, i, g);
+    }
+    if constexpr (kNorm) block_sums[(b - begin) / kBlock] = add_norm_lanes(lanes);
+  }
+}
+
+// Calls loop.template operator()<Element>() with kKind's step element of t's dtypes.
+template <OptimizerKind kKind, int kStates, class Loop>
+void with_dtypes_element(const OptimizerTensors& t, Loop&& loop) {
   with_dtype(t.grad_dtype, [&](auto grad) {
     with_dtype(t.state_dtype, [&](auto state) {
       auto run = [&](auto out) {
         using Element = StepElement<kKind, kStates, decltype(grad)::value, decltype(state)::value,
                                     decltype(out)::value>;
-        optimizer_loop<Ops, Element>(c, t, begin, end);
+        loop.template operator()<Element>();
       };
       if (t.param_out == nullptr) {
         run(DTypeTag<DType::F64>{});
@@ -111,23 +179,41 @@ void optimizer_dispatch_dtypes(const StepCoeffs& c, const OptimizerTensors& t, s
   });
 }
 
-template <class Ops>
-void optimizer_range(const StepCoeffs& c, const OptimizerTensors& t, std::size_t begin,
-                     std::size_t end) {
+// Calls loop.template operator()<Element>() with the step element of c's optimizer and t's dtypes.
+template <class Loop>
+void with_step_element(const StepCoeffs& c, const OptimizerTensors& t, Loop&& loop) {
   switch (c.kind) {
     case OptimizerKind::Adam:
     case OptimizerKind::AdamW:
-      return optimizer_dispatch_dtypes<Ops, OptimizerKind::AdamW, 2>(c, t, begin, end);
+      return with_dtypes_element<OptimizerKind::AdamW, 2>(t, loop);
     case OptimizerKind::Adagrad:
-      return optimizer_dispatch_dtypes<Ops, OptimizerKind::Adagrad, 1>(c, t, begin, end);
+      return with_dtypes_element<OptimizerKind::Adagrad, 1>(t, loop);
     case OptimizerKind::Lion:
-      return optimizer_dispatch_dtypes<Ops, OptimizerKind::Lion, 1>(c, t, begin, end);
+      return with_dtypes_element<OptimizerKind::Lion, 1>(t, loop);
     case OptimizerKind::Sgd:
-      if (c.sgd.use_momentum)
-        return optimizer_dispatch_dtypes<Ops, OptimizerKind::Sgd, 1>(c, t, begin, end);
-      return optimizer_dispatch_dtypes<Ops, OptimizerKind::Sgd, 0>(c, t, begin, end);
+      if (c.sgd.use_momentum) return with_dtypes_element<OptimizerKind::Sgd, 1>(t, loop);
+      return with_dtypes_element<OptimizerKind::Sgd, 0>(t, loop);
   }
   unsupported_combination();
+}
+
+template <class Ops>
+void optimizer_range(const StepCoeffs& c, const OptimizerTensors& t, std::size_t begin,
+                     std::size_t end) {
+  with_step_element(c, t, [&]<class Element>() { optimizer_loop<Ops, Element>(c, t, begin, end); });
+}
+
+template <class Ops>
+void optimizer_summed_range(const StepCoeffs& c, const OptimizerTensors& t,
+                            const GradSources& sources, std::size_t begin, std::size_t end,
+                            double* block_sums) {
+  with_step_element(c, t, [&]<class Element>() {
+    if (block_sums != nullptr) {
+      optimizer_summed_loop<Ops, Element, true>(c, t, sources, begin, end, block_sums);
+    } else {
+      optimizer_summed_loop<Ops, Element, false>(c, t, sources, begin, end, nullptr);
+    }
+  });
 }
 
 // The roofline probe: each array the optimizer reads is read and each it writes is written, in
@@ -220,12 +306,6 @@ bool unscale_range(void* data, DType dtype, float scale, std::size_t begin, std:
     }
   });
   return nonfinite;
-}
-
-// A norm block's eight lane sums added in the fixed tree.
-inline double add_norm_lanes(const double lanes[8]) {
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
-         ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
 template <class Ops>
@@ -340,7 +420,7 @@ constexpr detail::CpuKernels make_cpu_kernels() {
   return detail::CpuKernels{&optimizer_range<Ops>,           &probe_range<Ops>,
                             &unscale_range<Ops>,             &squared_norm_block_range<Ops>,
                             &squared_norm_blocks_range<Ops>, &cast_range<Ops>,
-                            &reduce_range<Ops>};
+                            &reduce_range<Ops>,              &optimizer_summed_range<Ops>};
 }
 
 }  // namespace ZERO_KERNELS_ABI

@@ -40,6 +40,12 @@ struct CpuKernels {
   // by `divisor` unless it is 0, rounded once to `dtype` (see reduce.h).
   void (*reduce)(void* dst, const void* const* srcs, int nsrc, DType dtype, bool max,
                  float divisor, std::size_t begin, std::size_t end);
+  // `optimizer` with the gradient summed from `sources` element by element (begin a multiple of
+  // kNormBlockElems); with block_sums, also block_sums[k] ← the summed gradient's
+  // squared_norm_block of block begin / kNormBlockElems + k, for the blocks [begin, end) covers.
+  void (*optimizer_summed)(const math::StepCoeffs& coeffs, const OptimizerTensors& t,
+                           const GradSources& sources, std::size_t begin, std::size_t end,
+                           double* block_sums);
 };
 
 const CpuKernels& cpu_kernels_scalar();

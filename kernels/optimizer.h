@@ -94,4 +94,25 @@ void optimizer_step_norm_cpu(const OptimizerHyper& hyper, const StepScalars& sca
                              const OptimizerTensors& tensors, double* block_sums,
                              const CpuExec& exec = {});
 
+// A gradient not yet in memory: the elementwise sum of `count` arrays (numel elements of the
+// gradient dtype each, read only, possibly overlapping), taken left to right in fp32, divided by
+// `divisor` unless it is 0 and rounded to the gradient dtype — what reduce_cpu (kernels/
+// reduce.h) stores, summing the ranks' gradients as the communicators do.
+struct GradSources {
+  static constexpr int kMaxCount = 16;
+  const void* const* arrays = nullptr;
+  int count = 0;
+  float divisor = 0.0f;
+};
+
+// optimizer_step_cpu (block_sums null) or optimizer_step_norm_cpu (block_sums given, the summed
+// gradient's blocks) of the gradient `sources` sum, each element summed as it is stepped:
+// tensors.grad is not read (it may be null), and the sources are read in the step's one walk over
+// memory, their streams in flight with the master's and the states'. The bits are those of
+// reduce_cpu into an array and the step (with its norm) of that array.
+// REQUIRES: 1 <= sources.count <= GradSources::kMaxCount; divisor finite and >= 0.
+void optimizer_step_summed_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
+                               const OptimizerTensors& tensors, const GradSources& sources,
+                               double* block_sums, const CpuExec& exec = {});
+
 }  // namespace zero::kernels

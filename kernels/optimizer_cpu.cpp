@@ -1,3 +1,5 @@
+#include <cmath>
+
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/optimizer.h"
@@ -49,6 +51,34 @@ void optimizer_step_norm_cpu(const OptimizerHyper& hyper, const StepScalars& sca
         detail::norm_block_sums(kernels, tensors.grad, tensors.grad_dtype, tensors.numel, first,
                                 (end - begin + kBlock - 1) / kBlock, block_sums + first);
         kernels.optimizer(coeffs, tensors, begin, end);
+      });
+}
+
+void optimizer_step_summed_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
+                               const OptimizerTensors& tensors, const GradSources& sources,
+                               double* block_sums, const CpuExec& exec) {
+  const std::string_view name = optimizer_name(hyper.kind);
+  ZERO_CHECK(sources.count >= 1 && sources.count <= GradSources::kMaxCount,
+             "{}: a summed gradient needs 1 to {} sources, got {}", name, GradSources::kMaxCount,
+             sources.count);
+  ZERO_CHECK(sources.arrays != nullptr, "{}: the gradient's sources are null", name);
+  ZERO_CHECK(std::isfinite(sources.divisor) && sources.divisor >= 0.0f,
+             "{}: the gradient's divisor must be finite and >= 0 (0: none), got {}", name,
+             sources.divisor);
+  const math::StepCoeffs coeffs = make_step_coeffs(hyper, scalars);
+  // Every source is checked as the gradient array would be.
+  OptimizerTensors checked = tensors;
+  for (int k = 0; k < sources.count; ++k) {
+    checked.grad = sources.arrays[k];
+    validate_tensors(hyper, checked);
+  }
+  const int threads = resolve_threads(exec.threads);
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  constexpr std::size_t kBlock = detail::kNormBlockElems;
+  detail::for_each_tile(
+      tensors.numel, detail::kTileElems, threads, [&](std::size_t begin, std::size_t end) {
+        kernels.optimizer_summed(coeffs, tensors, sources, begin, end,
+                                 block_sums != nullptr ? block_sums + begin / kBlock : nullptr);
       });
 }
 

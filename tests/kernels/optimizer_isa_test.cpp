@@ -8,6 +8,7 @@
 
 #include "kernels/norm.h"
 #include "kernels/optimizer.h"
+#include "kernels/reduce.h"
 #include "tests/kernels/test_util.h"
 
 namespace zk = zero::kernels;
@@ -180,4 +181,119 @@ TEST_CASE("the step with its norm steps as the step alone and sums the norm's bl
       }
     }
   }
+}
+
+TEST_CASE("the step of a gradient summed from its sources gives the bits of reduce, then step") {
+  // optimizer_step_summed_cpu sums each element of the gradient from its sources as it steps it
+  // (and, given block_sums, adds its squares into the norm's blocks): bitwise reduce_cpu into an
+  // array, then optimizer_step_cpu (or optimizer_step_norm_cpu) of that array, for every
+  // optimizer, dtype, source count, divisor, size (tails shorter than a vector or a norm block),
+  // ISA and thread count.
+  constexpr std::size_t kBlock = zk::kNormBlockElems;
+  const auto isas = zk::test::runnable_isas();
+  REQUIRE(!isas.empty());
+  struct Case {
+    zk::OptimizerHyper hyper;
+    DType grad, state, out;
+    bool with_out;
+    int count;
+    float divisor;
+    std::size_t numel;
+  };
+  std::vector<Case> cases;
+  zk::OptimizerHyper adamw;
+  adamw.weight_decay = 0.05;
+  for (DType grad : {DType::F32, DType::BF16, DType::F16}) {
+    for (DType state : {DType::F32, DType::BF16}) {
+      for (int out = 0; out < 3; ++out) {
+        for (int count : {1, 2, 3}) {
+          for (float divisor : {0.0f, static_cast<float>(count)}) {
+            cases.push_back({adamw, grad, state, out == 2 ? DType::F32 : DType::BF16, out > 0,
+                             count, divisor, kNumel});
+          }
+        }
+      }
+    }
+  }
+  for (const zk::OptimizerHyper& h : all_optimizers()) {
+    cases.push_back({h, DType::F32, DType::F32, DType::BF16, true, 2, 2.0f, kNumel});
+  }
+  for (std::size_t numel : {std::size_t{1}, std::size_t{100}, kBlock + 1}) {
+    cases.push_back({adamw, DType::BF16, DType::F32, DType::BF16, true, 2, 2.0f, numel});
+  }
+  const zk::StepScalars scalars{1e-2, 3, 0.5};
+  const zk::CpuExec scalar{1, zk::Isa::Scalar};
+  for (const Case& c : cases) {
+    INFO(zk::optimizer_name(c.hyper.kind) << " grad " << zero::dtype_name(c.grad) << " state "
+                                          << zero::dtype_name(c.state) << " out "
+                                          << (c.with_out ? zero::dtype_name(c.out) : "none")
+                                          << ", " << c.count << " sources / " << c.divisor
+                                          << ", numel " << c.numel);
+    std::vector<std::vector<std::byte>> sources;
+    std::vector<const void*> arrays;
+    for (int k = 0; k < c.count; ++k) {
+      sources.push_back(Buffers::encode(
+          zk::test::random_floats(kNumel, 10 + static_cast<std::uint32_t>(k), -1.0f, 1.0f),
+          c.grad));
+    }
+    for (const auto& s : sources) arrays.push_back(s.data());
+    const zk::GradSources summed{arrays.data(), c.count, c.divisor};
+    const Buffers initial(c.grad, c.state, c.out);
+    const std::size_t blocks = (c.numel + kBlock - 1) / kBlock;
+    for (bool norm : {false, true}) {
+      INFO((norm ? "with" : "without") << " the norm");
+      // The reference: the sum in memory, then the step (with its norm) reading it.
+      Buffers expected = initial;
+      zk::reduce_cpu(expected.grad.data(), arrays.data(), c.count, c.numel, c.grad,
+                     zk::ReduceKind::Sum, c.divisor, zk::Isa::Scalar);
+      zk::OptimizerTensors t = expected.view(c.grad, c.state, c.with_out, c.out);
+      t.numel = c.numel;
+      std::vector<double> want(blocks);
+      if (norm) {
+        zk::optimizer_step_norm_cpu(c.hyper, scalars, t, want.data(), scalar);
+        for (double w : want) REQUIRE(w > 0.0);
+      } else {
+        zk::optimizer_step_cpu(c.hyper, scalars, t, scalar);
+      }
+      REQUIRE(expected.master != initial.master);
+      for (zk::Isa isa : isas) {
+        for (int threads : {1, 2, 3}) {
+          INFO("isa " << zk::isa_name(isa) << " threads " << threads);
+          Buffers got = initial;
+          zk::OptimizerTensors g = got.view(c.grad, c.state, c.with_out, c.out);
+          g.numel = c.numel;
+          g.grad = nullptr;  // not read
+          std::vector<double> sums(blocks + 1, -1.0);  // one more: nothing is written past them
+          zk::optimizer_step_summed_cpu(c.hyper, scalars, g, summed, norm ? sums.data() : nullptr,
+                                        {threads, isa});
+          got.grad = expected.grad;  // the sum was never stored: compare the rest
+          REQUIRE(got == expected);
+          if (norm) {
+            REQUIRE(std::memcmp(sums.data(), want.data(), blocks * sizeof(double)) == 0);
+          } else {
+            REQUIRE(sums[0] == -1.0);
+          }
+          REQUIRE(sums.back() == -1.0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a summed gradient's sources are checked as the gradient is, by count and divisor") {
+  Buffers b(DType::F32, DType::F32, DType::BF16);
+  zk::OptimizerTensors t = b.view(DType::F32, DType::F32, false, DType::BF16);
+  const zk::OptimizerHyper adamw;
+  const void* ok[2] = {b.grad.data(), b.grad.data()};
+  const void* null_one[2] = {b.grad.data(), nullptr};
+  const auto run = [&](const void* const* arrays, int count, float divisor) {
+    zk::optimizer_step_summed_cpu(adamw, {}, t, {arrays, count, divisor}, nullptr);
+  };
+  REQUIRE_THROWS_WITH(run(ok, 0, 0.0f), Catch::Contains("1 to 16 sources, got 0"));
+  REQUIRE_THROWS_WITH(run(ok, 17, 0.0f), Catch::Contains("got 17"));
+  REQUIRE_THROWS_WITH(run(ok, 2, -1.0f), Catch::Contains("divisor must be finite and >= 0"));
+  REQUIRE_THROWS_WITH(run(null_one, 2, 0.0f), Catch::Contains("grad"));
+  const std::vector<float> before = b.master;
+  REQUIRE_NOTHROW(run(ok, 2, 2.0f));
+  REQUIRE(b.master != before);
 }

@@ -80,40 +80,50 @@ bool EngineImpl::gradient_late(int domain, int unit) const {
   return fused_.late[static_cast<std::size_t>(unit)] >= 0;
 }
 
+const void* const* EngineImpl::late_buffers(int domain, int unit, std::size_t slice_offset) {
+  const auto row = static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)]);
+  const auto W = static_cast<std::size_t>(world_);
+  const std::size_t S = layout_->unit(unit).slice_elems;
+  // Domain d's slice is its rank's: at q·S + offset in each rank's unit-flat buffer.
+  const std::size_t at = (static_cast<std::size_t>(domain_rank(domain)) * S + slice_offset) *
+                         dtype_size(reducer_->comm_dtype());
+  fused_.tile_sources.resize(W);
+  for (std::size_t q = 0; q < W; ++q) fused_.tile_sources[q] = fused_.sources[row * W + q] + at;
+  return fused_.tile_sources.data();
+}
+
+float EngineImpl::late_divisor() const {
+  return reducer_->op() == ReduceOp::Avg ? static_cast<float>(world_) : 0.0f;
+}
+
+bool EngineImpl::late_sources(int domain, int unit, std::size_t slice_offset,
+                              kernels::GradSources* out) {
+  if (!gradient_late(domain, unit) || world_ > kernels::GradSources::kMaxCount) return false;
+  const auto row = static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)]);
+  if (fused_.adds[row] != 0 || reducer_->accum_dtype() != reducer_->comm_dtype()) return false;
+  *out = {late_buffers(domain, unit, slice_offset), world_, late_divisor()};
+  return true;
+}
+
 void EngineImpl::settle_gradient(int domain, int unit, std::size_t slice_offset,
                                  std::size_t count) {
   if (!gradient_late(domain, unit) || count == 0) return;
   const auto row = static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)]);
-  const auto W = static_cast<std::size_t>(world_);
   const DType comm = reducer_->comm_dtype();
   const DType accum = reducer_->accum_dtype();
   const bool adds = fused_.adds[row] != 0;
-  const std::size_t S = layout_->unit(unit).slice_elems;
-  const float divisor = reducer_->op() == ReduceOp::Avg ? static_cast<float>(world_) : 0.0f;
-  constexpr std::size_t kMaxInline = 16;
-  const void* inline_srcs[kMaxInline];
-  std::vector<const void*> many(W > kMaxInline ? W : 0);
-  const void** srcs = W > kMaxInline ? many.data() : inline_srcs;
-  // The ranks' stretches of domain d's slice (its rank's: at q·S + offset in each rank's
-  // unit-flat buffer), from element `offset` of the slice on.
-  const auto point_at = [&](std::size_t offset) {
-    const std::size_t at =
-        (static_cast<std::size_t>(domain_rank(domain)) * S + offset) * dtype_size(comm);
-    for (std::size_t q = 0; q < W; ++q) srcs[q] = fused_.sources[row * W + q] + at;
-  };
   if (!adds && accum == comm) {  // a plain copy: the sum goes straight into the target
-    point_at(slice_offset);
-    compute_.reduce(gradient(domain, unit, slice_offset), srcs, world_, count, comm,
-                    kernels::ReduceKind::Sum, divisor, exec_);
+    compute_.reduce(gradient(domain, unit, slice_offset),
+                    late_buffers(domain, unit, slice_offset), world_, count, comm,
+                    kernels::ReduceKind::Sum, late_divisor(), exec_);
     return;
   }
   // Else summed into scratch and landed as GradientReducer lands a collective's result.
   if (fused_.scratch.empty()) fused_.scratch = alloc(kSettleElems, comm, MemoryTag::Staging);
   for (std::size_t done = 0; done < count; done += kSettleElems) {
     const std::size_t m = std::min(kSettleElems, count - done);
-    point_at(slice_offset + done);
-    compute_.reduce(fused_.scratch.data(), srcs, world_, m, comm, kernels::ReduceKind::Sum,
-                    divisor, exec_);
+    compute_.reduce(fused_.scratch.data(), late_buffers(domain, unit, slice_offset + done),
+                    world_, m, comm, kernels::ReduceKind::Sum, late_divisor(), exec_);
     compute_.combine(gradient(domain, unit, slice_offset + done), accum, fused_.scratch.data(),
                      comm, m, 1.0f, adds, exec_);
   }

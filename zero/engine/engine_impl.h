@@ -302,7 +302,12 @@ class EngineImpl final : public Engine, private SliceMap {
     std::vector<const std::byte*> sources;  // [row·W + q]: rank q's buffer, readable here
     std::vector<unsigned char> adds;        // per row: added to the target (LateUnit::accumulate)
     Buffer scratch;  // kSettleElems sums on their way into the target, when not a plain copy
+    std::vector<const void*> tile_sources;  // late_buffers()'s W pointers
   };
+  // The W ranks' buffers of a late unit's `domain` slice from `slice_offset` on (valid until the
+  // next call), and the divisor their sum takes (the reduce-scatter's).
+  const void* const* late_buffers(int domain, int unit, std::size_t slice_offset);
+  float late_divisor() const;
   static constexpr std::size_t kSettleElems = std::size_t{1} << 14;
   bool may_fuse_reduction() const;
   // This micro-step is expected to leave its lone units late (may_fuse_reduction(), the window's
@@ -318,6 +323,8 @@ class EngineImpl final : public Engine, private SliceMap {
   // SliceMap: the late units' gradients, formed tile by tile as the optimizer reaches them.
   bool gradient_late(int domain, int unit) const override;
   void settle_gradient(int domain, int unit, std::size_t slice_offset, std::size_t count) override;
+  bool late_sources(int domain, int unit, std::size_t slice_offset,
+                    kernels::GradSources* out) override;
 
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);

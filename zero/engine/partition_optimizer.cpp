@@ -214,10 +214,29 @@ double PartitionOptimizer::block_sum(int unit, std::size_t block) const {
                                   options_.exec);
 }
 
+bool PartitionOptimizer::sums_in_step(int domain, int unit, std::size_t slice_offset,
+                                      kernels::GradSources* sources) {
+  return compute_.optimizer_step_summed != nullptr &&
+         slices_.late_sources(domain, unit, slice_offset, sources);
+}
+
 double PartitionOptimizer::finish_norm() {
+  constexpr std::size_t kBlock = kernels::kNormBlockElems;
   for (std::size_t u = 0; u < layout_.num_units(); ++u) {
+    const int unit = static_cast<int>(u);
+    const std::size_t S = layout_.unit(unit).slice_elems;
+    // A unit the step summed as it stepped it has no gradient in memory: a block whose norm the
+    // step did not sum is formed here, once.
+    kernels::GradSources unused;
+    const bool unformed = S > 0 && sums_in_step(own_domain(), unit, 0, &unused);
     for (std::size_t b = norm_.first[u]; b < norm_.first[u + 1]; ++b) {
-      if (!norm_.summed[b]) norm_.sums[b] = block_sum(static_cast<int>(u), b - norm_.first[u]);
+      if (norm_.summed[b]) continue;
+      const std::size_t block = b - norm_.first[u];
+      if (unformed) {
+        slices_.settle_gradient(own_domain(), unit, block * kBlock,
+                                std::min(kBlock, S - block * kBlock));
+      }
+      norm_.sums[b] = block_sum(unit, block);
     }
   }
   return kernels::sum_norm_blocks(norm_.sums, norm_.first);
@@ -369,7 +388,11 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
       t.master = static_cast<float*>(master_tile_.data());
       compute_.combine(t.master, DType::F32, master, master_dtype, m, 1.0f, false, options_.exec);
     }
-    if (late) slices_.settle_gradient(run.domain, run.unit, first + b, m);
+    // A late tile is summed by the kernel as it steps it, where it can be (the sum never stored:
+    // finish_norm() forms what it reads after the step), else formed in memory right before.
+    kernels::GradSources sources;
+    const bool summed = late && sums_in_step(run.domain, run.unit, first + b, &sources);
+    if (late && !summed) slices_.settle_gradient(run.domain, run.unit, first + b, m);
     t.grad = grad + b * dtype_size(options_.grad_dtype);
     std::byte* state[2] = {nullptr, nullptr};
     for (std::size_t k = 0; k < states && k < 2; ++k) {
@@ -389,9 +412,12 @@ void PartitionOptimizer::step_part(const Run& run, std::size_t first, std::size_
       if (write_model) batch->written.push_back({run.domain, run.unit, first, n});
       return;
     }
-    if (run_blocks != nullptr) {
-      compute_.optimizer_step_norm(hyper, scalars, t, run_blocks + b / kernels::kNormBlockElems,
-                                   options_.exec);
+    double* const tile_blocks =
+        run_blocks != nullptr ? run_blocks + b / kernels::kNormBlockElems : nullptr;
+    if (summed) {
+      compute_.optimizer_step_summed(hyper, scalars, t, sources, tile_blocks, options_.exec);
+    } else if (run_blocks != nullptr) {
+      compute_.optimizer_step_norm(hyper, scalars, t, tile_blocks, options_.exec);
     } else {
       compute_.optimizer_step(hyper, scalars, t, options_.exec);
     }

@@ -247,6 +247,9 @@ class PartitionOptimizer {
   // The fused step's Σ g²: the blocks no kernel summed are summed now, then every block added as
   // squared_norm() adds them.
   double finish_norm();
+  // A late stretch the step sums as it steps it (compute's optimizer_step_summed with the
+  // SliceMap's late_sources), leaving gradient() unformed; false: formed in memory first.
+  bool sums_in_step(int domain, int unit, std::size_t slice_offset, kernels::GradSources* sources);
 
   Device& device_;
   const kernels::ComputeKernels& compute_;

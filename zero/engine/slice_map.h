@@ -9,6 +9,8 @@
 
 #include <cstddef>
 
+#include "kernels/optimizer.h"
+
 namespace zero::engine_detail {
 
 // Which partitions a part addresses: its own rank's (domain 0) or, with `every`, every rank's
@@ -40,11 +42,21 @@ class SliceMap {
   // Gradients formed late (the engine's reduction fused into the step): gradient_late() says
   // that `domain`'s slice of `unit` is not formed yet, and settle_gradient() forms `count`
   // elements of it from `slice_offset` on, which a reader asks for right before it reads them
-  // (so it reads them back from cache). A map whose gradients are formed already says false and
-  // settles nothing. Settling a stretch twice gives the same bits.
+  // (so it reads them back from cache); each stretch at most once (one added to what earlier
+  // micro-steps left would be added twice). A map whose gradients are formed already says false
+  // and settles nothing.
   virtual bool gradient_late(int /*domain*/, int /*unit*/) const { return false; }
   virtual void settle_gradient(int /*domain*/, int /*unit*/, std::size_t /*slice_offset*/,
                                std::size_t /*count*/) {}
+  // Where a late slice's gradient is a plain sum of the ranks' buffers (nothing added to earlier
+  // micro-steps, no cast; the same for every stretch of the unit): true, with `out` the buffers
+  // at `slice_offset` (the gradient dtype; valid until the next call) for a kernel that sums them
+  // as it steps them (kernels::optimizer_step_summed_cpu), gradient() left unformed. False
+  // otherwise, and for a slice that is not late.
+  virtual bool late_sources(int /*domain*/, int /*unit*/, std::size_t /*slice_offset*/,
+                            kernels::GradSources* /*out*/) {
+    return false;
+  }
 };
 
 }  // namespace zero::engine_detail

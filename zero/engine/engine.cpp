@@ -47,8 +47,9 @@ std::byte* EngineImpl::gradient(int domain, int unit, std::size_t slice_offset) 
 std::byte* EngineImpl::model(int domain, int unit, std::size_t slice_offset) {
   const UnitLayout& ul = layout_->unit(unit);
   if (stage_ == 3) return own_slice(unit, slice_offset);
-  return element_at(units_[static_cast<std::size_t>(unit)].model, model_dtype_,
-                    static_cast<std::size_t>(domain_rank(domain)) * ul.slice_elems + slice_offset);
+  return units_[static_cast<std::size_t>(unit)].model +
+         (static_cast<std::size_t>(domain_rank(domain)) * ul.slice_elems + slice_offset) *
+             dtype_size(model_dtype_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ std::span<const std::byte> EngineImpl::param(std::size_t param) const {
   const ParamPlacement& pl = layout_->placement(*ps.layout_index);
   if (ps.numel == 0) return {};
   if (!fetcher_)
-    return {element_at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset),
+    return {units_[static_cast<std::size_t>(pl.unit)].model + pl.offset * dtype_size(model_dtype_),
             bytes};
   const std::byte* data = fetcher_->data(pl.unit);
   ZERO_CHECK(data != nullptr,
@@ -381,13 +382,13 @@ void EngineImpl::all_gather_model(bool after_push) {
 
 Work EngineImpl::start_model_gather(std::size_t unit) {
   const UnitLayout& ul = layout_->unit(static_cast<int>(unit));
-  return comm_.all_gather_in_place(units_[unit].model.data(), ul.slice_elems, model_dtype_);
+  return comm_.all_gather_in_place(units_[unit].model, ul.slice_elems, model_dtype_);
 }
 
 PartitionOptimizer::ModelEcho EngineImpl::push_model_to_peers() {
   ZERO_ASSERT(gathers_model() && num_domains() == 1 && comm_.shares_address_space());
   std::vector<void*> mine(layout_units_);
-  for (std::size_t u = 0; u < layout_units_; ++u) mine[u] = units_[u].model.data();
+  for (std::size_t u = 0; u < layout_units_; ++u) mine[u] = units_[u].model;
   // Rank q's model copy of unit u at [q·units + u].
   std::vector<void*> all = comm_.exchange_addresses(mine);
   return [this, all = std::move(all)](int unit, std::size_t slice_offset, const std::byte* values,

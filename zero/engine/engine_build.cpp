@@ -208,6 +208,23 @@ void EngineImpl::register_specs(const EngineOptions& options) {
   }
 }
 
+void EngineImpl::allocate_model_copies() {
+  // Each copy starts on a cache line of its own.
+  const std::size_t align = std::max<std::size_t>(64 / dtype_size(model_dtype_), 1);
+  std::vector<std::size_t> offsets(layout_units_);
+  std::size_t total = 0;
+  for (std::size_t u = 0; u < layout_units_; ++u) {
+    offsets[u] = total;
+    total += (layout_->unit(static_cast<int>(u)).padded_elems + align - 1) / align * align;
+  }
+  if (total == 0) return;
+  model_pool_ = alloc(total, model_dtype_, MemoryTag::LowPrecisionParams);
+  for (std::size_t u = 0; u < layout_units_; ++u) {
+    if (layout_->unit(static_cast<int>(u)).padded_elems == 0) continue;
+    units_[u].model = element_at(model_pool_, model_dtype_, offsets[u]);
+  }
+}
+
 // Rank 0 initialises each unit in full, broadcasts it, and every rank keeps what its stage needs.
 void EngineImpl::init_state(const InitFn& init) {
   SliceMap& slices = *this;
@@ -219,6 +236,7 @@ void EngineImpl::init_state(const InitFn& init) {
       device_, host_step_ ? kernels::cpu_compute_kernels() : compute_, *layout_, parts_.partition,
       mirror_ ? static_cast<SliceMap&>(*mirror_) : slices);
   if (stage_ == 3) make_param_store();
+  if (stage_ != 3) allocate_model_copies();
   std::vector<float> flat;
   for (std::size_t u = 0; u < layout_units_; ++u) {
     const UnitLayout& ul = layout_->unit(static_cast<int>(u));
@@ -244,8 +262,7 @@ void EngineImpl::init_state(const InitFn& init) {
         combine(slice, model_dtype_, values + mine, DType::F32, ul.slice_elems);
       }
     } else {
-      units_[u].model = alloc(ul.padded_elems, model_dtype_, MemoryTag::LowPrecisionParams);
-      combine(units_[u].model.data(), model_dtype_, values, DType::F32, ul.padded_elems);
+      combine(units_[u].model, model_dtype_, values, DType::F32, ul.padded_elems);
     }
   }
   optimizer_->store().flush();  // the last NVMe sub-group set, to its swap file

@@ -143,7 +143,7 @@ class EngineImpl final : public Engine, private SliceMap {
     std::vector<std::size_t> trainable;  // spec indices, ascending
     std::size_t pending = 0;             // trainable params not yet ready this micro-step
     std::vector<std::size_t> quantized_frozen;  // spec indices gathered with the unit
-    Buffer model;                        // stages 0–2: the full model copy, unit-flat
+    std::byte* model = nullptr;          // stages 0–2: the full model copy, unit-flat
   };
 
   // SliceMap: stage 0 lands in the reducer's buffers of every rank's reduced gradients (domain d
@@ -168,6 +168,7 @@ class EngineImpl final : public Engine, private SliceMap {
   std::size_t domain_offset(int domain) const {
     return static_cast<std::size_t>(domain) * partition_elems();
   }
+  void allocate_model_copies();  // stages 0–2: model_pool_ and each unit's place in it
   Buffer alloc(std::size_t elems, DType dtype, MemoryTag tag,
                MemoryKind kind = MemoryKind::Device) {
     return device_.allocate(elems * dtype_size(dtype), kind, tag);
@@ -386,6 +387,11 @@ class EngineImpl final : public Engine, private SliceMap {
   std::vector<UnitState> units_;
   std::vector<std::size_t> layout_to_spec_;
   Buffer model_part_;  // stage 3: own slices of the model copy
+  // Stages 0–2: every unit's model copy (UnitState::model), in one block, so that the small
+  // units' copies lie where the peers can map them too (a ShmComm process's shared arena takes
+  // blocks of 64 KiB and more) and the step writes them there (ModelPush) instead of their
+  // all-gather.
+  Buffer model_pool_;
   // Stage 3 with offload_param nvme: the own slices in swap files instead, one record per unit.
   std::unique_ptr<offload::SubgroupStore> param_store_;
 

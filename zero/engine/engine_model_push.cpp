@@ -71,7 +71,7 @@ void EngineImpl::model_written(int domain, int unit, std::size_t slice_offset, s
   // The stretch the step just wrote: into the model copy at stages 1/2, the partition at stage 3.
   const std::byte* mine = stage_ == 3
                               ? own_slice(unit, slice_offset)
-                              : static_cast<const std::byte*>(units_[u].model.data()) + at;
+                              : units_[u].model + at;
   for (int q = 0; q < world_; ++q) {
     std::byte* copy = push_.peers[static_cast<std::size_t>(q) * layout_units_ + u];
     if (copy == nullptr) continue;  // this rank's model copy at stages 1/2: written already
@@ -84,7 +84,7 @@ void EngineImpl::model_written(int domain, int unit, std::size_t slice_offset, s
 
 std::byte* EngineImpl::pushed_copy(std::size_t unit) {
   if (stage_ == 3) return fetcher_ ? fetcher_->persistent_copy(static_cast<int>(unit)) : nullptr;
-  return static_cast<std::byte*>(units_[unit].model.data());
+  return units_[unit].model;
 }
 
 }  // namespace zero::engine_detail

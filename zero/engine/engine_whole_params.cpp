@@ -114,7 +114,7 @@ void EngineImpl::set_param(std::size_t param, std::span<const float> values, int
 
   if (!fetcher_) {
     device_.copy(
-        element_at(units_[static_cast<std::size_t>(pl.unit)].model, model_dtype_, pl.offset),
+        units_[static_cast<std::size_t>(pl.unit)].model + pl.offset * dtype_size(model_dtype_),
         rounded.data(), rounded.size());
     return;
   }

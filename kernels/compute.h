@@ -62,6 +62,10 @@ struct ComputeKernels {
   void (*optimizer_step_summed)(const OptimizerHyper& hyper, const StepScalars& scalars,
                                 const OptimizerTensors& tensors, const GradSources& sources,
                                 double* block_sums, const CpuExec& exec) = nullptr;
+  // The norm's block sums of the gradient `sources` sum, in one walk over the sources (kernels/
+  // optimizer.h, squared_norm_summed_cpu). Null where a backend has none (CUDA).
+  void (*squared_norm_summed)(const GradSources& sources, DType dtype, std::size_t numel,
+                              double* block_sums, const CpuExec& exec) = nullptr;
   // data[i] ← data[i]·scale in place; true when a result is ±inf or NaN.
   bool (*unscale_and_check)(void* data, DType dtype, std::size_t numel, float scale,
                             const CpuExec& exec);

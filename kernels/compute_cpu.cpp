@@ -82,6 +82,7 @@ const ComputeKernels& cpu_compute_kernels() {
       .optimizer_step_many = &optimizer_step_many,
       .optimizer_step_norm = &optimizer_step_norm_cpu,
       .optimizer_step_summed = &optimizer_step_summed_cpu,
+      .squared_norm_summed = &squared_norm_summed_cpu,
       .unscale_and_check = &unscale_and_check_cpu,
       .squared_l2_norm = &squared_l2_norm_cpu,
       .unscale_and_check_many = &unscale_and_check_many,

@@ -218,6 +218,7 @@ const ComputeKernels& cuda_compute_kernels() {
       .optimizer_step_many = &optimizer_step_many,
       .optimizer_step_norm = nullptr,  // the engine takes the norm in its own launch
       .optimizer_step_summed = nullptr,  // the engine sums into memory first
+      .squared_norm_summed = nullptr,
       .unscale_and_check = &unscale_and_check,
       .squared_l2_norm = &squared_l2_norm,
       .unscale_and_check_many = &unscale_and_check_many,

@@ -154,6 +154,23 @@ void optimizer_summed_loop(const StepCoeffs& coeffs, const OptimizerTensors& t,
   }
 }
 
+// No step: optimizer_summed_loop with kNorm then only sums the norm's blocks.
+template <DType kGrad>
+struct NoStep {
+  static constexpr DType kGradDType = kGrad;
+  template <class Ops>
+  static void step(const StepCoeffs&, const OptimizerTensors&, std::size_t, typename Ops::V) {}
+};
+
+template <class Ops>
+void norm_summed_range(const GradSources& sources, DType dtype, std::size_t begin,
+                       std::size_t end, double* block_sums) {
+  with_dtype(dtype, [&](auto tag) {
+    optimizer_summed_loop<Ops, NoStep<decltype(tag)::value>, true>(StepCoeffs{}, OptimizerTensors{},
+                                                                   sources, begin, end, block_sums);
+  });
+}
+
 // Calls loop.template operator()<Element>() with kKind's step element of t's dtypes.
 template <OptimizerKind kKind, int kStates, class Loop>
 void with_dtypes_element(const OptimizerTensors& t, Loop&& loop) {
@@ -420,7 +437,8 @@ constexpr detail::CpuKernels make_cpu_kernels() {
   return detail::CpuKernels{&optimizer_range<Ops>,           &probe_range<Ops>,
                             &unscale_range<Ops>,             &squared_norm_block_range<Ops>,
                             &squared_norm_blocks_range<Ops>, &cast_range<Ops>,
-                            &reduce_range<Ops>,              &optimizer_summed_range<Ops>};
+                            &reduce_range<Ops>,              &optimizer_summed_range<Ops>,
+                            &norm_summed_range<Ops>};
 }
 
 }  // namespace ZERO_KERNELS_ABI

@@ -46,6 +46,10 @@ struct CpuKernels {
   void (*optimizer_summed)(const math::StepCoeffs& coeffs, const OptimizerTensors& t,
                            const GradSources& sources, std::size_t begin, std::size_t end,
                            double* block_sums);
+  // optimizer_summed's block_sums alone (no step): the norm's blocks of the gradient `sources`
+  // sum, of `dtype`.
+  void (*norm_summed)(const GradSources& sources, DType dtype, std::size_t begin, std::size_t end,
+                      double* block_sums);
 };
 
 const CpuKernels& cpu_kernels_scalar();

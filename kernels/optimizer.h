@@ -115,4 +115,10 @@ void optimizer_step_summed_cpu(const OptimizerHyper& hyper, const StepScalars& s
                                const OptimizerTensors& tensors, const GradSources& sources,
                                double* block_sums, const CpuExec& exec = {});
 
+// block_sums[k] ← block k's sum of squares (norm.h's blocks) of the gradient `sources` sum, numel
+// elements of `dtype` (F32, BF16 or F16), for every k < ceil(numel / 4096), in one walk over the
+// sources: bitwise squared_l2_norm_cpu's blocks of the array reduce_cpu would have stored.
+void squared_norm_summed_cpu(const GradSources& sources, DType dtype, std::size_t numel,
+                             double* block_sums, const CpuExec& exec = {});
+
 }  // namespace zero::kernels

@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "kernels/array_checks.h"
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/optimizer.h"
@@ -54,10 +55,9 @@ void optimizer_step_norm_cpu(const OptimizerHyper& hyper, const StepScalars& sca
       });
 }
 
-void optimizer_step_summed_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
-                               const OptimizerTensors& tensors, const GradSources& sources,
-                               double* block_sums, const CpuExec& exec) {
-  const std::string_view name = optimizer_name(hyper.kind);
+namespace {
+
+void check_sources(std::string_view name, const GradSources& sources) {
   ZERO_CHECK(sources.count >= 1 && sources.count <= GradSources::kMaxCount,
              "{}: a summed gradient needs 1 to {} sources, got {}", name, GradSources::kMaxCount,
              sources.count);
@@ -65,6 +65,14 @@ void optimizer_step_summed_cpu(const OptimizerHyper& hyper, const StepScalars& s
   ZERO_CHECK(std::isfinite(sources.divisor) && sources.divisor >= 0.0f,
              "{}: the gradient's divisor must be finite and >= 0 (0: none), got {}", name,
              sources.divisor);
+}
+
+}  // namespace
+
+void optimizer_step_summed_cpu(const OptimizerHyper& hyper, const StepScalars& scalars,
+                               const OptimizerTensors& tensors, const GradSources& sources,
+                               double* block_sums, const CpuExec& exec) {
+  check_sources(optimizer_name(hyper.kind), sources);
   const math::StepCoeffs coeffs = make_step_coeffs(hyper, scalars);
   // Every source is checked as the gradient array would be.
   OptimizerTensors checked = tensors;
@@ -80,6 +88,26 @@ void optimizer_step_summed_cpu(const OptimizerHyper& hyper, const StepScalars& s
         kernels.optimizer_summed(coeffs, tensors, sources, begin, end,
                                  block_sums != nullptr ? block_sums + begin / kBlock : nullptr);
       });
+}
+
+void squared_norm_summed_cpu(const GradSources& sources, DType dtype, std::size_t numel,
+                             double* block_sums, const CpuExec& exec) {
+  check_sources("squared norm", sources);
+  ZERO_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16,
+             "squared norm: the gradient must be fp32, bf16 or fp16, got {}", dtype_name(dtype));
+  ZERO_CHECK(block_sums != nullptr || numel == 0, "squared norm: block_sums is null");
+  for (int k = 0; k < sources.count; ++k) {
+    detail::check_float_array("squared norm", "a gradient source", sources.arrays[k], dtype,
+                              numel);
+  }
+  const int threads = resolve_threads(exec.threads);
+  const auto& kernels = detail::cpu_kernels(resolve_isa(exec.isa));
+  constexpr std::size_t kBlock = detail::kNormBlockElems;
+  detail::for_each_tile(numel, detail::kTileElems, threads,
+                        [&](std::size_t begin, std::size_t end) {
+                          kernels.norm_summed(sources, dtype, begin, end,
+                                              block_sums + begin / kBlock);
+                        });
 }
 
 void traffic_probe_cpu(const OptimizerTensors& tensors, int state_count, const CpuExec& exec) {

@@ -186,7 +186,8 @@ TEST_CASE("the step with its norm steps as the step alone and sums the norm's bl
 TEST_CASE("the step of a gradient summed from its sources gives the bits of reduce, then step") {
   // optimizer_step_summed_cpu sums each element of the gradient from its sources as it steps it
   // (and, given block_sums, adds its squares into the norm's blocks): bitwise reduce_cpu into an
-  // array, then optimizer_step_cpu (or optimizer_step_norm_cpu) of that array, for every
+  // array, then optimizer_step_cpu (or optimizer_step_norm_cpu) of that array; and
+  // squared_norm_summed_cpu those blocks alone. For every
   // optimizer, dtype, source count, divisor, size (tails shorter than a vector or a norm block),
   // ISA and thread count.
   constexpr std::size_t kBlock = zk::kNormBlockElems;
@@ -270,6 +271,11 @@ TEST_CASE("the step of a gradient summed from its sources gives the bits of redu
           REQUIRE(got == expected);
           if (norm) {
             REQUIRE(std::memcmp(sums.data(), want.data(), blocks * sizeof(double)) == 0);
+            // The norm's blocks alone, in a walk of their own.
+            std::vector<double> alone(blocks + 1, -1.0);
+            zk::squared_norm_summed_cpu(summed, c.grad, c.numel, alone.data(), {threads, isa});
+            REQUIRE(std::memcmp(alone.data(), want.data(), blocks * sizeof(double)) == 0);
+            REQUIRE(alone.back() == -1.0);
           } else {
             REQUIRE(sums[0] == -1.0);
           }

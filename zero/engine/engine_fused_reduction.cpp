@@ -76,8 +76,18 @@ void EngineImpl::end_fused_reduction() {
 }
 
 bool EngineImpl::gradient_late(int domain, int unit) const {
-  if (!fused_.active || (fused_.own_formed && domain == optimizer_->own_domain())) return false;
-  return fused_.late[static_cast<std::size_t>(unit)] >= 0;
+  if (!fused_.active) return false;
+  const int row = fused_.late[static_cast<std::size_t>(unit)];
+  if (row < 0) return false;
+  // The norm's pass formed this rank's own slices in memory, but for those it summed as they are.
+  return !(fused_.own_formed && domain == optimizer_->own_domain() &&
+           !late_summable(static_cast<std::size_t>(row)));
+}
+
+bool EngineImpl::late_summable(std::size_t row) const {
+  return fused_.adds[row] == 0 && reducer_->accum_dtype() == reducer_->comm_dtype() &&
+         world_ <= kernels::GradSources::kMaxCount && compute_.optimizer_step_summed != nullptr &&
+         compute_.squared_norm_summed != nullptr;
 }
 
 const void* const* EngineImpl::late_buffers(int domain, int unit, std::size_t slice_offset) {
@@ -98,9 +108,9 @@ float EngineImpl::late_divisor() const {
 
 bool EngineImpl::late_sources(int domain, int unit, std::size_t slice_offset,
                               kernels::GradSources* out) {
-  if (!gradient_late(domain, unit) || world_ > kernels::GradSources::kMaxCount) return false;
-  const auto row = static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)]);
-  if (fused_.adds[row] != 0 || reducer_->accum_dtype() != reducer_->comm_dtype()) return false;
+  if (!gradient_late(domain, unit)) return false;
+  if (!late_summable(static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)])))
+    return false;
   *out = {late_buffers(domain, unit, slice_offset), world_, late_divisor()};
   return true;
 }

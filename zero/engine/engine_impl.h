@@ -295,7 +295,7 @@ class EngineImpl final : public Engine, private SliceMap {
   // buffers again.
   struct FusedReduction {
     bool active = false;            // inside a step that forms the late units' gradients
-    bool own_formed = false;        // the norm formed this rank's own domain of them
+    bool own_formed = false;  // the norm formed this rank's own slices of them (not summable ones)
     // No rank could read a late unit's buffers of some peer (a backend without peer views, e.g.
     // MPI): fusing is given up for good, every rank agreeing.
     bool unreadable = false;
@@ -309,6 +309,10 @@ class EngineImpl final : public Engine, private SliceMap {
   // next call), and the divisor their sum takes (the reduce-scatter's).
   const void* const* late_buffers(int domain, int unit, std::size_t slice_offset);
   float late_divisor() const;
+  // A late unit's gradient is a plain sum of the ranks' buffers that the compute kernels can
+  // take as they step it or sum its norm (late_sources()): nothing added to earlier micro-steps,
+  // no cast, at most GradSources::kMaxCount ranks.
+  bool late_summable(std::size_t row) const;
   static constexpr std::size_t kSettleElems = std::size_t{1} << 14;
   bool may_fuse_reduction() const;
   // This micro-step is expected to leave its lone units late (may_fuse_reduction(), the window's

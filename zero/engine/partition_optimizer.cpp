@@ -181,6 +181,12 @@ double PartitionOptimizer::squared_norm() const {
   for (std::size_t u = 0; u < layout_.num_units(); ++u) {
     const int unit = static_cast<int>(u);
     const std::size_t S = layout_.unit(unit).slice_elems;
+    kernels::GradSources sources;
+    if (S > 0 && sums_in_step(own, unit, 0, &sources)) {  // summed as they are, nothing stored
+      compute_.squared_norm_summed(sources, options_.grad_dtype, S, sums.data() + norm_.first[u],
+                                   options_.exec);
+      continue;
+    }
     const bool formed_here = slices_.gradient_late(own, unit);
     for (std::size_t off = 0; off < S; off += kLateTileElems) {
       const std::size_t m = std::min(kLateTileElems, S - off);
@@ -215,9 +221,10 @@ double PartitionOptimizer::block_sum(int unit, std::size_t block) const {
 }
 
 bool PartitionOptimizer::sums_in_step(int domain, int unit, std::size_t slice_offset,
-                                      kernels::GradSources* sources) {
-  return compute_.optimizer_step_summed != nullptr &&
-         slices_.late_sources(domain, unit, slice_offset, sources);
+                                      kernels::GradSources* sources) const {
+  if (!slices_.late_sources(domain, unit, slice_offset, sources)) return false;
+  ZERO_ASSERT(compute_.optimizer_step_summed != nullptr && compute_.squared_norm_summed != nullptr);
+  return true;
 }
 
 double PartitionOptimizer::finish_norm() {

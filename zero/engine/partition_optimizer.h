@@ -102,7 +102,9 @@ class PartitionOptimizer {
   // Σ g² over the rank's own slices, unit by unit in unit order, in double: every slice in one
   // call of the compute table (one wait on a device). Not finite exactly when a gradient is ±inf
   // or NaN, which makes it the overflow check too. Own slices whose gradients are late
-  // (SliceMap::gradient_late) are formed on the way (settle_gradient), with the same bits.
+  // (SliceMap::gradient_late) are summed from the ranks' buffers where they can be as they are
+  // (late_sources, left late for the step to sum again), else formed on the way
+  // (settle_gradient), with the same bits.
   double squared_norm() const;
 
   // One optimizer step of every run: hypers[g] and scalars[g] for param group g (validated by
@@ -249,7 +251,8 @@ class PartitionOptimizer {
   double finish_norm();
   // A late stretch the step sums as it steps it (compute's optimizer_step_summed with the
   // SliceMap's late_sources), leaving gradient() unformed; false: formed in memory first.
-  bool sums_in_step(int domain, int unit, std::size_t slice_offset, kernels::GradSources* sources);
+  bool sums_in_step(int domain, int unit, std::size_t slice_offset,
+                    kernels::GradSources* sources) const;
 
   Device& device_;
   const kernels::ComputeKernels& compute_;

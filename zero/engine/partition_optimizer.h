@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "kernels/compute.h"
+#include "kernels/norm.h"
 #include "offload/subgroup_store.h"
 #include "zero/base/dtype.h"
 #include "zero/device/device.h"
@@ -186,6 +187,11 @@ class PartitionOptimizer {
   void adopt(std::vector<Replacement>&& all);
 
  private:
+  // A run whose gradients are formed late is stepped in tiles of this many elements, each summed
+  // or formed right before it is stepped: 64 KiB of fp32 gradient, read back from L2. A multiple
+  // of the norm block, so each tile's blocks are the run's.
+  static constexpr std::size_t kLateTileElems = std::size_t{1} << 14;
+  static_assert(kLateTileElems % kernels::kNormBlockElems == 0);
   // The rank's own gradient slice of every unit that has one, in unit order.
   std::vector<kernels::ArrayRef> gradient_slices() const;
   struct Run {

@@ -99,14 +99,29 @@ void optimizer_loop(const StepCoeffs& coeffs, const OptimizerTensors& t, std::si
   for (; i < end; ++i) Element::template run<ScalarOps>(c, t, i);
 }
 
-// The sum of the gradient's sources at i, as reduce_at (below) forms it and stores it in the
-// gradient dtype, and as the step's load then reads it back: rounded through that dtype.
+// reduce's value at i before it is stored: srcs[0][i] ⊕ … ⊕ srcs[nsrc-1][i] left to right in
+// fp32 (Sum: +; Max: max_nan), divided by `divisor` unless it is 0.
+template <class Ops, DType kDType, bool kMax>
+typename Ops::V reduced_value(const void* const* srcs, int nsrc, float divisor, std::size_t i) {
+  using V = typename Ops::V;
+  V acc = load_as_float<Ops, kDType>(srcs[0], i);
+  for (int k = 1; k < nsrc; ++k) {
+    const V x = load_as_float<Ops, kDType>(srcs[k], i);
+    if constexpr (kMax) {
+      acc = Ops::max_nan(acc, x);
+    } else {
+      acc = acc + x;
+    }
+  }
+  if (divisor != 0.0f) acc = acc / V(divisor);
+  return acc;
+}
+
+// The sum of the gradient's sources at i, as reduce_at (below) stores it in the gradient dtype
+// and as the step's load then reads it back: rounded through that dtype.
 template <class Ops, DType kGrad>
 typename Ops::V summed_gradient(const void* const* srcs, int nsrc, float divisor, std::size_t i) {
-  using V = typename Ops::V;
-  V acc = load_as_float<Ops, kGrad>(srcs[0], i);
-  for (int k = 1; k < nsrc; ++k) acc = acc + load_as_float<Ops, kGrad>(srcs[k], i);
-  if (divisor != 0.0f) acc = acc / V(divisor);
+  const typename Ops::V acc = reduced_value<Ops, kGrad, false>(srcs, nsrc, divisor, i);
   if constexpr (kGrad == DType::F32) {
     return acc;
   } else {
@@ -398,18 +413,7 @@ void cast_range(const void* src, DType src_dtype, void* dst, DType dst_dtype, st
 // a source exactly.
 template <class Ops, DType kDType, bool kMax>
 void reduce_at(void* dst, const void* const* srcs, int nsrc, float divisor, std::size_t i) {
-  using V = typename Ops::V;
-  V acc = load_as_float<Ops, kDType>(srcs[0], i);
-  for (int k = 1; k < nsrc; ++k) {
-    const V x = load_as_float<Ops, kDType>(srcs[k], i);
-    if constexpr (kMax) {
-      acc = Ops::max_nan(acc, x);
-    } else {
-      acc = acc + x;
-    }
-  }
-  if (divisor != 0.0f) acc = acc / V(divisor);
-  store_from_float<Ops, kDType>(dst, i, acc);
+  store_from_float<Ops, kDType>(dst, i, reduced_value<Ops, kDType, kMax>(srcs, nsrc, divisor, i));
 }
 
 template <class Ops>

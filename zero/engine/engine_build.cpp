@@ -6,8 +6,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <set>
+#include <string_view>
 
 #include "zero/base/shape.h"
 #include "zero/engine/engine_impl.h"
@@ -135,6 +137,9 @@ void EngineImpl::read_options(const EngineOptions& options) {
   check_overflow_ = cfg_.fp16.enabled || (cfg_.bf16.enabled && cfg_.bf16.check_grad_overflow);
   ignore_unused_ = cfg_.zero_optimization.ignore_unused_parameters;
   clip_ = cfg_.gradient_clipping;
+  // Read once: grad_ready() asks may_fuse_reduction() for every unit.
+  const char* fused_env = std::getenv("ZERO_FUSED_REDUCTION");
+  fused_.off = fused_env != nullptr && std::string_view(fused_env) == "0";
   parts_ = part_options(cfg_, rank_, world_, exec_);
   parts_.reducer.quantize_bits = qgz_bits(cfg_, comm_, mics_ != nullptr, notes_);
   if (const auto& loco = cfg_.zero_optimization.zeropp_loco_param; loco && stage_ == 3) {

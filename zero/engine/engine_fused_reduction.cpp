@@ -1,19 +1,15 @@
 // The reduction fused into the optimizer step (EngineImpl::FusedReduction in engine_impl.h): the
-// lone units left unreduced at the end of backward are summed over the ranks by the step itself,
-// tile by tile, each tile right before the optimizer steps it.
-#include <cstdlib>
-#include <string_view>
-
+// lone units left unreduced at the end of backward are summed over the ranks by the step itself:
+// element by element inside the optimizer kernel, or tile by tile right before it steps a tile.
 #include "zero/engine/engine_impl.h"
 
 namespace zero::engine_detail {
 
 bool EngineImpl::may_fuse_reduction() const {
-  if (world_ < 2 || fused_.unreadable || !host_memory_ || host_step_ || param_store_ || mics_)
+  if (world_ < 2 || fused_.off || fused_.unreadable || !host_memory_ || host_step_ ||
+      param_store_ || mics_)
     return false;
-  if (optimizer_->store().nvme_count() > 0) return false;
-  const char* env = std::getenv("ZERO_FUSED_REDUCTION");
-  return env == nullptr || std::string_view(env) != "0";
+  return optimizer_->store().nvme_count() == 0;
 }
 
 bool EngineImpl::expects_late_units() const {

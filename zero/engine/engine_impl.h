@@ -277,18 +277,19 @@ class EngineImpl final : public Engine, private SliceMap {
   // its peers' gradient buffers (Communicator::peer_readable(): in-process ranks, and ShmComm
   // processes for buffers in the shared host arena), the lone units whose reductions had not
   // started when backward ended (GradientReducer::late_units(): all of them without
-  // overlap_comm, the newest reduce_bucket_size elements of them with it, the older ones
-  // reduced during backward) are not reduced by a collective: the optimizer step sums each tile
-  // of the
-  // ranks' gradients into the target right before it steps that tile (settle_gradient()), with
-  // the communicators' reduction in rank order, so the bits are the collective's. That saves the
-  // collective's sync, the comm thread's hand-offs and the step's read of the target from
-  // memory. When the norm is read before the step (clipping, an overflow check), the norm's pass
-  // forms the rank's own slices instead (PartitionOptimizer::squared_norm), each tile's norm
-  // blocks summed from cache, and the step forms only stage 0's other domains. Only at a
-  // window's boundary (in a window of several micro-steps the earlier ones are reduced and
-  // accumulated as before, and the late sums are added to that as a collective's would be), on
-  // host memory without an NVMe tier, swapped stage-3 partition or MiCS; off with
+  // overlap_comm, the newest reduce_bucket_size elements of them with it, the older ones reduced
+  // during backward) are not reduced by a collective: the optimizer step sums the ranks'
+  // buffers itself, in the communicators' rank order, so the bits are the collective's. A plain
+  // sum (late_sources(): nothing added to earlier micro-steps, no cast) is summed by the kernel
+  // as it steps each element, the gradient never stored; any other unit's tile is formed in the
+  // target right before the step reads it (settle_gradient()). That saves the collective's sync,
+  // the comm thread's hand-offs and the step's read of the target from memory. When the norm is
+  // read before the step (clipping, an overflow check), the norm's pass sums the plain ones'
+  // squares from the buffers as well (the step sums them again) and forms the rank's own slices
+  // of the others (PartitionOptimizer::squared_norm), each tile's norm blocks summed from cache.
+  // Only at a window's boundary (in a window of several micro-steps the earlier ones are reduced
+  // and accumulated as before, and the late sums are added to that as a collective's would be),
+  // on host memory without an NVMe tier, swapped stage-3 partition or MiCS; off with
   // ZERO_FUSED_REDUCTION=0. The exchange of the buffers' addresses (after every rank's backward)
   // orders the reads after the peers' writes; the norm's all-reduce after the step, a push's
   // barrier, or else a barrier of its own orders them before anyone's next backward writes the
@@ -296,6 +297,7 @@ class EngineImpl final : public Engine, private SliceMap {
   struct FusedReduction {
     bool active = false;            // inside a step that forms the late units' gradients
     bool own_formed = false;  // the norm formed this rank's own slices of them (not summable ones)
+    bool off = false;         // ZERO_FUSED_REDUCTION=0 when the engine was built
     // No rank could read a late unit's buffers of some peer (a backend without peer views, e.g.
     // MPI): fusing is given up for good, every rank agreeing.
     bool unreadable = false;

@@ -132,11 +132,11 @@ class GradientReducer {
 
   // The end of a micro-step's backward (every unit complete): reduces the open bucket and waits
   // for every reduction; the target's gradients then hold this window's sum so far. Collective.
-  // With `leave_late`, the lone units whose reductions have not started (all of them without
-  // overlap_comm, unless the budget started some) are left unreduced instead, when their landing
-  // takes no scale and nothing is quantized: those are late_units(), whose target gradients the
-  // caller forms itself (or hands back to reduce_late()) before anything reads them. Every rank
-  // leaves the same units late.
+  // With `leave_late`, the lone units whose reductions have not started (without overlap_comm
+  // all of them unless the budget started some; with it, those `hold` kept waiting) are left
+  // unreduced instead, when their landing takes no scale and nothing is quantized: those are
+  // late_units(), whose target gradients the caller forms itself (or hands back to
+  // reduce_late()) before anything reads them. Every rank leaves the same units late.
   void end_micro_step(bool leave_late = false);
 
   // A unit end_micro_step(true) left unreduced: its gradients (staging buffer or lent memory: W

@@ -141,7 +141,10 @@ class Engine {
   // parameter keeps its address anyway. Throws for an unknown unit.
   virtual bool unit_persistent(int unit) const = 0;
   // The low-precision model copy of `param` (spec dtype, numel elements, row-major).
-  // Throws when the parameter's unit is not gathered (stage 3) or the id is unknown.
+  // Throws when the parameter's unit is not gathered (stage 3) or the id is unknown. At stages
+  // 1/2 over ShmComm processes the ranks may share one copy (rank 0's, in its shared host arena;
+  // off with ZERO_SHARED_MODEL=0): every rank reads the same bytes, and destroying
+  // the engine is then a barrier, so that rank 0 frees the copy only once no rank reads it.
   virtual std::span<const std::byte> param(std::size_t param) const = 0;
 
   // --- backward ---

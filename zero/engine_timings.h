@@ -34,6 +34,10 @@ struct EngineTimings {
   // all-gathers of the other units. Stage 3: likewise into the peers' gathered copies of the
   // persistent units, which are then not re-gathered after the step (nor counted in gathers).
   std::int64_t pushed_bytes = 0;
+  // Stages 1/2 over ShmComm processes with a shared model (one model copy for every rank, rank
+  // 0's, EngineImpl's shared model): bytes of this rank's slices of it its steps wrote, with
+  // nothing pushed or all-gathered (all_gather_s then holds the barrier after the step).
+  std::int64_t shared_model_bytes = 0;
   // offload_optimizer on a GPU (the partition stepped on the host): each reduced gradient chunk is
   // copied to pinned host memory (synchronous; the time is part of unpack_s), and each stretch of
   // the updated model copy is uploaded to the device on a stream of its own while the next one is

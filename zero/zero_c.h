@@ -222,7 +222,8 @@ int zero_engine_create(const char* config, zero_comm* comm, const zero_param_spe
                        size_t n, const zero_engine_options* options, zero_init_fn init,
                        void* user, zero_engine** out);
 
-/* Destroys the engine (null is allowed). Always returns ZERO_OK. */
+/* Destroys the engine (null is allowed). Always returns ZERO_OK. With a shared model copy
+ * (zero_engine_param), first a barrier over the engine's communicator. */
 int zero_engine_destroy(zero_engine* engine);
 
 int zero_engine_info_get(const zero_engine* engine, zero_engine_info* info);
@@ -247,7 +248,10 @@ int zero_engine_unit_persistent(const zero_engine* engine, int unit, int* persis
 
 /* The model copy of `param`: *data points at *bytes bytes (numel elements of the param's dtype,
  * row-major). Stages 0–2: the same address for the engine's whole life (each step refreshes the
- * values in place), so a framework may alias it. Stage 3: valid until the release of its unit. */
+ * values in place), so a framework may alias it. Stage 3: valid until the release of its unit.
+ * At stages 1/2 over shared-memory processes the ranks may share one model copy (rank 0's; off
+ * with ZERO_SHARED_MODEL=0): zero_engine_destroy is then a barrier, and no rank may read the
+ * copy after its own destroy. */
 int zero_engine_param(zero_engine* engine, size_t param, const void** data, size_t* bytes);
 
 /* The loss multiplier for backward: loss scale / gradient_accumulation_steps. */

@@ -69,21 +69,24 @@ def test_module_parameters_are_the_master_weights_in_the_config_dtype(runs, mode
 
 @pytest.mark.parametrize("world", (2, 3))
 @pytest.mark.parametrize("model", MODELS)
-def test_stages_1_and_2_write_their_slices_into_the_peers_model_copies(runs, model, world):
-    """Over processes the optimizer step writes each rank's new slices into the peers' model copies
-    (EngineImpl::ModelPush) instead of all-gathering them, where a copy lies in the shared host
-    arena: the transformer's do. The mlp's are smaller than the arena's blocks (64 KiB,
-    SharedHostArena::kMinBytes), private to their process, and all-gathered as before. The module
-    tests above check what the peers' copies then hold (the other ranks' slices included), and
+def test_stages_1_and_2_share_one_model_copy_over_processes(runs, model, world):
+    """Over processes, stages 1/2 keep one model copy for every rank where it lies in rank 0's
+    shared host arena (EngineImpl's shared model): the transformer's does. Each step writes the
+    rank's slices there, and nothing is pushed or all-gathered. The mlp's copy is smaller than
+    the arena's blocks (64 KiB, SharedHostArena::kMinBytes), private to each process, and
+    all-gathered as before. The module tests above check what every rank's copy then holds, and
     the stages stay bitwise equal either way. (At stage 3 these runs keep only units of at most
-    100 elements gathered, all in one block under 64 KiB: nothing pushed; see the next test.)"""
+    100 elements gathered, all in one block under 64 KiB: nothing pushed; see below.)"""
     run = runs.train(model, world)
     for dtype in cases.DTYPES:
         for stage in (0, 1, 2, 3):
             for rank in range(world):
-                pushed = run.info(stage, dtype, rank)["pushed_bytes"]
-                what = f"{model}, {world} ranks, stage {stage} {dtype}, rank {rank}: {pushed} bytes pushed"
-                assert (pushed > 0) == (model == "transformer" and stage in (1, 2)), what
+                info = run.info(stage, dtype, rank)
+                shared, pushed = info["shared_model_bytes"], info["pushed_bytes"]
+                what = (f"{model}, {world} ranks, stage {stage} {dtype}, rank {rank}: "
+                        f"{shared} bytes written into a shared copy, {pushed} pushed")
+                assert (shared > 0) == (model == "transformer" and stage in (1, 2)), what
+                assert pushed == 0, what
 
 
 def launch_transformer_pairs(tmp_path, world, runs, args, variants):
@@ -128,6 +131,49 @@ def test_stage_3_writes_its_slices_of_persistent_units_into_every_ranks_copy(tmp
     assert_trained(stage0, harness.initial_weights("transformer"), "stage 0 fp32")
     assert_bitwise(harness.load_st(out["push"] / "3-fp32.master.safetensors"), stage0,
                    "stage 3 fp32 with pushed persistent units vs stage 0")
+
+
+def test_a_shared_model_copy_trains_and_resumes_with_the_bits_of_private_ones(tmp_path):
+    """Stages 1/2 with one model copy for both processes (the default) against a private copy
+    per process whose new slices the step pushes into the peers' (ZERO_SHARED_MODEL=0): the
+    same losses, modules and masters, bit for bit, in fp32 and bf16, and both stage 0's. A
+    checkpoint saved mid-run at stage 1 and resumed at stage 2 (written into the shared copy only
+    after the ranks agree on the load) ends with the uninterrupted run's bits."""
+    world, mid = 2, 10
+    out = launch_transformer_pairs(tmp_path, world, "0:fp32,1:fp32,2:fp32,1:bf16,2:bf16",
+                                   ["--save-mid", f"1:fp32@{mid}"], {"shared": None, "private": {"ZERO_SHARED_MODEL": "0"}})
+    for name in out:
+        launch = harness.torchrun(world, "worker_train.py",
+                                  ["--model", "transformer", "--out", out[name], "--runs", "",
+                                   "--resume", f"2:fp32@{out[name] / 'ckpt' / '1-fp32-mid'}"],
+                                  600, out[name] / "resume-log.txt",
+                                  env=None if name == "shared" else {"ZERO_SHARED_MODEL": "0"})
+        assert launch.returncode == 0, f"{name} resume: exit {launch.returncode}\n{launch.tail()}"
+    runs = [("1", "fp32"), ("2", "fp32"), ("1", "bf16"), ("2", "bf16")]
+    for s, d in runs:
+        for r in range(world):
+            shared = harness.read_json(out["shared"] / f"{s}-{d}.rank{r}.json")
+            private = harness.read_json(out["private"] / f"{s}-{d}.rank{r}.json")
+            what = f"stage {s} {d}, rank {r}"
+            assert shared["shared_model_bytes"] > 0 and shared["pushed_bytes"] == 0, what
+            assert private["shared_model_bytes"] == 0 and private["pushed_bytes"] > 0, what
+            assert shared["losses"] == private["losses"], what
+        for kind in ("master", "module"):
+            assert_bitwise(harness.load_st(out["shared"] / f"{s}-{d}.{kind}.safetensors"),
+                           harness.load_st(out["private"] / f"{s}-{d}.{kind}.safetensors"),
+                           f"stage {s} {d} {kind}: shared vs private copies")
+    stage0 = harness.load_st(out["shared"] / "0-fp32.master.safetensors")
+    assert_trained(stage0, harness.initial_weights("transformer"), "stage 0 fp32")
+    for s in ("1", "2"):
+        assert_bitwise(harness.load_st(out["shared"] / f"{s}-fp32.master.safetensors"), stage0,
+                       f"stage {s} fp32 with a shared copy vs stage 0")
+    for name in out:
+        resumed = harness.load_st(out[name] / "resume-2-fp32.master.safetensors")
+        assert_bitwise(resumed, harness.load_st(out[name] / "2-fp32.master.safetensors"),
+                       f"{name}: resumed at stage 2 from stage 1's step {mid} vs uninterrupted")
+        info = harness.read_json(out[name] / "resume-2-fp32.rank0.json")
+        assert info["steps_after_load"] == mid, name
+        assert (info["shared_model_bytes"] > 0) == (name == "shared"), name
 
 
 @pytest.mark.parametrize("clip,gas,bucket", ((0.0, 1, None), (None, 1, None), (None, 2, None),

@@ -76,6 +76,7 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
     info.update(losses=losses, boundaries=boundaries, global_steps=engine.global_steps,
                 train_seconds=time.monotonic() - started,
                 pushed_bytes=engine.timings()["pushed_bytes"],
+                shared_model_bytes=engine.timings()["shared_model_bytes"],
                 units_fused=engine.timings()["units_fused"],
                 units_alone=engine.timings()["units_alone"])
     ckpt = os.path.join(args.out, "ckpt", name)
@@ -113,7 +114,7 @@ def main():
     try:
         import zero
 
-        for run in args.runs.split(","):
+        for run in filter(None, args.runs.split(",")):
             stage, dtype = run.split(":")
             run_one(zero, args, rank, world, int(stage), dtype)
         for spec in filter(None, args.resume.split(",")):

@@ -467,7 +467,9 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
 
     def close(self):
         """Frees the engine. The model's parameters get their own memory back (a copy of their
-        current values at stages 0-2; stage 3 placeholders stay empty)."""
+        current values at stages 0-2; stage 3 placeholders stay empty). Where the ranks share one
+        model copy (stages 1/2 over processes) the engine is then freed at a barrier with the
+        other ranks, after each has copied its parameters out."""
         if self._handle is None:
             return
         for h in self._grad_hooks:

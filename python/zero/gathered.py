@@ -14,7 +14,9 @@ class GatheredParameters:
     modifier_rank: None, or the rank whose changes to the parameters' values inside the context
     count. On exit that rank's values go to every rank and become the engine's master weights
     and model copy (rounded to the training dtype), at every stage, so training continues from
-    them; optimizer states are kept. With None, changes made inside the context are not kept
+    them; optimizer states are kept. Inside such a context each rank's parameters at stages 0-2
+    are its own copies (where the ranks share one model copy, another rank's writes would
+    otherwise land in the modifier's). With None, changes made inside the context are not kept
     at stage 3 (the gathered copy is dropped), as in DeepSpeed.
 
     Parameters built under zero.Init that no engine holds yet are gathered over torch's default
@@ -37,6 +39,7 @@ class GatheredParameters:
         self.units = []
         self.fetcher = None
         self.partitioned = []
+        self.own_copies = []  # engines (stages 0-2) whose parameters are copies inside the context
 
     def __enter__(self):
         if not self.enabled:
@@ -65,24 +68,38 @@ class GatheredParameters:
         for u in self.units:
             self.fetcher.forward_refs[u] = self.fetcher.forward_refs.get(u, 0) + 1
             self.fetcher.ensure_gathered(u)
+        if self.modifier_rank is not None:
+            self.own_copies = [e for e in self._engines() if e._fetcher is None]
+            for p in self.params:
+                if self._engine_of(p) in self.own_copies:
+                    p.data = p.data.clone()
         return self
+
+    def _engines(self):
+        """The live engines holding any of the parameters, each once, in order."""
+        engines = []
+        for p in self.params:
+            engine = self._engine_of(p)
+            if engine is not None and engine not in engines:
+                engines.append(engine)
+        return engines
 
     def __exit__(self, exc_type, *_):
         try:
             # A failure inside the context on one rank would leave the others waiting in the
             # broadcast: keep nothing then (the exception goes on).
             if self.enabled and self.modifier_rank is not None and exc_type is None:
-                engines = []
                 for p in self.params:
                     engine = self._engine_of(p)
                     if engine is not None:
                         engine._set_param(p._zero_index, p.data, self.modifier_rank)
-                        if engine not in engines:
-                            engines.append(engine)
-                for engine in engines:  # stages 0-2: .data may have been replaced in the context
-                    if engine._fetcher is None:
-                        engine._alias_model_copy()
         finally:
+            # Stages 0-2: the parameters are the engine's model copy again (their own copies of
+            # the context, or a .data replaced in it, dropped), whatever happened inside.
+            for engine in self.own_copies if self.enabled else ():
+                if engine._handle is not None:
+                    engine._alias_model_copy()
+            self.own_copies = []
             keep = self.enabled and self.modifier_rank is not None and exc_type is None
             for p in self.partitioned:
                 partition(p, keep_values=keep, root=self.modifier_rank if keep else 0)

@@ -522,6 +522,7 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
                         {"gathered_elems", t.gathered_elems},
                         {"secondary_gathers", t.secondary_gathers},
                         {"pushed_bytes", t.pushed_bytes},
+                        {"shared_model_bytes", t.shared_model_bytes},
                         {"landings", t.landings},
                         {"landed_bytes", t.landed_bytes},
                         {"land_s", t.land_s},

@@ -302,7 +302,7 @@ StepResult EngineImpl::step() {
   }
   // Every peer is in step() now, past its backward: nobody reads a copy while it is written (the
   // exchange of the late units' buffers was such a barrier).
-  if (push && !fused) comm_.barrier().wait();
+  if ((push || (shared_model_ && !plan.overflow)) && !fused) comm_.barrier().wait();
   if (!plan.overflow) {
     ScopedTimer timer(timings_.optimizer_s);
     // Ranks agree that every NVMe write went through before any of them commits; an IoError
@@ -329,6 +329,10 @@ StepResult EngineImpl::step() {
       throw;
     }
     push_.active = false;
+    if (shared_model_) {
+      timings_.shared_model_bytes +=
+          static_cast<std::int64_t>(partition_elems() * dtype_size(model_dtype_));
+    }
     // No rank leaves step() (and stages into its buffers again) while a peer may still read its
     // late units' buffers: the norm's all-reduce after the step orders that, as does the barrier
     // after a push; where the norm came first, only stage 0's other domains were read since its
@@ -372,8 +376,13 @@ StepResult EngineImpl::step() {
 
 // Stages 1/2: every rank's updated slices of the model copy to every rank, several units in
 // flight up to allgather_bucket_size elements; after a pushing step, a barrier (every push has
-// landed) and the units not pushed.
+// landed) and the units not pushed; with a shared model, the barrier alone.
 void EngineImpl::all_gather_model(bool after_push) {
+  if (shared_model_) {
+    ScopedTimer timer(timings_.all_gather_s);
+    comm_.barrier().wait();
+    return;
+  }
   if (!gathers_model()) return;
   ScopedTimer timer(timings_.all_gather_s);
   if (after_push) comm_.barrier().wait();

@@ -95,7 +95,7 @@ EngineImpl::EngineImpl(const config::DsConfig& cfg, Communicator& comm, Device& 
       exec_(exec_of(options)),
       specs_(params.begin(), params.end()) {}
 
-EngineImpl::~EngineImpl() = default;
+EngineImpl::~EngineImpl() { release_shared_model(); }
 
 void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
   rank_ = comm_.rank();
@@ -223,10 +223,15 @@ void EngineImpl::allocate_model_copies() {
     total += (layout_->unit(static_cast<int>(u)).padded_elems + align - 1) / align * align;
   }
   if (total == 0) return;
-  model_pool_ = alloc(total, model_dtype_, MemoryTag::LowPrecisionParams);
+  const std::size_t msize = dtype_size(model_dtype_);
+  std::byte* pool = gathers_model() ? share_model_pool(total * msize) : nullptr;
+  if (pool == nullptr) {
+    model_pool_ = alloc(total, model_dtype_, MemoryTag::LowPrecisionParams);
+    pool = static_cast<std::byte*>(model_pool_.data());
+  }
   for (std::size_t u = 0; u < layout_units_; ++u) {
     if (layout_->unit(static_cast<int>(u)).padded_elems == 0) continue;
-    units_[u].model = element_at(model_pool_, model_dtype_, offsets[u]);
+    units_[u].model = pool + offsets[u] * msize;
   }
 }
 
@@ -266,10 +271,11 @@ void EngineImpl::init_state(const InitFn& init) {
       } else if (slice != nullptr) {
         combine(slice, model_dtype_, values + mine, DType::F32, ul.slice_elems);
       }
-    } else {
+    } else if (!shared_model_ || rank_ == 0) {  // a shared copy: rank 0's writes (see below)
       combine(units_[u].model, model_dtype_, values, DType::F32, ul.padded_elems);
     }
   }
+  if (shared_model_) comm_.barrier().wait();  // the peers read rank 0's initial copy from here
   optimizer_->store().flush();  // the last NVMe sub-group set, to its swap file
   if (param_store_) param_store_->flush();
   reducer_ = std::make_unique<GradientReducer>(comm_, device_, compute_, *layout_, parts_.reducer,

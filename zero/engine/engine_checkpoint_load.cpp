@@ -85,8 +85,9 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   // failure writes it back from them.
   // (Not where the master weights are the model copy: they must stay until the ranks agree, and
   // adopt() writes the new ones into it.)
+  // (Nor where the ranks share one model copy: the peers may read it until they agree.)
   const bool model_on_the_way = host_memory_ && !stash_model && !optimizer_->master_in_model() &&
-                                optimizer_->tensor_dtype(0) == DType::F32;
+                                !shared_model_ && optimizer_->tensor_dtype(0) == DType::F32;
   // At stages 1 and 2 every rank's model copy also needs the other ranks' slices. Where the ranks
   // share one address space (in-process ranks) each rank writes its slices into the peers' model
   // copies as well, while they are in cache (push_model_to_peers()): the all-gather's read of every

@@ -224,10 +224,13 @@ class EngineImpl final : public Engine, private SliceMap {
   // in the same walk over the gradients (PartitionOptimizer::step's own_sumsq) and the norm is
   // all-reduced after the commit, with the same bits.
   bool norm_after_step() const { return !check_overflow_ && clip_ <= 0; }
-  // Whether the model copy is all-gathered after a step (stages 1 and 2, more than one rank).
-  bool gathers_model() const { return world_ > 1 && (stage_ == 1 || stage_ == 2); }
+  // Whether every rank's model copy needs the other ranks' slices after a step (stages 1 and 2,
+  // more than one rank, each rank with a copy of its own: not a shared model).
+  bool gathers_model() const {
+    return world_ > 1 && (stage_ == 1 || stage_ == 2) && !shared_model_;
+  }
   // after_push: the step pushed the units ModelPush covers, at least one (a barrier instead of
-  // their gathers).
+  // their gathers). With a shared model, only the barrier: every rank's slices are in place.
   void all_gather_model(bool after_push = false);
   // Starts all_gather_model()'s collectives, waiting on the oldest while more than
   // `window_elems` elements would be in flight; returns those still in flight (in place: no
@@ -265,6 +268,22 @@ class EngineImpl final : public Engine, private SliceMap {
     bool active = false;  // inside the optimizer step
   };
   bool may_push_model() const;
+  // The shared model (engine_shared_model.cpp). At stages 1/2 over ShmComm processes, every
+  // rank's model copy is one block: rank 0's model_pool_, in its shared host arena, which the
+  // peers map (Communicator::peer_memory()). Each rank's step writes its slices there and nothing
+  // is pushed or all-gathered: the step's model traffic is the kernel's own write. The ranks meet
+  // at a barrier before a step writes the copy (every peer is past its backward) and after it
+  // (every slice is in place before anyone's next forward); a checkpoint load writes it only
+  // after the ranks agree, then meets them likewise. Rank 0 alone writes the initial copy, and
+  // every rank's set_param() the same bytes. Destroying the engine is a barrier, so that rank 0
+  // frees the block only after every peer has let go of it. Not for in-process ranks (ModelPush
+  // serves them), an NVMe tier, a copy outside host memory, or one rank 0's arena does not hold
+  // (below 64 KiB); off with ZERO_SHARED_MODEL=0.
+  bool may_share_model() const;
+  // Collective over comm_: rank 0's block of `bytes` for every rank's copy, mapped here, or null
+  // where some rank may not share it (every rank then allocates its own). Sets shared_model_.
+  std::byte* share_model_pool(std::size_t bytes);
+  void release_shared_model() noexcept;  // the destructor's barrier
   // The copy of `unit` that the step pushes into (the model copy at stages 1/2, the fetcher's
   // gathered copy of a persistent unit at stage 3), or null.
   std::byte* pushed_copy(std::size_t unit);
@@ -397,7 +416,8 @@ class EngineImpl final : public Engine, private SliceMap {
   // units' copies lie where the peers can map them too (a ShmComm process's shared arena takes
   // blocks of 64 KiB and more) and the step writes them there (ModelPush) instead of their
   // all-gather.
-  Buffer model_pool_;
+  Buffer model_pool_;  // a shared model: rank 0's only
+  bool shared_model_ = false;
   // Stage 3 with offload_param nvme: the own slices in swap files instead, one record per unit.
   std::unique_ptr<offload::SubgroupStore> param_store_;
 

@@ -140,14 +140,14 @@ def test_a_shared_model_copy_trains_and_resumes_with_the_bits_of_private_ones(tm
     checkpoint saved mid-run at stage 1 and resumed at stage 2 (written into the shared copy only
     after the ranks agree on the load) ends with the uninterrupted run's bits."""
     world, mid = 2, 10
+    variants = {"shared": None, "private": {"ZERO_SHARED_MODEL": "0"}}
     out = launch_transformer_pairs(tmp_path, world, "0:fp32,1:fp32,2:fp32,1:bf16,2:bf16",
-                                   ["--save-mid", f"1:fp32@{mid}"], {"shared": None, "private": {"ZERO_SHARED_MODEL": "0"}})
-    for name in out:
+                                   ["--save-mid", f"1:fp32@{mid}"], variants)
+    for name, env in variants.items():
         launch = harness.torchrun(world, "worker_train.py",
                                   ["--model", "transformer", "--out", out[name], "--runs", "",
                                    "--resume", f"2:fp32@{out[name] / 'ckpt' / '1-fp32-mid'}"],
-                                  600, out[name] / "resume-log.txt",
-                                  env=None if name == "shared" else {"ZERO_SHARED_MODEL": "0"})
+                                  600, out[name] / "resume-log.txt", env=env)
         assert launch.returncode == 0, f"{name} resume: exit {launch.returncode}\n{launch.tail()}"
     runs = [("1", "fp32"), ("2", "fp32"), ("1", "bf16"), ("2", "bf16")]
     for s, d in runs:

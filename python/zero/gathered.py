@@ -96,7 +96,7 @@ class GatheredParameters:
         finally:
             # Stages 0-2: the parameters are the engine's model copy again (their own copies of
             # the context, or a .data replaced in it, dropped), whatever happened inside.
-            for engine in self.own_copies if self.enabled else ():
+            for engine in self.own_copies:
                 if engine._handle is not None:
                     engine._alias_model_copy()
             self.own_copies = []

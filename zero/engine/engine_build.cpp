@@ -224,7 +224,7 @@ void EngineImpl::allocate_model_copies() {
   }
   if (total == 0) return;
   const std::size_t msize = dtype_size(model_dtype_);
-  std::byte* pool = gathers_model() ? share_model_pool(total * msize) : nullptr;
+  std::byte* pool = gathers_model() ? share_model_pool(total) : nullptr;
   if (pool == nullptr) {
     model_pool_ = alloc(total, model_dtype_, MemoryTag::LowPrecisionParams);
     pool = static_cast<std::byte*>(model_pool_.data());

@@ -280,9 +280,10 @@ class EngineImpl final : public Engine, private SliceMap {
   // serves them), an NVMe tier, a copy outside host memory, or one rank 0's arena does not hold
   // (below 64 KiB); off with ZERO_SHARED_MODEL=0.
   bool may_share_model() const;
-  // Collective over comm_: rank 0's block of `bytes` for every rank's copy, mapped here, or null
-  // where some rank may not share it (every rank then allocates its own). Sets shared_model_.
-  std::byte* share_model_pool(std::size_t bytes);
+  // Collective over comm_: rank 0 allocates model_pool_ of `elems` model-dtype elements; returns
+  // that block for every rank's copy, mapped here, or where some rank may not share it, rank 0's
+  // own block on rank 0 and null elsewhere (the caller allocates). Sets shared_model_.
+  std::byte* share_model_pool(std::size_t elems);
   void release_shared_model() noexcept;  // the destructor's barrier
   // The copy of `unit` that the step pushes into (the model copy at stages 1/2, the fetcher's
   // gathered copy of a persistent unit at stage 3), or null.

@@ -20,29 +20,22 @@ bool EngineImpl::may_share_model() const {
   return env == nullptr || std::string_view(env) != "0";
 }
 
-std::byte* EngineImpl::share_model_pool(std::size_t bytes) {
-  // Every rank asks; one that may not (or cannot map rank 0's block) keeps its own copies, and
-  // then every rank does.
+std::byte* EngineImpl::share_model_pool(std::size_t elems) {
+  // Rank 0 allocates its copy whatever the outcome. Every rank asks; one that may not (or cannot
+  // map rank 0's block) keeps a copy of its own, and then every rank does.
   const bool wanted = may_share_model();
-  std::byte* mine = nullptr;
-  if (wanted && rank_ == 0) {
-    model_pool_ = device_.allocate(bytes, MemoryKind::Device, MemoryTag::LowPrecisionParams);
-    mine = static_cast<std::byte*>(model_pool_.data());
-  }
+  if (rank_ == 0) model_pool_ = alloc(elems, model_dtype_, MemoryTag::LowPrecisionParams);
   // Rank 0's address, as a 64-bit word an fp64 broadcast copies bit for bit.
   static_assert(sizeof(void*) == sizeof(double));
-  void* owner = mine;
+  void* owner = model_pool_.data();
   comm_.broadcast(&owner, 1, DType::F64, 0).wait();
-  if (wanted && rank_ != 0 && owner != nullptr)
-    mine = static_cast<std::byte*>(comm_.peer_memory(0, owner, bytes));
+  void* mine = !wanted ? nullptr
+               : rank_ == 0 ? owner
+                            : comm_.peer_memory(0, owner, elems * dtype_size(model_dtype_));
   float cannot = mine != nullptr ? 0.0f : 1.0f;
   comm_.all_reduce(&cannot, &cannot, 1, DType::F32, ReduceOp::Max).wait();
-  if (cannot != 0.0f) {
-    model_pool_ = Buffer();
-    return nullptr;
-  }
-  shared_model_ = true;
-  return mine;
+  shared_model_ = cannot == 0.0f;
+  return static_cast<std::byte*>(shared_model_ ? mine : model_pool_.data());
 }
 
 void EngineImpl::release_shared_model() noexcept {

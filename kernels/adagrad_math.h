@@ -21,7 +21,7 @@ struct AdagradCoeffs {
 inline namespace ZERO_KERNELS_ABI {
 
 template <class F>
-ZERO_HD inline void adagrad_update(const AdagradCoeffs& c, F& p, F g, F& sum) {
+ZERO_HD ZERO_INLINE void adagrad_update(const AdagradCoeffs& c, F& p, F g, F& sum) {
   g = g * F(c.grad_scale);
   if (c.l2) g = g + p * F(c.weight_decay);
   sum = sum + g * g;

@@ -36,7 +36,7 @@ struct AdamCoeffs {
 inline namespace ZERO_KERNELS_ABI {
 
 template <class F>
-ZERO_HD inline void adam_update(const AdamCoeffs& c, F& p, F g, F& m, F& v) {
+ZERO_HD ZERO_INLINE void adam_update(const AdamCoeffs& c, F& p, F g, F& m, F& v) {
   g = g * F(c.grad_scale);
   if (c.l2) g = g + p * F(c.l2_weight_decay);
   if (c.decoupled) p = p * F(c.decay_factor);

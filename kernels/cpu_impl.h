@@ -13,6 +13,7 @@
 #include "kernels/cpu_kernels.h"
 #include "kernels/cpu_simd.h"
 #include "kernels/optimizer_math.h"
+#include "zero/base/hd.h"
 
 namespace zero::kernels::math {
 inline namespace ZERO_KERNELS_ABI {
@@ -37,7 +38,7 @@ void with_dtype(DType dtype, Fn&& fn) {
 }
 
 template <class Ops, DType kDType>
-typename Ops::V load_as_float(const void* base, std::size_t i) {
+ZERO_INLINE typename Ops::V load_as_float(const void* base, std::size_t i) {
   if constexpr (kDType == DType::F32) {
     return Ops::load_f32(static_cast<const float*>(base) + i);
   } else if constexpr (kDType == DType::BF16) {
@@ -48,7 +49,7 @@ typename Ops::V load_as_float(const void* base, std::size_t i) {
 }
 
 template <class Ops, DType kDType>
-void store_from_float(void* base, std::size_t i, typename Ops::V x) {
+ZERO_INLINE void store_from_float(void* base, std::size_t i, typename Ops::V x) {
   if constexpr (kDType == DType::F32) {
     Ops::store_f32(static_cast<float*>(base) + i, x);
   } else if constexpr (kDType == DType::BF16) {
@@ -69,13 +70,13 @@ template <OptimizerKind kKind, int kStates, DType kGrad, DType kState, DType kOu
 struct StepElement {
   static constexpr DType kGradDType = kGrad;
   template <class Ops>
-  static void run(const StepCoeffs& c, const OptimizerTensors& t, std::size_t i) {
+  ZERO_INLINE static void run(const StepCoeffs& c, const OptimizerTensors& t, std::size_t i) {
     step<Ops>(c, t, i, load_as_float<Ops, kGrad>(t.grad, i));
   }
   // The step of element (or vector) i with its gradient g, read already.
   template <class Ops>
-  static void step(const StepCoeffs& c, const OptimizerTensors& t, std::size_t i,
-                   typename Ops::V g) {
+  ZERO_INLINE static void step(const StepCoeffs& c, const OptimizerTensors& t, std::size_t i,
+                               typename Ops::V g) {
     using V = typename Ops::V;
     V p = Ops::load_f32(t.master + i);
     V s0 = kStates > 0 ? load_as_float<Ops, kState>(t.state0, i) : V(0.0f);
@@ -89,11 +90,12 @@ struct StepElement {
 };
 
 template <class Ops, class Element>
-void optimizer_loop(const StepCoeffs& coeffs, const OptimizerTensors& t, std::size_t begin,
+void optimizer_loop(const StepCoeffs& coeffs, const OptimizerTensors& tensors, std::size_t begin,
                     std::size_t end) {
-  // A local copy: stores through the float arrays cannot alias it, so the compiler keeps the
-  // broadcast coefficients in registers.
+  // Local copies: stores through the arrays cannot alias them, so the compiler keeps the
+  // broadcast coefficients and the array pointers in registers.
   const StepCoeffs c = coeffs;
+  const OptimizerTensors t = tensors;
   std::size_t i = begin;
   for (; i + Ops::kWidth <= end; i += Ops::kWidth) Element::template run<Ops>(c, t, i);
   for (; i < end; ++i) Element::template run<ScalarOps>(c, t, i);
@@ -102,7 +104,8 @@ void optimizer_loop(const StepCoeffs& coeffs, const OptimizerTensors& t, std::si
 // reduce's value at i before it is stored: srcs[0][i] ⊕ … ⊕ srcs[nsrc-1][i] left to right in
 // fp32 (Sum: +; Max: max_nan), divided by `divisor` unless it is 0.
 template <class Ops, DType kDType, bool kMax>
-typename Ops::V reduced_value(const void* const* srcs, int nsrc, float divisor, std::size_t i) {
+ZERO_INLINE typename Ops::V reduced_value(const void* const* srcs, int nsrc, float divisor,
+                                          std::size_t i) {
   using V = typename Ops::V;
   V acc = load_as_float<Ops, kDType>(srcs[0], i);
   for (int k = 1; k < nsrc; ++k) {
@@ -120,7 +123,8 @@ typename Ops::V reduced_value(const void* const* srcs, int nsrc, float divisor, 
 // The sum of the gradient's sources at i, as reduce_at (below) stores it in the gradient dtype
 // and as the step's load then reads it back: rounded through that dtype.
 template <class Ops, DType kGrad>
-typename Ops::V summed_gradient(const void* const* srcs, int nsrc, float divisor, std::size_t i) {
+ZERO_INLINE typename Ops::V summed_gradient(const void* const* srcs, int nsrc, float divisor,
+                                            std::size_t i) {
   const typename Ops::V acc = reduced_value<Ops, kGrad, false>(srcs, nsrc, divisor, i);
   if constexpr (kGrad == DType::F32) {
     return acc;
@@ -136,12 +140,13 @@ typename Ops::V summed_gradient(const void* const* srcs, int nsrc, float divisor
 // squared_norm_block_range adds them (vectors into the ISA's lanes, a tail into lane k % 8) and
 // block_sums[(b - begin) / kNormBlockElems] ← the block's sum.
 template <class Ops, class Element, bool kNorm>
-void optimizer_summed_loop(const StepCoeffs& coeffs, const OptimizerTensors& t,
+void optimizer_summed_loop(const StepCoeffs& coeffs, const OptimizerTensors& tensors,
                            const GradSources& sources, std::size_t begin, std::size_t end,
                            double* block_sums) {
   constexpr DType kGrad = Element::kGradDType;
   constexpr std::size_t kBlock = detail::kNormBlockElems;
   const StepCoeffs c = coeffs;
+  const OptimizerTensors t = tensors;
   // Local copies: stores through the arrays cannot alias them, so they stay in registers.
   const void* srcs[GradSources::kMaxCount];
   const int nsrc = sources.count;
@@ -249,21 +254,20 @@ void optimizer_summed_range(const StepCoeffs& c, const OptimizerTensors& t,
 }
 
 // The roofline probe: each array the optimizer reads is read and each it writes is written, in
-// the same order and widths, with one add in place of the update and a truncating bf16 store.
+// the same order and widths (every load of a vector before its stores, as in StepElement), with
+// one add in place of the update and a truncating bf16 store.
 template <int kStates, DType kGrad, DType kState, DType kOut>
 struct ProbeElement {
   template <class Ops>
-  static void run(const OptimizerTensors& t, std::size_t i) {
+  ZERO_INLINE static void run(const OptimizerTensors& t, std::size_t i) {
     using V = typename Ops::V;
     const V g = load_as_float<Ops, kGrad>(t.grad, i);
     const V p = Ops::load_f32(t.master + i) + g;
+    const V s0 = kStates > 0 ? load_as_float<Ops, kState>(t.state0, i) + g : g;
+    const V s1 = kStates > 1 ? load_as_float<Ops, kState>(t.state1, i) + g : g;
     Ops::store_f32(t.master + i, p);
-    if constexpr (kStates > 0) {
-      store_state<Ops>(t.state0, i, load_as_float<Ops, kState>(t.state0, i) + g);
-    }
-    if constexpr (kStates > 1) {
-      store_state<Ops>(t.state1, i, load_as_float<Ops, kState>(t.state1, i) + g);
-    }
+    if constexpr (kStates > 0) store_state<Ops>(t.state0, i, s0);
+    if constexpr (kStates > 1) store_state<Ops>(t.state1, i, s1);
     if constexpr (kOut == DType::BF16) {
       Ops::store_bf16_truncated(static_cast<std::uint16_t*>(t.param_out) + i, p);
     } else if constexpr (kOut == DType::F32) {
@@ -273,7 +277,7 @@ struct ProbeElement {
     }
   }
   template <class Ops>
-  static void store_state(void* base, std::size_t i, typename Ops::V x) {
+  ZERO_INLINE static void store_state(void* base, std::size_t i, typename Ops::V x) {
     if constexpr (kState == DType::F32) {
       Ops::store_f32(static_cast<float*>(base) + i, x);
     } else if constexpr (kState == DType::BF16) {
@@ -285,7 +289,8 @@ struct ProbeElement {
 };
 
 template <class Ops, int kStates>
-void probe_dispatch(const OptimizerTensors& t, std::size_t begin, std::size_t end) {
+void probe_dispatch(const OptimizerTensors& tensors, std::size_t begin, std::size_t end) {
+  const OptimizerTensors t = tensors;  // as optimizer_loop: the pointers stay in registers
   with_dtype(t.grad_dtype, [&](auto grad) {
     with_dtype(t.state_dtype, [&](auto state) {
       auto run = [&](auto out) {
@@ -371,8 +376,8 @@ void squared_norm_blocks_range(const void* data, DType dtype, std::size_t begin,
   constexpr std::size_t kElems = detail::kNormBlockElems;
   if constexpr (Ops::kWidth == 1) {
     for (std::size_t j = 0; j < kBlocks; ++j)
-      sums[j] = squared_norm_block_range<Ops>(data, dtype, begin + j * kElems,
-                                              begin + (j + 1) * kElems);
+      sums[j] =
+          squared_norm_block_range<Ops>(data, dtype, begin + j * kElems, begin + (j + 1) * kElems);
   } else {
     static_assert(kElems % Ops::kWidth == 0, "a norm block is whole vectors");
     with_dtype(dtype, [&](auto tag) {
@@ -412,7 +417,8 @@ void cast_range(const void* src, DType src_dtype, void* dst, DType dst_dtype, st
 // One element (or vector) of reduce: every source read before dst is written, so dst may alias
 // a source exactly.
 template <class Ops, DType kDType, bool kMax>
-void reduce_at(void* dst, const void* const* srcs, int nsrc, float divisor, std::size_t i) {
+ZERO_INLINE void reduce_at(void* dst, const void* const* srcs, int nsrc, float divisor,
+                           std::size_t i) {
   store_from_float<Ops, kDType>(dst, i, reduced_value<Ops, kDType, kMax>(srcs, nsrc, divisor, i));
 }
 
@@ -438,10 +444,14 @@ void reduce_range(void* dst, const void* const* srcs, int nsrc, DType dtype, boo
 
 template <class Ops>
 constexpr detail::CpuKernels make_cpu_kernels() {
-  return detail::CpuKernels{&optimizer_range<Ops>,           &probe_range<Ops>,
-                            &unscale_range<Ops>,             &squared_norm_block_range<Ops>,
-                            &squared_norm_blocks_range<Ops>, &cast_range<Ops>,
-                            &reduce_range<Ops>,              &optimizer_summed_range<Ops>,
+  return detail::CpuKernels{&optimizer_range<Ops>,
+                            &probe_range<Ops>,
+                            &unscale_range<Ops>,
+                            &squared_norm_block_range<Ops>,
+                            &squared_norm_blocks_range<Ops>,
+                            &cast_range<Ops>,
+                            &reduce_range<Ops>,
+                            &optimizer_summed_range<Ops>,
                             &norm_summed_range<Ops>};
 }
 

@@ -21,7 +21,7 @@ struct LionCoeffs {
 inline namespace ZERO_KERNELS_ABI {
 
 template <class F>
-ZERO_HD inline void lion_update(const LionCoeffs& c, F& p, F g, F& m) {
+ZERO_HD ZERO_INLINE void lion_update(const LionCoeffs& c, F& p, F g, F& m) {
   g = g * F(c.grad_scale);
   p = p * F(c.decay_factor);
   const F interpolated = m * F(c.beta1) + g * F(c.one_minus_beta1);

@@ -34,7 +34,7 @@ ZERO_HD constexpr int optimizer_state_count(OptimizerKind kind, bool sgd_momentu
 inline namespace ZERO_KERNELS_ABI {
 
 template <OptimizerKind kKind, class F>
-ZERO_HD inline void optimizer_update(const StepCoeffs& c, F& p, F g, F& state0, F& state1) {
+ZERO_HD ZERO_INLINE void optimizer_update(const StepCoeffs& c, F& p, F g, F& state0, F& state1) {
   if constexpr (kKind == OptimizerKind::Adam || kKind == OptimizerKind::AdamW) {
     adam_update(c.adam, p, g, state0, state1);
   } else if constexpr (kKind == OptimizerKind::Adagrad) {

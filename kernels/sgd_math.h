@@ -24,7 +24,7 @@ struct SgdCoeffs {
 inline namespace ZERO_KERNELS_ABI {
 
 template <class F>
-ZERO_HD inline void sgd_update(const SgdCoeffs& c, F& p, F g, F& buffer) {
+ZERO_HD ZERO_INLINE void sgd_update(const SgdCoeffs& c, F& p, F g, F& buffer) {
   g = g * F(c.grad_scale);
   if (c.l2) g = g + p * F(c.weight_decay);
   if (c.use_momentum) {

@@ -1,8 +1,8 @@
 """After zero.initialize the module's parameters are the engine's: one added, removed or replaced,
 or a .data reassigned, is a ZeroError naming it at the next forward; a change that leaves the
-parameters alone (a module without parameters added) is not. The check runs twice a micro-step,
-so it compares the module tree by identity and walks named_parameters() only when the tree
-changed. One rank, in this process."""
+parameters alone (a module without parameters added) is not. The check runs once a micro-step (in
+forward, or in step() when the module was called directly), so it compares the module tree by
+identity and walks named_parameters() only when the tree changed. One rank, in this process."""
 import pytest
 import torch
 
@@ -70,4 +70,32 @@ def test_a_module_without_parameters_added_changes_nothing():
     replace(model)
     with pytest.raises(ZeroError, match="'0.weight' was replaced"):
         one_step(engine, 3)
+    engine.close()
+
+
+def test_a_step_after_the_module_was_called_directly_checks_the_parameters():
+    """No forward() through the engine in the micro-step: step() checks, before the optimizer."""
+    model = cases.build("mlp")
+    engine = engine_for(model)
+    one_step(engine)
+    before = engine.global_steps
+    x, y = cases.global_batch("mlp", 1)
+    engine.backward(cases.loss_fn("mlp", engine.module(x), y))
+    reassign(model)
+    with pytest.raises(ZeroError, match="'3.weight'.*reassigned"):
+        engine.step()
+    assert engine.global_steps == before
+    engine.close()
+
+
+def test_a_change_after_forward_is_named_at_the_next_forward():
+    """forward() checked this micro-step, so step() does not again: the change is found next."""
+    model = cases.build("mlp")
+    engine = engine_for(model)
+    x, y = cases.global_batch("mlp", 0)
+    engine.backward(cases.loss_fn("mlp", engine(x), y))
+    reassign(model)
+    engine.step()
+    with pytest.raises(ZeroError, match="'3.weight'.*reassigned"):
+        one_step(engine, 1)
     engine.close()

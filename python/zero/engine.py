@@ -77,6 +77,9 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
         self._client_scheduler = None  # a caller's LR scheduler the engine steps
         self._boundary = None  # set_gradient_accumulation_boundary(); None: the count decides
         self._backward_open = False  # a backward ran since the last step()
+        # forward() checked the module's parameters in this micro-step: step() need not again (a
+        # change after it is found at the next forward, before anything reads the parameters).
+        self._checked = False
         self._snapshot = snapshot(model)
         self._tree = ModuleTree(model)
         self._py_timings = dict(PY_TIMINGS)
@@ -251,6 +254,7 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
     def forward(self, *args, **kwargs):
         self._check_alive()
         self._check_unchanged()
+        self._checked = True
         if self._fetcher is None:
             return self.module(*args, **kwargs)
         with self._fetcher.saved_tensors_hooks():
@@ -302,7 +306,9 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
 
     def _end_micro_step(self, boundary):
         """Ends the micro-step: boundary True/False overrides the count; None leaves it to it."""
-        self._check_unchanged()
+        if not self._checked:  # the module was called directly, not through forward()
+            self._check_unchanged()
+        self._checked = False
         if self._fetcher is not None:
             self._fetcher.release_all()
         at_boundary = boundary if boundary is not None else self.is_gradient_accumulation_boundary()

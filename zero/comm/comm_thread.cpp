@@ -36,6 +36,19 @@ Work CommThread::submit(std::function<void()> op) {
   return Work(promise);
 }
 
+Work CommThread::submit(std::function<void()> op, bool waited) {
+  // outstanding_ drops after an op returns, so 0 here orders every op before this one.
+  if (!waited || outstanding_.load() != 0) return submit(std::move(op));
+  auto promise = std::make_shared<PromiseWork>();
+  try {
+    op();
+    promise->complete();
+  } catch (...) {
+    promise->fail(std::current_exception());
+  }
+  return Work(promise);
+}
+
 void CommThread::join() {
   {
     std::lock_guard lock(mu_);

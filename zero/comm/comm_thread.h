@@ -29,6 +29,10 @@ class CommThread {
   // Thread safety: called by the communicator's owning thread (one thread at a time).
   // REQUIRES: join() has not been called.
   Work submit(std::function<void()> op);
+  // submit(), or with `waited` (the caller waits for the Work before submitting anything else)
+  // and nothing in flight, `op` run right here on the calling thread: the same order, no
+  // hand-offs. The Work is then complete, or failed with what `op` threw.
+  Work submit(std::function<void()> op, bool waited);
 
   // Ops submitted and not finished yet. Counted down before the Work completes, so an owner that
   // waited for every Work it issued reads 0 (and never counts as abandoning an op).

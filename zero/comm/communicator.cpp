@@ -100,6 +100,26 @@ Work Communicator::barrier() {
   return start({});
 }
 
+void Communicator::barrier_now() {
+  CollectiveArgs args;
+  args.waited = true;
+  start(args).wait();
+}
+
+void Communicator::all_reduce_now(const void* send, void* recv, std::size_t elems, DType dtype,
+                                  ReduceOp op) {
+  CollectiveArgs args{Collective::AllReduce, send, recv, elems, dtype, op, 0, send == recv};
+  args.waited = true;
+  start(args).wait();
+}
+
+void Communicator::all_gather_in_place_now(void* buffer, std::size_t chunk_elems, DType dtype) {
+  CollectiveArgs args{Collective::AllGather, buffer, buffer, chunk_elems, dtype, ReduceOp::Sum, 0,
+                      true};
+  args.waited = true;
+  start(args).wait();
+}
+
 Work Communicator::start(const CollectiveArgs& args) {
   const auto world = static_cast<std::size_t>(size());
   const std::size_t esz = dtype_size(args.dtype);

@@ -84,6 +84,10 @@ struct CollectiveArgs {
   // With quantize_bits: LoCo error feedback (above), or null for none. The caller must not touch
   // it until the collective completes.
   QuantizationFeedback* feedback = nullptr;
+  // The caller waits for the Work before it issues anything else (the `_now` calls): a backend
+  // with a communication thread then runs the op on the calling thread when nothing else is in
+  // flight, in the same order and with the same result, without the two thread hand-offs.
+  bool waited = false;
 };
 
 // "all_reduce (sum, fp32) of 1000 elements, 4000 bytes"; reduce_scatter and all_gather name the
@@ -173,6 +177,11 @@ class Communicator {
   // CallbackComm fail it with CommError (ZeRO++'s quantized gradients need it, on the CPU).
   Work all_to_all(const void* send, void* recv, std::size_t elems, DType dtype);
   Work barrier();
+  // The same, waited for (CollectiveArgs::waited): throws CommError where the Work's wait would.
+  // For the short collectives a caller blocks on anyway (a step's barriers and scalars).
+  void barrier_now();
+  void all_reduce_now(const void* send, void* recv, std::size_t elems, DType dtype, ReduceOp op);
+  void all_gather_in_place_now(void* buffer, std::size_t chunk_elems, DType dtype);
 
   // Checks the arguments (null buffers with elements, sizes that overflow, root out of range)
   // and issues the collective. The named methods above all come here.

@@ -90,7 +90,7 @@ class ShmComm final : public Communicator {
  protected:
   Work start_impl(const CollectiveArgs& args) override {
     const auto limit = timeout();
-    return thread_.submit([this, args, limit] { run_collective(args, limit); });
+    return thread_.submit([this, args, limit] { run_collective(args, limit); }, args.waited);
   }
 
   std::unique_ptr<Communicator> split_impl(int color, int key) override {

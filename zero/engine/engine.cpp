@@ -222,13 +222,13 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
     if (check_overflow_) {
       overflow = std::isfinite(sumsq) ? 0.0f : 1.0f;
       if (world_ > 1)
-        control_.all_reduce(&overflow, &overflow, 1, DType::F32, ReduceOp::Max).wait();
+        control_.all_reduce_now(&overflow, &overflow, 1, DType::F32, ReduceOp::Max);
     }
     plan.overflow = overflow != 0.0f;
     if (plan.overflow) {
       sumsq = 0.0;
     } else if (world_ > 1) {
-      control_.all_reduce(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum).wait();
+      control_.all_reduce_now(&sumsq, &sumsq, 1, DType::F64, ReduceOp::Sum);
     }
     plan.norm = std::sqrt(sumsq);
   }
@@ -302,7 +302,7 @@ StepResult EngineImpl::step() {
   }
   // Every peer is in step() now, past its backward: nobody reads a copy while it is written (the
   // exchange of the late units' buffers was such a barrier).
-  if ((push || (shared_model_ && !plan.overflow)) && !fused) comm_.barrier().wait();
+  if ((push || (shared_model_ && !plan.overflow)) && !fused) comm_.barrier_now();
   if (!plan.overflow) {
     ScopedTimer timer(timings_.optimizer_s);
     // Ranks agree that every NVMe write went through before any of them commits; an IoError
@@ -311,7 +311,7 @@ StepResult EngineImpl::step() {
     if (world_ > 1 && (optimizer_->store().nvme_count() > 0 || param_store_)) {
       agree = [this](bool ok) {
         float failed = ok ? 0.0f : 1.0f;
-        control_.all_reduce(&failed, &failed, 1, DType::F32, ReduceOp::Max).wait();
+        control_.all_reduce_now(&failed, &failed, 1, DType::F32, ReduceOp::Max);
         return failed == 0.0f;
       };
     }
@@ -337,7 +337,7 @@ StepResult EngineImpl::step() {
     // late units' buffers: the norm's all-reduce after the step orders that, as does the barrier
     // after a push; where the norm came first, only stage 0's other domains were read since its
     // all-reduce, and a barrier of its own follows them.
-    if (fused && !norm_after_step() && !push && num_domains() > 1) comm_.barrier().wait();
+    if (fused && !norm_after_step() && !push && num_domains() > 1) comm_.barrier_now();
   }
 
   // Commit.
@@ -362,13 +362,13 @@ StepResult EngineImpl::step() {
     // taken (nothing half-written), only its norm unknown.
     ScopedTimer timer(timings_.norm_s);
     if (world_ > 1)
-      control_.all_reduce(&own_sumsq, &own_sumsq, 1, DType::F64, ReduceOp::Sum).wait();
+      control_.all_reduce_now(&own_sumsq, &own_sumsq, 1, DType::F64, ReduceOp::Sum);
     result.grad_norm = std::sqrt(own_sumsq) / prev_scale;
   }
   all_gather_model(push);
   if (fetcher_) {
     // Stage 3: the pushed persistent units are current on every rank once all have pushed.
-    if (push) comm_.barrier().wait();
+    if (push) comm_.barrier_now();
     fetcher_->refresh_after_step(push ? &push_.pushed : nullptr);
   }
   return result;
@@ -380,12 +380,12 @@ StepResult EngineImpl::step() {
 void EngineImpl::all_gather_model(bool after_push) {
   if (shared_model_) {
     ScopedTimer timer(timings_.all_gather_s);
-    comm_.barrier().wait();
+    comm_.barrier_now();
     return;
   }
   if (!gathers_model()) return;
   ScopedTimer timer(timings_.all_gather_s);
-  if (after_push) comm_.barrier().wait();
+  if (after_push) comm_.barrier_now();
   for (Work& w : start_all_gather_model(parts_.allgather_bucket_elems, after_push)) w.wait();
 }
 

@@ -28,7 +28,7 @@ bool EngineImpl::set_up_fused_reduction() {
   for (std::size_t i = 0; i < rows; ++i) {
     all[static_cast<std::size_t>(rank_) * rows + i] = late[i].gradients;
   }
-  comm_.all_gather_in_place(all.data(), rows, DType::F64).wait();
+  comm_.all_gather_in_place_now(all.data(), rows, DType::F64);
   const std::size_t esize = dtype_size(reducer_->comm_dtype());
   fused_.sources.assign(rows * W, nullptr);
   fused_.adds.assign(rows, 0);
@@ -44,7 +44,7 @@ bool EngineImpl::set_up_fused_reduction() {
   }
   // Every rank must form (and not reduce) the same units: a unit is formed only where every rank
   // can read every peer's buffer of it.
-  comm_.all_reduce(cannot.data(), cannot.data(), rows, DType::F32, ReduceOp::Max).wait();
+  comm_.all_reduce_now(cannot.data(), cannot.data(), rows, DType::F32, ReduceOp::Max);
   fused_.late.assign(layout_units_, -1);
   std::vector<int> usual;
   for (std::size_t i = 0; i < rows; ++i) {

@@ -185,6 +185,46 @@ TEST_CASE("collectives issued back to back run in issue order and can be waited 
   REQUIRE(tally.checks() == 9);
 }
 
+TEST_CASE("a waited collective gives the same bits, in issue order behind ops still in flight") {
+  // all_reduce_now with nothing in flight runs on the calling thread; behind an all-reduce in
+  // flight it goes through the communication thread after it, so it sums that one's result.
+  zt::Tally tally;
+  run_ranks(3, [&](Communicator& comm) {
+    const float me = static_cast<float>(comm.rank() + 1);
+    std::vector<float> a(1 << 14, me), b(4, me);
+    comm.all_reduce_now(b.data(), b.data(), b.size(), DType::F32, ReduceOp::Sum);
+    tally.check(b[0] == 6.0f && b[3] == 6.0f, "alone");
+    zero::Work first = comm.all_reduce(a.data(), a.data(), a.size(), DType::F32, ReduceOp::Sum);
+    comm.all_reduce_now(a.data(), a.data(), a.size(), DType::F32, ReduceOp::Sum);
+    tally.check(a[0] == 18.0f && a.back() == 18.0f, "behind one in flight");
+    first.wait();
+    std::vector<double> g(3, 0.0);
+    g[static_cast<std::size_t>(comm.rank())] = me;
+    comm.all_gather_in_place_now(g.data(), 1, DType::F64);
+    tally.check(g[0] == 1.0 && g[1] == 2.0 && g[2] == 3.0, "all_gather_in_place_now");
+    comm.barrier_now();
+  });
+  INFO(tally.report());
+  REQUIRE(tally.failed() == 0);
+  REQUIRE(tally.checks() == 9);
+  // A waited collective a peer never calls fails at the call, naming it.
+  std::vector<std::string> messages(2);
+  try {
+    run_ranks(2, [&](Communicator& comm) {
+      comm.set_timeout(std::chrono::milliseconds(200));
+      if (comm.rank() == 1) return;
+      try {
+        comm.barrier_now();
+      } catch (const CommError& e) {
+        messages[0] = e.what();
+        throw;
+      }
+    });
+  } catch (const std::exception&) {
+  }
+  CHECK_THAT(messages[0], Catch::Contains("barrier"));
+}
+
 TEST_CASE("a host collective cannot be left to a stream: order_stream says so and does nothing") {
   zero::Work done;
   REQUIRE(done.order_stream(nullptr));  // complete already

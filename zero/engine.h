@@ -158,6 +158,10 @@ class Engine {
   // Throws for a frozen or unknown parameter, or one already ready in this micro-step.
   virtual std::span<std::byte> grad(std::size_t param) = 0;
   // The gradient in grad(param) is complete. Stage 2/3: may start a bucket reduction (collective).
+  // In a window's last micro-step it may also step the optimizer for the units whose gradients
+  // every rank has completed (the step in backward, set_step_in_backward()): their parameters'
+  // model copy then holds the new values before step() returns, which the trainer sees only if
+  // it reads a parameter after its gradient was handed in.
   virtual void grad_ready(std::size_t param) = 0;
   // Instead of grad(), a copy and grad_ready(): the trainer's own memory at `data` holding the
   // gradient (spec dtype, numel elements, host memory) is reduced where it is, when the engine is
@@ -222,13 +226,29 @@ class Engine {
   // load_checkpoint restores (from zero's checkpoints with as many groups).
   // Throws zero::Error when the config has a "scheduler" block (it sets the lr; the two would
   // fight), for an unknown group, and for an lr that is negative or not finite.
+  // A step already begun in backward (step_begun_in_backward()) keeps the lr it began with; the
+  // new one applies from the next step.
   virtual void set_lr(int group, double lr) = 0;
+  // Whether a window's last micro-step may step the optimizer during backward, unit by unit as
+  // every rank's gradients of a unit complete (default: yes, unless ZERO_STEP_IN_BACKWARD=0):
+  // the same bits as a step after backward, with the step's memory traffic overlapped with
+  // backward and its gradients read while they are in cache. It happens only where the
+  // reduction is fused into the step (host memory, several ranks that read each other's
+  // buffers, no NVMe tier, no MiCS), nothing reads the gradient norm before the step (no
+  // clipping, no overflow check: not fp16, not bf16's check_grad_overflow), every lone unit of
+  // the model waits for the end of backward (reduce_bucket_size at least the model's lone units),
+  // and from the second optimizer step on. The step's coefficients (lr, betas) are fixed when
+  // its first unit is stepped. Applies from the next micro-step; every rank passes the same.
+  virtual void set_step_in_backward(bool on) = 0;
+  // Whether the current micro-step's optimizer step has begun in backward (some unit stepped).
+  virtual bool step_begun_in_backward() const = 0;
   // Whether the micro-steps that step() ends from now on close the accumulation window, as
   // DeepSpeed's set_gradient_accumulation_boundary (Hugging Face Accelerate sets it every
   // micro-step, true at the last micro-batch of a window or of the data): true, the next step()
   // runs the optimizer whatever the count; false, it does not. Until called, and after
   // clear_accumulation_boundary(), the count of gradient_accumulation_steps decides. The loss
   // scale keeps 1/gradient_accumulation_steps either way, as DeepSpeed's does.
+  // Throws zero::Error for false once the micro-step's step has begun in backward.
   virtual void set_accumulation_boundary(bool boundary) = 0;
   virtual void clear_accumulation_boundary() = 0;
   // This rank's memory ledger.

@@ -24,6 +24,11 @@ struct EngineTimings {
   // Of those, units whose ranks' gradients the optimizer step summed itself, tile by tile, with no
   // collective (the reduction fused into the step; its time is part of optimizer_s).
   std::int64_t units_fused = 0;
+  // Of those, units this rank stepped during backward, as soon as every rank's gradients of them
+  // were complete (the step in backward, Engine::set_step_in_backward()); the time is
+  // step_in_backward_s, not optimizer_s.
+  std::int64_t units_stepped_in_backward = 0;
+  double step_in_backward_s = 0;
   std::int64_t gathers = 0;     // stage 3 unit all-gathers issued (prefetches included)
   std::int64_t prefetches = 0;  // of which issued ahead of their gather() by the trace
   std::int64_t gathered_elems = 0;  // stage 3: elements those all-gathers filled (padded units)

@@ -45,7 +45,7 @@ extern "C" {
 
 /* Bumped on every incompatible change of this header. zero_abi_version() returns the value the
  * library was built with; a binding compares it against the value it was written for. */
-#define ZERO_ABI_VERSION 5
+#define ZERO_ABI_VERSION 6
 
 /* Status codes. */
 enum {
@@ -309,6 +309,13 @@ int zero_engine_set_lr(zero_engine* engine, int group, double lr);
  * the count; 0, it does not; -1, the count of gradient_accumulation_steps decides again (the
  * default). The backward scale keeps its 1/gradient_accumulation_steps. */
 int zero_engine_set_accumulation_boundary(zero_engine* engine, int boundary);
+/* Whether a window's last micro-step may step the optimizer during backward, unit by unit as
+ * every rank's gradients of a unit complete (1, the default unless ZERO_STEP_IN_BACKWARD=0; 0:
+ * after backward, in zero_engine_step), from the next micro-step on; zero::Engine's
+ * set_step_in_backward() says where it applies. `begun` (may be null) receives whether the
+ * current micro-step's step has begun in backward already: its lr is then the one it began
+ * with, whatever zero_engine_set_lr sets before zero_engine_step. Every rank passes the same. */
+int zero_engine_set_step_in_backward(zero_engine* engine, int on, int* begun);
 int zero_engine_global_steps(const zero_engine* engine, int64_t* steps);
 int zero_engine_loss_scale(const zero_engine* engine, double* scale);
 

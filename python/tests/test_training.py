@@ -217,6 +217,39 @@ def test_the_step_sums_the_lone_units_left_to_it_with_the_collectives_bits(tmp_p
                 assert_bitwise(harness.load_st(out[name] / f"{s}-fp32.{kind}.safetensors"), expected, what)
 
 
+@pytest.mark.parametrize("gas", (1, 2))
+def test_the_step_taken_during_backward_has_the_bits_of_the_step_after_it(tmp_path, gas):
+    """Without clipping and with every lone unit held to the end of backward (reduce_bucket_size
+    10**7), each window's last micro-step steps the transformer's lone units during backward as
+    both processes' gradients of a unit complete, from the second optimizer step on (the first
+    exchanges the boards): the losses, modules and masters are bitwise those of the step after
+    backward (ZERO_STEP_IN_BACKWARD=0) and of stage 0, at every stage, with and without
+    accumulation."""
+    world = 2
+    out = launch_transformer_pairs(tmp_path, world, "0:fp32,1:fp32,2:fp32,3:fp32",
+                                   ["--clip", 0, "--reduce-bucket", 10**7, "--gas", gas],
+                                   {"during": None, "after": {"ZERO_STEP_IN_BACKWARD": "0"}})
+    for s in "0123":
+        for r in range(world):
+            during = harness.read_json(out["during"] / f"{s}-fp32.rank{r}.json")
+            after = harness.read_json(out["after"] / f"{s}-fp32.rank{r}.json")
+            what = f"stage {s}, rank {r}"
+            # Every lone unit of every window but the first: as many as the fused ones, less one
+            # window's.
+            windows = cases.STEPS // gas
+            assert during["units_stepped_in_backward"] == during["units_fused"] * (windows - 1) // windows > 0, what
+            assert after["units_stepped_in_backward"] == 0, what
+            assert during["losses"] == after["losses"], what
+    reference = harness.load_st(out["after"] / "0-fp32.master.safetensors")
+    assert_trained(reference, harness.initial_weights("transformer"), "stage 0 fp32, after backward")
+    for s in "0123":
+        for kind in ("master", "module"):
+            expected = harness.load_st(out["after"] / f"0-fp32.{kind}.safetensors")
+            for name in out:
+                assert_bitwise(harness.load_st(out[name] / f"{s}-fp32.{kind}.safetensors"), expected,
+                               f"stage {s} fp32 {kind}, {name} vs stage 0 after backward")
+
+
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("model", MODELS)
 def test_mixed_precision_trains_like_fp32(runs, model, world):

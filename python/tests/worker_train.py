@@ -78,6 +78,7 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
                 pushed_bytes=engine.timings()["pushed_bytes"],
                 shared_model_bytes=engine.timings()["shared_model_bytes"],
                 units_fused=engine.timings()["units_fused"],
+                units_stepped_in_backward=engine.timings()["units_stepped_in_backward"],
                 units_alone=engine.timings()["units_alone"])
     ckpt = os.path.join(args.out, "ckpt", name)
     engine.save_checkpoint(ckpt, tag="end", client_state={"step": cases.STEPS})

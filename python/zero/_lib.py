@@ -16,7 +16,7 @@ from pathlib import Path
 # symbol: ncclCommResume"); loaded after, libzero.so binds to torch's newer, compatible copies.
 import torch  # noqa: F401
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 F32, F16, BF16, F64 = 0, 1, 2, 3
 STATUS_NAMES = {1: "invalid argument", 2: "config", 3: "I/O", 4: "communication",
@@ -111,6 +111,8 @@ _SIGNATURES = {
     "zero_engine_lr": ([P, ctypes.c_int, ctypes.POINTER(ctypes.c_double)], ctypes.c_int),
     "zero_engine_set_lr": ([P, ctypes.c_int, ctypes.c_double], ctypes.c_int),
     "zero_engine_set_accumulation_boundary": ([P, ctypes.c_int], ctypes.c_int),
+    "zero_engine_set_step_in_backward": ([P, ctypes.c_int, ctypes.POINTER(ctypes.c_int)],
+                                         ctypes.c_int),
     "zero_engine_global_steps": ([P, ctypes.POINTER(ctypes.c_int64)], ctypes.c_int),
     "zero_engine_loss_scale": ([P, ctypes.POINTER(ctypes.c_double)], ctypes.c_int),
     "zero_engine_save_checkpoint": ([P, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p],

@@ -74,6 +74,7 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
         self.skipped_steps = 0
         self._last_result = None
         self._lr_sources = []  # optimizers whose param_groups' lr the engine follows (initialize)
+        self._synced_lrs = []  # the lrs _sync_lr_sources() last wrote into them
         self._client_scheduler = None  # a caller's LR scheduler the engine steps
         self._boundary = None  # set_gradient_accumulation_boundary(); None: the count decides
         self._backward_open = False  # a backward ran since the last step()
@@ -285,6 +286,12 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
                                 "at the accumulation boundary), or mark micro-batches with "
                                 "set_gradient_accumulation_boundary() as Accelerate does")
             self._end_micro_step(boundary=False)
+        # The engine may step the optimizer during this backward (a window's last micro-step):
+        # it learns the boundary and the lr now, not at step().
+        if self.is_gradient_accumulation_boundary():
+            self._follow_lr()
+        call("zero_engine_set_accumulation_boundary", self._handle,
+             -1 if self._boundary is None else int(self._boundary))
         scale = ctypes.c_double()
         call("zero_engine_backward_scale", self._handle, ctypes.byref(scale))
         factor = scale.value if scale_wrt_gas else scale.value * self.gradient_accumulation_steps()
@@ -313,7 +320,7 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
             self._fetcher.release_all()
         at_boundary = boundary if boundary is not None else self.is_gradient_accumulation_boundary()
         if at_boundary:
-            self._follow_lr()
+            self._follow_lr(late=self._backward_open)
         call("zero_engine_set_accumulation_boundary", self._handle,
              -1 if boundary is None else int(boundary))
         result = _lib.StepResult()
@@ -336,18 +343,41 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
                     warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler")
                     self._client_scheduler.step()
 
-    def _follow_lr(self):
-        """Before an optimizer step: a param group's lr that someone (a client LR scheduler) wrote
-        into an optimizer's param_groups becomes the engine's, unless the config's "scheduler"
-        block sets the lr. The optimizer initialize returned is asked first."""
+    def _follow_lr(self, late=False):
+        """Before an optimizer step (at the boundary's backward, and again at its step()): a
+        param group's lr that someone (a client LR scheduler) wrote into an optimizer's
+        param_groups becomes the engine's, unless the config's "scheduler" block sets the lr. The
+        optimizer initialize returned is asked first.
+
+        `late`: at step(), after the backward. An lr written between backward() and step() is
+        one the engine may not have had when it began the step during backward: the step in
+        backward is then turned off for good (the new lr is this step's where the step had not
+        begun, else the next one's, with a warning), so that from then on every step takes the
+        lr written before it, as DeepSpeed's does."""
         if not self._lr_sources or "scheduler" in self.config:
             return
-        for g, now in enumerate(self.get_lr()):
+        written = {}
+        for g, now in enumerate(self._synced_lrs):
             for source in self._lr_sources:
                 lr = float(source.param_groups[g]["lr"])
                 if lr != now:
-                    call("zero_engine_set_lr", self._handle, g, lr)
+                    written[g] = lr
                     break
+        if not written:
+            return
+        if late:
+            begun = ctypes.c_int()
+            call("zero_engine_set_step_in_backward", self._handle, 0, ctypes.byref(begun))
+            if begun.value:
+                warnings.warn(
+                    "zero: an lr was written into the optimizer's param_groups between backward() "
+                    "and step(), after the engine had begun this step during backward with the lr "
+                    f"it had then ({self._synced_lrs}); the new lr ({written}) applies from the "
+                    "next step. The step in backward is off from now on, so every later lr "
+                    "written before step() is that step's. (Write the lr before backward(), or "
+                    "set ZERO_STEP_IN_BACKWARD=0.)", stacklevel=4)
+        for g, lr in written.items():
+            call("zero_engine_set_lr", self._handle, g, lr)
         self._sync_lr_sources()
 
     def _sync_lr_sources(self):
@@ -357,6 +387,7 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
         for source in self._lr_sources:
             for group, lr in zip(source.param_groups, lrs):
                 group["lr"] = lr
+        self._synced_lrs = lrs
 
     def zero_grad(self, set_to_none=True):
         for r in self._registered:

@@ -417,6 +417,15 @@ int zero_engine_set_accumulation_boundary(zero_engine* engine, int boundary) {
   });
 }
 
+int zero_engine_set_step_in_backward(zero_engine* engine, int on, int* begun) {
+  return guarded("zero_engine_set_step_in_backward", [&] {
+    ZERO_CHECK(on == 0 || on == 1, "zero_engine_set_step_in_backward: on {} is not 0 or 1", on);
+    zero::Engine& e = checked(engine);
+    if (begun != nullptr) *begun = e.step_begun_in_backward() ? 1 : 0;
+    e.set_step_in_backward(on == 1);
+  });
+}
+
 int zero_engine_global_steps(const zero_engine* engine, int64_t* steps) {
   return guarded("zero_engine_global_steps", [&] {
     ZERO_C_REQUIRE(steps != nullptr, "steps is null");
@@ -517,6 +526,8 @@ int zero_engine_timings_json(const zero_engine* engine, char** json) {
                         {"buckets", t.buckets},
                         {"units_alone", t.units_alone},
                         {"units_fused", t.units_fused},
+                        {"units_stepped_in_backward", t.units_stepped_in_backward},
+                        {"step_in_backward_s", t.step_in_backward_s},
                         {"gathers", t.gathers},
                         {"prefetches", t.prefetches},
                         {"gathered_elems", t.gathered_elems},

@@ -160,6 +160,7 @@ void EngineImpl::grad_ready(std::size_t param) {
   const int unit = specs_[param].unit;
   if (--units_[static_cast<std::size_t>(unit)].pending == 0) {
     reducer_->unit_complete(unit, expects_late_units());
+    unit_completed_in_backward(unit);
   }
 }
 
@@ -262,6 +263,14 @@ EngineImpl::StepPlan EngineImpl::plan_step() {
 }
 
 StepResult EngineImpl::step() {
+  // The step in backward: what the peers post until they are in step() too, then its end
+  // however step() ends (the optimizer's step below steps what is left).
+  struct EndInBackward {
+    EngineImpl& engine;
+    ~EndInBackward() { engine.end_step_in_backward(); }
+  } end_in_backward{*this};
+  step_posted_units_until_arrived();
+  const bool in_backward = in_backward_.armed;
   if (fetcher_) fetcher_->end_micro_step();
   const bool boundary = at_boundary();
   // A window's last micro-step may leave its lone units' reductions to the step (FusedReduction).
@@ -288,7 +297,8 @@ StepResult EngineImpl::step() {
   // After every rank's backward (a collective): the late units' buffers exchanged. The norm
   // below forms this rank's own slices of them; the step forms the rest (stage 0's other domains).
   const bool fused = set_up_fused_reduction();
-  const StepPlan plan = plan_step();
+  // A step begun in backward keeps the coefficients its first unit took.
+  const StepPlan plan = in_backward_.plan ? *in_backward_.plan : plan_step();
 
   // A new window starts whatever happens below: a failed step discards its gradients.
   micro_in_window_ = 0;
@@ -371,6 +381,8 @@ StepResult EngineImpl::step() {
     if (push) comm_.barrier_now();
     fetcher_->refresh_after_step(push ? &push_.pushed : nullptr);
   }
+  // From the next window on, its last micro-step may step in backward (every rank alike).
+  if (!in_backward && !in_backward_.set_up && may_step_in_backward()) set_up_step_in_backward();
   return result;
 }
 

@@ -140,6 +140,8 @@ void EngineImpl::read_options(const EngineOptions& options) {
   // Read once: grad_ready() asks may_fuse_reduction() for every unit.
   const char* fused_env = std::getenv("ZERO_FUSED_REDUCTION");
   fused_.off = fused_env != nullptr && std::string_view(fused_env) == "0";
+  const char* in_backward_env = std::getenv("ZERO_STEP_IN_BACKWARD");
+  in_backward_.off = in_backward_env != nullptr && std::string_view(in_backward_env) == "0";
   parts_ = part_options(cfg_, rank_, world_, exec_);
   parts_.reducer.quantize_bits = qgz_bits(cfg_, comm_, mics_ != nullptr, notes_);
   if (const auto& loco = cfg_.zero_optimization.zeropp_loco_param; loco && stage_ == 3) {

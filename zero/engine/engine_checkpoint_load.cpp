@@ -22,6 +22,7 @@ using ckpt::SourceCounters;
 using ckpt::SourceParam;
 
 nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::string& tag) {
+  check_not_begun_in_backward("load_checkpoint");
   std::string error;
   std::unique_ptr<ckpt::CheckpointSource> source;
   try {

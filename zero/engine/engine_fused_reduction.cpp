@@ -72,29 +72,41 @@ void EngineImpl::end_fused_reduction() {
 }
 
 bool EngineImpl::gradient_late(int domain, int unit) const {
+  if (in_backward_.unit == unit) return true;  // stepped in backward, from the posted buffers
   if (!fused_.active) return false;
   const int row = fused_.late[static_cast<std::size_t>(unit)];
   if (row < 0) return false;
   // The norm's pass formed this rank's own slices in memory, but for those it summed as they are.
   return !(fused_.own_formed && domain == optimizer_->own_domain() &&
-           !late_summable(static_cast<std::size_t>(row)));
+           !late_summable(late_adds(unit)));
 }
 
-bool EngineImpl::late_summable(std::size_t row) const {
-  return fused_.adds[row] == 0 && reducer_->accum_dtype() == reducer_->comm_dtype() &&
+bool EngineImpl::late_summable(bool adds) const {
+  return !adds && reducer_->accum_dtype() == reducer_->comm_dtype() &&
          world_ <= kernels::GradSources::kMaxCount && compute_.optimizer_step_summed != nullptr &&
          compute_.squared_norm_summed != nullptr;
 }
 
-const void* const* EngineImpl::late_buffers(int domain, int unit, std::size_t slice_offset) {
+const std::byte* const* EngineImpl::late_unit_buffers(int unit) const {
+  if (in_backward_.unit == unit) return in_backward_.sources.data();
   const auto row = static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)]);
+  return fused_.sources.data() + row * static_cast<std::size_t>(world_);
+}
+
+bool EngineImpl::late_adds(int unit) const {
+  if (in_backward_.unit == unit) return in_backward_.adds;
+  return fused_.adds[static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)])] != 0;
+}
+
+const void* const* EngineImpl::late_buffers(int domain, int unit, std::size_t slice_offset) {
+  const std::byte* const* buffers = late_unit_buffers(unit);
   const auto W = static_cast<std::size_t>(world_);
   const std::size_t S = layout_->unit(unit).slice_elems;
   // Domain d's slice is its rank's: at q·S + offset in each rank's unit-flat buffer.
   const std::size_t at = (static_cast<std::size_t>(domain_rank(domain)) * S + slice_offset) *
                          dtype_size(reducer_->comm_dtype());
   fused_.tile_sources.resize(W);
-  for (std::size_t q = 0; q < W; ++q) fused_.tile_sources[q] = fused_.sources[row * W + q] + at;
+  for (std::size_t q = 0; q < W; ++q) fused_.tile_sources[q] = buffers[q] + at;
   return fused_.tile_sources.data();
 }
 
@@ -104,9 +116,7 @@ float EngineImpl::late_divisor() const {
 
 bool EngineImpl::late_sources(int domain, int unit, std::size_t slice_offset,
                               kernels::GradSources* out) {
-  if (!gradient_late(domain, unit)) return false;
-  if (!late_summable(static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)])))
-    return false;
+  if (!gradient_late(domain, unit) || !late_summable(late_adds(unit))) return false;
   *out = {late_buffers(domain, unit, slice_offset), world_, late_divisor()};
   return true;
 }
@@ -114,10 +124,9 @@ bool EngineImpl::late_sources(int domain, int unit, std::size_t slice_offset,
 void EngineImpl::settle_gradient(int domain, int unit, std::size_t slice_offset,
                                  std::size_t count) {
   if (!gradient_late(domain, unit) || count == 0) return;
-  const auto row = static_cast<std::size_t>(fused_.late[static_cast<std::size_t>(unit)]);
   const DType comm = reducer_->comm_dtype();
   const DType accum = reducer_->accum_dtype();
-  const bool adds = fused_.adds[row] != 0;
+  const bool adds = late_adds(unit);
   if (!adds && accum == comm) {  // a plain copy: the sum goes straight into the target
     compute_.reduce(gradient(domain, unit, slice_offset),
                     late_buffers(domain, unit, slice_offset), world_, count, comm,

@@ -119,8 +119,8 @@ class EngineImpl final : public Engine, private SliceMap {
   std::int64_t global_steps() const override { return global_steps_; }
   double current_lr(int group) const override;
   void set_lr(int group, double lr) override;
-  void set_accumulation_boundary(bool boundary) override { forced_boundary_ = boundary; }
-  void clear_accumulation_boundary() override { forced_boundary_.reset(); }
+  void set_accumulation_boundary(bool boundary) override;
+  void clear_accumulation_boundary() override;
   MemorySnapshot memory() const override { return device_.ledger().snapshot(); }
   void save_checkpoint(const std::string& dir, const std::string& tag,
                        const nlohmann::json& client_state,
@@ -334,7 +334,7 @@ class EngineImpl final : public Engine, private SliceMap {
   // A late unit's gradient is a plain sum of the ranks' buffers that the compute kernels can
   // take as they step it or sum its norm (late_sources()): nothing added to earlier micro-steps,
   // no cast, at most GradSources::kMaxCount ranks.
-  bool late_summable(std::size_t row) const;
+  bool late_summable(bool adds) const;
   static constexpr std::size_t kSettleElems = std::size_t{1} << 14;
   bool may_fuse_reduction() const;
   // This micro-step is expected to leave its lone units late (may_fuse_reduction(), the window's
@@ -352,6 +352,69 @@ class EngineImpl final : public Engine, private SliceMap {
   void settle_gradient(int domain, int unit, std::size_t slice_offset, std::size_t count) override;
   bool late_sources(int domain, int unit, std::size_t slice_offset,
                     kernels::GradSources* out) override;
+
+  // The step in backward (engine_step_in_backward.cpp). Where the reduction is fused into the
+  // step (above) and nothing reads the norm before it (norm_after_step()), a window's last
+  // micro-step steps each lone unit during backward, as soon as every rank's gradients of it are
+  // complete: no rank waits for another. Each rank posts a completed unit on its *board* (the
+  // micro-step's epoch and the address of its buffer; a block of its shared host arena, which
+  // the peers map, or plain memory for in-process ranks) and, at every unit it completes, steps
+  // (PartitionOptimizer::step_unit) each unit of its own that every rank has posted, summing the
+  // ranks' buffers as the fused reduction does: the same kernels on the same numbers, so the
+  // same bits. step() sums and steps what is left. A unit is written only once every rank's
+  // backward is past it (its gradient hook has run: autograd no longer reads the parameter),
+  // so a shared, pushed or stage-3 copy is never written under a peer's backward. The step's
+  // coefficients are fixed by its first unit (the lr at that moment; set_lr() afterwards applies
+  // from the next step). The boards are exchanged after the first step (a collective); then
+  // every window's last micro-step steps in backward where every lone unit of it waits until
+  // backward ends (GradientReducer::holds_lone_units(): no unit reduced during backward) and a
+  // push, if any, is set up. Off with ZERO_STEP_IN_BACKWARD=0 or set_step_in_backward(false).
+  struct BoardPost {  // one unit of a rank's board; the epoch written last (release)
+    std::uint64_t epoch = 0;
+    std::uint64_t address = 0;  // the poster's buffer of the unit (its own address)
+  };
+  struct StepInBackward {
+    bool off = false;          // ZERO_STEP_IN_BACKWARD=0 when the engine was built
+    bool allowed = true;       // set_step_in_backward()
+    bool set_up = false;       // the boards exchanged
+    bool unreadable = false;   // some rank cannot read some board: never
+    bool decided = false;      // this micro-step's arming, at its first completed unit
+    bool armed = false;
+    bool push = false;         // the armed step pushes (ModelPush, set up by an earlier step)
+    std::uint64_t epoch = 0;   // this boundary's: global_steps_ + 1, the same on every rank
+    Buffer board;              // this rank's posts, one per layout unit
+    std::vector<const BoardPost*> boards;  // every rank's, readable here
+    std::vector<int> waiting;  // units completed and posted here, not stepped yet (in order)
+    std::optional<StepPlan> plan;  // fixed by the first unit stepped
+    int unit = -1;             // the unit being stepped: its late buffers are `sources`
+    bool adds = false;         // and its sum is added to earlier micro-steps' (LateUnit's)
+    std::vector<const std::byte*> sources;  // [q]: rank q's buffer of `unit`, readable here
+  };
+  bool may_step_in_backward() const;
+  // Collective over comm_, after a step where may_step_in_backward(): the boards' addresses.
+  void set_up_step_in_backward();
+  // Decides (once a micro-step) whether this one steps in backward; opens the optimizer's step.
+  bool arm_step_in_backward();
+  // grad_ready(): `unit` is complete here; posts it when it waits as a lone unit, then steps
+  // each waiting unit every rank has posted.
+  void unit_completed_in_backward(int unit);
+  // Steps each waiting unit every rank has posted.
+  void step_posted_units();
+  // step()'s start at a boundary: posts this rank's arrival, then steps the units the peers post
+  // until they have all arrived (or nothing waits).
+  void step_posted_units_until_arrived();
+  // The micro-step's arming ends (step(), or a failed one): the optimizer's step closed.
+  void end_step_in_backward();
+  // Throws naming `what` while a step begun in backward waits for step(): the parameters and
+  // optimizer state are half stepped.
+  void check_not_begun_in_backward(const char* what) const;
+  void set_step_in_backward(bool on) override { in_backward_.allowed = on; }
+  bool step_begun_in_backward() const override { return in_backward_.plan.has_value(); }
+  // The W ranks' buffers of `unit`'s late gradients (unit-flat): the posted ones while it is
+  // stepped in backward, else its fused-reduction row's.
+  const std::byte* const* late_unit_buffers(int unit) const;
+  // Whether `unit`'s late sum is added to what earlier micro-steps left (LateUnit::accumulate).
+  bool late_adds(int unit) const;
 
   // The whole master value of `unit` (padded, master dtype). Collective at stages 1–3.
   std::vector<std::byte> gather_master_unit(int unit);
@@ -443,6 +506,7 @@ class EngineImpl final : public Engine, private SliceMap {
   EngineTimings timings_;
   ModelPush push_;
   FusedReduction fused_;
+  StepInBackward in_backward_;
 };
 
 }  // namespace zero::engine_detail

@@ -91,6 +91,7 @@ std::unique_ptr<Communicator> make_hpz_comm(const config::DsConfig& cfg, Communi
 void EngineImpl::save_checkpoint(const std::string& dir, const std::string& tag,
                                  const nlohmann::json& client_state,
                                  std::optional<bool> model_16bit) {
+  check_not_begun_in_backward("save_checkpoint");
   if (!mics_ || mics_->replicas() == 1) {
     save_group(dir, tag, client_state, model_16bit);
     return;

@@ -78,6 +78,7 @@ std::vector<std::byte> EngineImpl::gather_model(std::size_t param) {
 
 void EngineImpl::set_param(std::size_t param, std::span<const float> values, int root) {
   check_param(param, "set_param");
+  check_not_begun_in_backward("set_param");
   ZERO_CHECK(root >= 0 && root < world_, "set_param: root {} is not a rank (the world has {})",
              root, world_);
   const ParamState& ps = params_[param];

@@ -443,6 +443,26 @@ void GradientReducer::drain(bool leave_late) {
   alone_elems_ = 0;
 }
 
+bool GradientReducer::holds_lone_units() const {
+  if (!may_be_late()) return false;
+  std::size_t lone = 0;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (goes_alone(static_cast<int>(u))) lone += layout_.unit(static_cast<int>(u)).padded_elems;
+  }
+  return lone <= std::max<std::size_t>(options_.bucket_elems, 1);
+}
+
+const std::byte* GradientReducer::waiting_alone(int unit, bool* accumulate) const {
+  // The unit completed last is at the back.
+  for (auto it = alone_.rbegin(); it != alone_.rend(); ++it) {
+    if (it->unit != unit) continue;
+    if (it->issued) return nullptr;
+    *accumulate = it->accumulate;
+    return staged(units_[static_cast<std::size_t>(unit)]);
+  }
+  return nullptr;
+}
+
 // A late unit's target is the rank-order sum landed with no scale: no quantization, no error
 // feedback.
 bool GradientReducer::may_be_late() const {

@@ -139,6 +139,15 @@ class GradientReducer {
   // reduce_late()) before anything reads them. Every rank leaves the same units late.
   void end_micro_step(bool leave_late = false);
 
+  // Whether every lone unit of the layout waits until the end of backward in a micro-step with
+  // `hold` and is then left late: their elements together fit one slot's budget (so neither the
+  // budget nor overlap_comm starts one during backward) and a late sum needs no scale.
+  bool holds_lone_units() const;
+  // `unit`'s buffer (staging or lent memory: W rank slices in the communication dtype) while it
+  // waits as a lone unit, complete and not yet reduced, in this micro-step, with `accumulate`
+  // (what LateUnit says of it once left late); else null.
+  const std::byte* waiting_alone(int unit, bool* accumulate) const;
+
   // A unit end_micro_step(true) left unreduced: its gradients (staging buffer or lent memory: W
   // rank slices of slice_elems elements in the communication dtype), kept until release_late().
   // Its target gradients are what landing the collective's result would make of them: the sum

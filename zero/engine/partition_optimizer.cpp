@@ -153,11 +153,17 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
                               const offload::SubgroupStore::Agree& agree,
                               offload::SubgroupStore* model_store,
                               const std::function<void()>& before_commit, double* own_sumsq) {
-  norm_.fusing = own_sumsq != nullptr && compute_.optimizer_step_norm != nullptr;
-  if (norm_.fusing) {
-    norm_.sums.assign(norm_.first.back(), 0.0);
-    norm_.summed.assign(norm_.first.back(), 0);
+  const bool early = early_.open;
+  if (early) {
+    ZERO_ASSERT(model_store == nullptr && store_->nvme_count() == 0);
+    ZERO_ASSERT(norm_.fusing == (own_sumsq != nullptr && compute_.optimizer_step_norm != nullptr));
+  } else {
+    start_norm(own_sumsq != nullptr);
   }
+  struct EndEarly {
+    PartitionOptimizer& self;
+    ~EndEarly() { self.early_.open = false; }
+  } end_early{*this};
   // The model copy of stepped NVMe sub-groups, kept until the store commits (see the header).
   // Pointers are looked up again on restore. A model copy in a swap store needs none: its batch
   // is aborted instead.
@@ -177,6 +183,7 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
     StepBatch batch;
     StepBatch* batching = compute_.waits_per_call ? &batch : nullptr;
     for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
+      if (early && early_.stepped[static_cast<std::size_t>(run.unit)]) return;
       const auto g = static_cast<std::size_t>(run.group);
       ZERO_ASSERT(g < hypers.size() && g < scalars.size());
       if (batch.group != run.group) flush(batch, hypers, scalars);
@@ -231,6 +238,47 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
   slices_.model_settled();
   if (own_sumsq != nullptr) *own_sumsq = norm_.fusing ? finish_norm() : squared_norm();
   norm_.fusing = false;
+}
+
+void PartitionOptimizer::start_norm(bool own_sumsq) {
+  norm_.fusing = own_sumsq && compute_.optimizer_step_norm != nullptr;
+  if (norm_.fusing) {
+    norm_.sums.assign(norm_.first.back(), 0.0);
+    norm_.summed.assign(norm_.first.back(), 0);
+  }
+}
+
+void PartitionOptimizer::begin_early(bool own_sumsq) {
+  ZERO_ASSERT(!early_.open && store_->nvme_count() == 0);
+  early_.open = true;
+  early_.stepped.assign(layout_.num_units(), 0);
+  start_norm(own_sumsq);
+}
+
+void PartitionOptimizer::end_early() {
+  early_.open = false;
+  norm_.fusing = false;
+}
+
+void PartitionOptimizer::step_unit(int unit, std::span<const kernels::OptimizerHyper> hypers,
+                                   std::span<const kernels::StepScalars> scalars) {
+  ZERO_ASSERT(early_.open && !early_.stepped[static_cast<std::size_t>(unit)]);
+  early_.stepped[static_cast<std::size_t>(unit)] = 1;
+  // Runs are in store order, domain after domain: each domain's runs of the unit, sub-group by
+  // sub-group where a sub-group edge cuts one (memory sub-groups only: nothing to read or write
+  // back).
+  for (const Run& run : runs_) {
+    if (run.unit != unit) continue;
+    const auto g = static_cast<std::size_t>(run.group);
+    ZERO_ASSERT(g < hypers.size() && g < scalars.size());
+    const std::size_t n = run.end - run.begin;
+    store_->modify(run.flat, run.flat + n, [&](const offload::SubgroupStore::View& view) {
+      const std::size_t lo = std::max(run.flat, view.begin);
+      const std::size_t hi = std::min(run.flat + n, view.end);
+      step_part(run, run.begin + (lo - run.flat), run.begin + (hi - run.flat), view, hypers[g],
+                scalars[g], PartMode::Full, nullptr);
+    });
+  }
 }
 
 void PartitionOptimizer::flush(StepBatch& batch, std::span<const kernels::OptimizerHyper> hypers,

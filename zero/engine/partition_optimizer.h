@@ -131,6 +131,22 @@ class PartitionOptimizer {
             const offload::SubgroupStore::Agree& agree = nullptr,
             offload::SubgroupStore* model_store = nullptr,
             const std::function<void()>& before_commit = nullptr, double* own_sumsq = nullptr);
+  // The step in backward (EngineImpl's StepInBackward): the units of one step stepped one at a
+  // time, as their gradients complete, before step() steps the rest. begin_early() opens such a
+  // step (before its first step_unit(); `own_sumsq`: step() will be asked for the norm, so the
+  // kernels sum its blocks as they go, as step() would), step_unit() steps every domain's runs
+  // of `unit` (master, states and model copy) with the hypers and scalars step() will get, and
+  // step() then steps only the units not stepped yet and ends it: the same bits as one step() of
+  // them all (the kernels are elementwise, and the norm's blocks land where step()'s would).
+  // end_early() ends an open one without a step (nothing is undone). REQUIRES: no NVMe
+  // sub-group, no model store (step()'s model_store null), each unit stepped at most once.
+  void begin_early(bool own_sumsq);
+  void step_unit(int unit, std::span<const kernels::OptimizerHyper> hypers,
+                 std::span<const kernels::StepScalars> scalars);
+  bool stepped_early(int unit) const {
+    return early_.open && early_.stepped[static_cast<std::size_t>(unit)] != 0;
+  }
+  void end_early();
   // The model copy ← master weights, rounded (nothing to do with master_in_model).
   void write_model();
   class Replacement;  // new values of a checkpoint tensor (below)
@@ -247,6 +263,9 @@ class PartitionOptimizer {
     std::vector<double> sums;
     std::vector<unsigned char> summed;
   };
+  // Opens step()'s (or an early step's) fused norm: every block unsummed (`own_sumsq`: asked for,
+  // where the table has the kernel).
+  void start_norm(bool own_sumsq);
   // Whether step_part may step [first, last) of `run` with the norm fused, and if so the kernel's
   // block sums for the run (the run's first block) after marking what it will sum whole.
   double* fused_norm_blocks(const Run& run, std::size_t first, std::size_t last);
@@ -277,6 +296,11 @@ class PartitionOptimizer {
   // partition on the host (a model copy in a swap store needs host steps on a GPU).
   std::vector<std::byte> state_tiles_[2];
   NormBlocks norm_;
+  struct Early {  // begin_early() .. step()
+    bool open = false;
+    std::vector<unsigned char> stepped;  // per unit
+  };
+  Early early_;
 };
 
 }  // namespace zero::engine_detail

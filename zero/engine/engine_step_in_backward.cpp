@@ -19,6 +19,11 @@ constexpr std::size_t kBoardMinBytes = std::size_t{64} << 10;
 // How long step()'s start waits for the next post of a peer still in backward before it leaves
 // the rest to the step's collectives (which notice a peer that failed; a wait here would not).
 constexpr auto kPostWait = std::chrono::milliseconds(250);
+// Polls back to back (yielding the core) for this long after a post, then sleeps this long
+// between polls, so that a rank sharing its core with a peer still in backward (more ranks
+// than cores) leaves it the core.
+constexpr auto kPollSpin = std::chrono::milliseconds(1);
+constexpr auto kPollSleep = std::chrono::microseconds(20);
 
 std::uint64_t load_acquire(const std::uint64_t& word) {
   // A read-only view of a peer's board: an atomic load never writes.
@@ -162,7 +167,7 @@ void EngineImpl::step_posted_units_until_arrived() {
   // A peer that has not arrived is still in backward and may post more: each post is stepped as
   // it comes, while the step's collectives could only wait. A peer that posts nothing for
   // kPostWait leaves the rest to them.
-  auto deadline = std::chrono::steady_clock::now() + kPostWait;
+  auto last_post = std::chrono::steady_clock::now();
   for (;;) {
     const std::size_t before = b.waiting.size();
     step_posted_units();
@@ -172,9 +177,13 @@ void EngineImpl::step_posted_units_until_arrived() {
       return;
     }
     const auto now = std::chrono::steady_clock::now();
-    if (b.waiting.size() < before) deadline = now + kPostWait;
-    if (now > deadline) return;
-    std::this_thread::yield();
+    if (b.waiting.size() < before) last_post = now;
+    if (now - last_post > kPostWait) return;
+    if (now - last_post < kPollSpin) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(kPollSleep);
+    }
   }
 }
 

@@ -332,10 +332,11 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
         if result.boundary:
             self.global_steps = result.global_steps
             self.skipped_steps = result.skipped_steps
+            lrs = self.get_lr()  # the next step's
             optimizer = getattr(self, "optimizer", None)
             if optimizer is not None:
-                optimizer.refresh()
-            self._sync_lr_sources()
+                optimizer.refresh(lrs)
+            self._sync_lr_sources(lrs)
             if self._client_scheduler is not None and not result.skipped:
                 # The engine stepped the optimizer, not optimizer.step(): torch's warning that
                 # the scheduler runs first does not apply.
@@ -380,10 +381,12 @@ class ZeroEngine(CheckpointMethods, torch.nn.Module):
             call("zero_engine_set_lr", self._handle, g, lr)
         self._sync_lr_sources()
 
-    def _sync_lr_sources(self):
-        """Every optimizer the engine follows shows the engine's lr, so that a change written
-        into any of them afterwards is told apart from the others' unchanged values."""
-        lrs = self.get_lr()
+    def _sync_lr_sources(self, lrs=None):
+        """Every optimizer the engine follows shows the engine's lr (`lrs`, else asked for), so
+        that a change written into any of them afterwards is told apart from the others'
+        unchanged values."""
+        if lrs is None:
+            lrs = self.get_lr()
         for source in self._lr_sources:
             for group, lr in zip(source.param_groups, lrs):
                 group["lr"] = lr

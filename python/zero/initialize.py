@@ -26,11 +26,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         raise ZeroError("the optimizer is stepped by engine.step(); call that instead")
 
-    def refresh(self):
-        """After an optimizer step: the lr each group uses next. Also tells torch's LR schedulers
-        that this optimizer did step (the flag their step() checks before warning that they ran
-        first: the engine steps, not optimizer.step())."""
-        for g, lr in zip(self.param_groups, self.engine.get_lr()):
+    def refresh(self, lrs=None):
+        """After an optimizer step: the lr each group uses next (`lrs`, else asked for). Also
+        tells torch's LR schedulers that this optimizer did step (the flag their step() checks
+        before warning that they ran first: the engine steps, not optimizer.step())."""
+        for g, lr in zip(self.param_groups, self.engine.get_lr() if lrs is None else lrs):
             g["lr"] = lr
         self._opt_called = True
 

@@ -367,18 +367,23 @@ StepResult EngineImpl::step() {
   result.lr = plan.scalars[0].lr;
   ++applied_steps_;
   ++last_batch_iteration_;
+  // The norm's all-reduce after the step is every rank's step done: the barrier a push or a
+  // shared model needs after it (the same communicator, so the same memory it orders).
+  bool stepped_everywhere = false;
   if (norm_after_step()) {
     // After the commit, as the model all-gather: a collective that fails here leaves the step
     // taken (nothing half-written), only its norm unknown.
     ScopedTimer timer(timings_.norm_s);
-    if (world_ > 1)
+    if (world_ > 1) {
       control_.all_reduce_now(&own_sumsq, &own_sumsq, 1, DType::F64, ReduceOp::Sum);
+      stepped_everywhere = &control_ == &comm_;
+    }
     result.grad_norm = std::sqrt(own_sumsq) / prev_scale;
   }
-  all_gather_model(push);
+  all_gather_model(push, stepped_everywhere);
   if (fetcher_) {
     // Stage 3: the pushed persistent units are current on every rank once all have pushed.
-    if (push) comm_.barrier_now();
+    if (push && !stepped_everywhere) comm_.barrier_now();
     fetcher_->refresh_after_step(push ? &push_.pushed : nullptr);
   }
   // From the next window on, its last micro-step may step in backward (every rank alike).
@@ -389,15 +394,16 @@ StepResult EngineImpl::step() {
 // Stages 1/2: every rank's updated slices of the model copy to every rank, several units in
 // flight up to allgather_bucket_size elements; after a pushing step, a barrier (every push has
 // landed) and the units not pushed; with a shared model, the barrier alone.
-void EngineImpl::all_gather_model(bool after_push) {
+void EngineImpl::all_gather_model(bool after_push, bool stepped_everywhere) {
   if (shared_model_) {
+    if (stepped_everywhere) return;
     ScopedTimer timer(timings_.all_gather_s);
     comm_.barrier_now();
     return;
   }
   if (!gathers_model()) return;
   ScopedTimer timer(timings_.all_gather_s);
-  if (after_push) comm_.barrier_now();
+  if (after_push && !stepped_everywhere) comm_.barrier_now();
   for (Work& w : start_all_gather_model(parts_.allgather_bucket_elems, after_push)) w.wait();
 }
 

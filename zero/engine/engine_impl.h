@@ -231,7 +231,9 @@ class EngineImpl final : public Engine, private SliceMap {
   }
   // after_push: the step pushed the units ModelPush covers, at least one (a barrier instead of
   // their gathers). With a shared model, only the barrier: every rank's slices are in place.
-  void all_gather_model(bool after_push = false);
+  // stepped_everywhere: a collective over comm_ since every rank's step (the norm's) stands for
+  // that barrier.
+  void all_gather_model(bool after_push = false, bool stepped_everywhere = false);
   // Starts all_gather_model()'s collectives, waiting on the oldest while more than
   // `window_elems` elements would be in flight; returns those still in flight (in place: no
   // memory of their own). Nothing when !gathers_model().

@@ -321,7 +321,7 @@ void GradientReducer::submit(const Source& source) {
 }
 
 // Packs the open bucket as W rank chunks in the communication dtype and starts its reduction.
-void GradientReducer::flush_bucket() {
+void GradientReducer::flush_bucket(bool draining) {
   if (open_.empty()) return;
   Slot& slot = slots_[next_slot_];
   next_slot_ = (next_slot_ + 1) % slots_.size();
@@ -363,16 +363,24 @@ void GradientReducer::flush_bucket() {
   slot.chunk_elems = chunk;
   slot.accumulate = !window_first_micro_;
   pack_timer.reset();
+  // Waited for at once without overlap_comm and at the drain: the communicator may run it on
+  // this thread (CollectiveArgs::waited).
+  const bool waited = !options_.overlap_comm || draining;
   if (W == 1) {
     slot.work = Work();  // the sum over one rank is the bucket itself
   } else if (options_.stage != 0 && options_.reduce_scatter) {
-    slot.work =
-        comm_.reduce_scatter(slot.send.data(), slot.recv.data(), chunk, comm_dtype, options_.op,
-                             options_.quantize_bits,
-                             feedback(bucket_feedback_, buckets_this_micro_++));
+    CollectiveArgs args{Collective::ReduceScatter, slot.send.data(), slot.recv.data(), chunk,
+                        comm_dtype, options_.op, 0, false, options_.quantize_bits,
+                        feedback(bucket_feedback_, buckets_this_micro_++)};
+    args.waited = waited;
+    ScopedTimer timer(timings_.reduce_wait_s);  // the op itself where it runs right here
+    slot.work = comm_.start(args);
   } else {
-    slot.work =
-        comm_.all_reduce(slot.send.data(), slot.send.data(), W * chunk, comm_dtype, options_.op);
+    CollectiveArgs args{Collective::AllReduce, slot.send.data(), slot.send.data(), W * chunk,
+                        comm_dtype, options_.op, 0, true};
+    args.waited = waited;
+    ScopedTimer timer(timings_.reduce_wait_s);  // the op itself where it runs right here
+    slot.work = comm_.start(args);
   }
   slot.in_flight = true;
   open_.clear();
@@ -425,7 +433,7 @@ void GradientReducer::finish(Slot& slot) {
 }
 
 void GradientReducer::drain(bool leave_late) {
-  flush_bucket();
+  flush_bucket(true);
   for (Slot& s : slots_) {
     if (s.in_flight) finish(s);
   }

@@ -237,7 +237,8 @@ class GradientReducer {
   void finish(std::span<Alone* const> done);  // issues all first, then lands them together
   void submit_unit(int unit, const void* buffer, DType dtype);
   void submit(const Source& source);
-  void flush_bucket();
+  // `draining`: the end of the micro-step, which waits for the bucket at once.
+  void flush_bucket(bool draining = false);
   void finish(Slot& slot);
   void drain(bool leave_late);
   bool may_be_late() const;

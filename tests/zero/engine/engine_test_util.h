@@ -285,6 +285,17 @@ inline void require_bitwise_equal(const TrainResult& a, const TrainResult& b) {
   REQUIRE(moved > 0);
 }
 
+// Every step's gradient norm, bitwise, and positive (not a vacuous pass).
+inline void require_same_norms(const TrainResult& a, const TrainResult& b) {
+  REQUIRE(!b.steps.empty());
+  REQUIRE(b.steps.size() == a.steps.size());
+  for (std::size_t i = 0; i < b.steps.size(); ++i) {
+    INFO("step " << i);
+    REQUIRE(b.steps[i].grad_norm > 0.0);
+    REQUIRE(std::memcmp(&b.steps[i].grad_norm, &a.steps[i].grad_norm, sizeof(double)) == 0);
+  }
+}
+
 // Largest |a − b| over every element.
 inline double max_abs_diff(const std::vector<std::vector<float>>& a,
                            const std::vector<std::vector<float>>& b) {

@@ -28,17 +28,6 @@ TrainResult train_after_backward(const TrainSpec& spec) {
   return r;
 }
 
-// Every step's gradient norm, bitwise, and positive (not a vacuous pass).
-void require_same_norms(const TrainResult& a, const TrainResult& b) {
-  REQUIRE(!b.steps.empty());
-  REQUIRE(b.steps.size() == a.steps.size());
-  for (std::size_t i = 0; i < b.steps.size(); ++i) {
-    INFO("step " << i);
-    REQUIRE(b.steps[i].grad_norm > 0.0);
-    REQUIRE(std::memcmp(&b.steps[i].grad_norm, &a.steps[i].grad_norm, sizeof(double)) == 0);
-  }
-}
-
 TEST_CASE("the step taken during backward gives the bits of the step after it", "[engine]") {
   // Units 0 and 1 (256x256 weights with their biases) are lone units at up to 4 ranks, unit 2
   // (256x4) goes through the buckets. Without clipping or an overflow check nothing reads the

@@ -43,6 +43,7 @@ as many processes at once as there are ranks).
                                          [--json out.json] [--zero-bench build/benchmarks/zero-bench]
                                          [--zero-library build/libzero.so.0]
                                          [--no-paired] [--overlap-comm default|on|off]
+                                         [--check-grad-overflow default|on|off]
 
 Comparable pairs: zero stage 0 with DDP (both replicate everything), zero stages 1-3 with FSDP2
 (which shards parameters, gradients and optimizer state: stage 3's layout).
@@ -145,13 +146,14 @@ class Transformer25M(Transformer):
 
 MODELS = {"mlp": MLP, "transformer": Transformer, "transformer-25m": Transformer25M}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# --overlap-comm: zero_optimization.overlap_comm for zero and DeepSpeed ("default": the key left out).
+# --overlap-comm: zero_optimization.overlap_comm for zero and DeepSpeed ("default": the key left out);
+# --check-grad-overflow likewise for bf16.check_grad_overflow.
 OVERLAP = {"default": None, "on": True, "off": False}
 
 
 # --- one rank of one run (under torchrun) ------------------------------------------------------
 
-def zero_config(stage, micro_batch, dtype="fp32", overlap_comm=None):
+def zero_config(stage, micro_batch, dtype="fp32", overlap_comm=None, check_grad_overflow=None):
     # No clipping: DDP and FSDP2 run plain AdamW (written out: DeepSpeed >= 0.19.3 clips at 1.0 unless told).
     config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
               "gradient_clipping": 0.0,
@@ -162,10 +164,12 @@ def zero_config(stage, micro_batch, dtype="fp32", overlap_comm=None):
         config["zero_optimization"]["overlap_comm"] = overlap_comm
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
+        if check_grad_overflow is not None:  # else DeepSpeed's default: on (0.19.3 and later)
+            config["bf16"]["check_grad_overflow"] = check_grad_overflow
     return config
 
 
-def make_trainer(peer, model, cls, dtype="fp32", overlap_comm=None):
+def make_trainer(peer, model, cls, dtype="fp32", overlap_comm=None, check_grad_overflow=None):
     """Returns (forward, backward, step) closures for one peer. bf16: zero and DeepSpeed train the
     model in bf16 with fp32 master weights (their bf16 config), DDP and FSDP2 keep fp32 parameters
     and compute in bf16 (DDP under torch.autocast, FSDP2 with its mixed-precision policy), the bare
@@ -184,7 +188,8 @@ def make_trainer(peer, model, cls, dtype="fp32", overlap_comm=None):
     if kind in ("zero", "deepspeed"):
         lib = __import__("zero" if kind == "zero" else "deepspeed")
         engine, *_ = lib.initialize(model=model, model_parameters=model.parameters(),
-                                    config=zero_config(int(stage), cls.BATCH, dtype, overlap_comm))
+                                    config=zero_config(int(stage), cls.BATCH, dtype, overlap_comm,
+                                                       check_grad_overflow))
         return engine, engine.backward, engine.step
     import torch.distributed as dist
 
@@ -277,7 +282,8 @@ def worker(args):
     bare_forward, bare_step = bare_trainer(cls, args.dtype) if paired else (None, None)
     torch.manual_seed(0)
     model = cls()
-    forward, backward, step = make_trainer(args.worker, model, cls, args.dtype, OVERLAP[args.overlap_comm])
+    forward, backward, step = make_trainer(args.worker, model, cls, args.dtype, OVERLAP[args.overlap_comm],
+                                           OVERLAP[args.check_grad_overflow])
     profiled = hasattr(forward, "timings") and args.worker.startswith("zero")
     # Each rank its own micro-batches, made before timing starts.
     g = torch.Generator().manual_seed(1000 + rank)
@@ -381,7 +387,8 @@ def run_once(args, peer, workdir, index):
                                            "--dtype", args.dtype, "--steps", str(args.steps),
                                            "--warmup", str(args.warmup),
                                            "--paired" if args.paired else "--no-paired",
-                                           "--overlap-comm", args.overlap_comm],
+                                           "--overlap-comm", args.overlap_comm,
+                                           "--check-grad-overflow", args.check_grad_overflow],
                     peer, args.timeout, env=common.one_thread_env(**args.zero_env))
     run, ranks = common.read_ranks(out, args.nproc, TIMES)
     mine = os.path.join(common.REPO, "python", "zero")
@@ -441,6 +448,9 @@ def main():
     p.add_argument("--overlap-comm", choices=sorted(OVERLAP), default="default",
                    help="zero_optimization.overlap_comm for zero and DeepSpeed (default: the key left "
                         "out, so DeepSpeed's default: on at stage 3, off at 0-2)")
+    p.add_argument("--check-grad-overflow", choices=sorted(OVERLAP), default="default",
+                   help="with --dtype bf16: bf16.check_grad_overflow for zero and DeepSpeed (default: "
+                        "the key left out, so DeepSpeed's default: on)")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -477,7 +487,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
                        "repeats": args.repeats, "torch": torch.__version__, "summary": rows, "runs": runs,
-                       "dtype": args.dtype, "overlap_comm": args.overlap_comm, "zero_under_test": args.zero_what, "optimizer_limits": args.limits,
+                       "dtype": args.dtype, "overlap_comm": args.overlap_comm,
+                       "check_grad_overflow": args.check_grad_overflow, "zero_under_test": args.zero_what, "optimizer_limits": args.limits,
                        "engine_ratios": {str(k): v for k, v in engine_ratios(rows).items()},
                        "last_loss_spread": spread}, f, indent=1)
     return 1 if spread > allowed else 0

@@ -108,3 +108,15 @@ def test_the_workers_import_this_repositorys_zero(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "REPO", tmp_path)  # a checkout without a build
     env, what = common.zero_package_env()
     assert env == {} and "installed zero package" in what
+
+
+def test_the_configs_carry_overlap_comm_and_the_bf16_overflow_check_only_when_asked():
+    # Left out by default, so each engine applies DeepSpeed's own defaults.
+    plain = torch_peers.zero_config(3, 4, "bf16")
+    assert "overlap_comm" not in plain["zero_optimization"]
+    assert plain["bf16"] == {"enabled": True}
+    asked = torch_peers.zero_config(3, 4, "bf16", overlap_comm=False, check_grad_overflow=False)
+    assert asked["zero_optimization"]["overlap_comm"] is False
+    assert asked["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    # fp32 has no bf16 block to carry the check.
+    assert "bf16" not in torch_peers.zero_config(1, 4, "fp32", check_grad_overflow=True)

@@ -296,6 +296,15 @@ inline void require_same_norms(const TrainResult& a, const TrainResult& b) {
   }
 }
 
+// A count every rank's timings hold (units_fused, units_stepped_in_backward, ...): the ranks
+// agree on it, and it is returned.
+inline std::int64_t agreed_count(const TrainResult& r, std::int64_t EngineTimings::*count) {
+  REQUIRE(!r.timings.empty());
+  const std::int64_t n = r.timings[0].*count;
+  for (const EngineTimings& t : r.timings) REQUIRE(t.*count == n);
+  return n;
+}
+
 // Largest |a − b| over every element.
 inline double max_abs_diff(const std::vector<std::vector<float>>& a,
                            const std::vector<std::vector<float>>& b) {

@@ -90,9 +90,7 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
     return spec;
   };
   const auto fused_units = [](const TrainResult& r) {
-    std::int64_t n = r.timings[0].units_fused;
-    for (const EngineTimings& t : r.timings) REQUIRE(t.units_fused == n);
-    return n;
+    return agreed_count(r, &EngineTimings::units_fused);
   };
   for (const Case& c : cases) {
     for (int world : {2, 3, 4}) {

@@ -15,9 +15,7 @@ using nlohmann::json;
 
 // Every rank's count of units stepped in backward; they agree.
 std::int64_t stepped_in_backward(const TrainResult& r) {
-  const std::int64_t n = r.timings[0].units_stepped_in_backward;
-  for (const EngineTimings& t : r.timings) REQUIRE(t.units_stepped_in_backward == n);
-  return n;
+  return agreed_count(r, &EngineTimings::units_stepped_in_backward);
 }
 
 // Runs `spec` with ZERO_STEP_IN_BACKWARD=0 in the environment (the engine reads it once built).

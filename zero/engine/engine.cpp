@@ -393,9 +393,10 @@ StepResult EngineImpl::step() {
 
 // Stages 1/2: every rank's updated slices of the model copy to every rank, several units in
 // flight up to allgather_bucket_size elements; after a pushing step, a barrier (every push has
-// landed) and the units not pushed; with a shared model, the barrier alone.
+// landed) and the units not pushed; with a shared model, or after stage 0's pushing step, the
+// barrier alone.
 void EngineImpl::all_gather_model(bool after_push, bool stepped_everywhere) {
-  if (shared_model_) {
+  if (shared_model_ || (stage_ == 0 && after_push)) {
     if (stepped_everywhere) return;
     ScopedTimer timer(timings_.all_gather_s);
     comm_.barrier_now();

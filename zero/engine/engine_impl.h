@@ -261,6 +261,11 @@ class EngineImpl final : public Engine, private SliceMap {
   // all-gathered as before. Off with ZERO_MODEL_PUSH=0, on an NVMe tier or a swapped stage-3
   // partition (a failed step restores only this rank's copy), under MiCS, and where the model
   // copy is not host memory.
+  // At stage 0 (every rank holds every domain) with an fp32 master in the model copy, the push
+  // shares the step out: each rank steps only its own domain and pushes it, so a step moves
+  // 1/world of the optimizer's bytes and every rank's model copy, its master, is whole after it
+  // (PartitionOptimizer::step_own_domain_only). Only where every unit is pushed, and then for
+  // the engine's life (ZERO_MODEL_PUSH is read until the first step).
   struct ModelPush {
     bool set_up = false;
     // [q·units + u]: rank q's copy of unit u, writable here (the rank's own: stage 3 only)

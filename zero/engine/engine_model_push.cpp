@@ -1,6 +1,7 @@
 // The updated model copy to the peers without an all-gather, at stages 1/2 and for stage 3's
 // persistent units (EngineImpl::ModelPush in engine_impl.h): each rank writes its new slices into
-// every peer's copy as the optimizer step writes them.
+// every peer's copy as the optimizer step writes them. At stage 0 the same push shares the step
+// out: each rank steps only its own partition and pushes it.
 #include <cstdlib>
 #include <string_view>
 
@@ -10,8 +11,16 @@
 namespace zero::engine_detail {
 
 bool EngineImpl::may_push_model() const {
+  // Stage 0's choice holds for good: its other domains' states are not stepped once it shares
+  // the step out.
+  if (stage_ == 0 && push_.set_up) return push_.pushed_units > 0;
   const bool persistent_units = stage_ == 3 && world_ > 1 && fetcher_ && !param_store_ && !mics_;
-  if (!(gathers_model() || persistent_units) || num_domains() != 1 || !host_memory_ || host_step_)
+  // Stage 0: the model copy is the master, so what the push writes keeps every rank's master
+  // whole (gather_master reads it); the other domains' states are read by no one but the step.
+  const bool shared_step = stage_ == 0 && world_ > 1 && optimizer_->master_in_model();
+  const bool one_domain = num_domains() == 1 || shared_step;
+  if (!(gathers_model() || persistent_units || shared_step) || !one_domain || !host_memory_ ||
+      host_step_)
     return false;
   if (optimizer_->store().nvme_count() > 0) return false;
   const char* env = std::getenv("ZERO_MODEL_PUSH");
@@ -60,6 +69,17 @@ void EngineImpl::set_up_model_push() {
     push_.pushed[u] = cannot[u] == 0.0f && push_.pushed[u] ? 1 : 0;
     push_.pushed_units += push_.pushed[u];
   }
+  if (stage_ != 0) return;
+  // Stage 0 shares the step out only where every unit with elements is pushed (a unit nobody
+  // pushed would need every domain stepped), and then for good.
+  for (std::size_t u = 0; u < layout_units_; ++u) {
+    if (layout_->unit(static_cast<int>(u)).padded_elems > 0 && !push_.pushed[u]) {
+      push_.pushed.assign(layout_units_, 0);
+      push_.pushed_units = 0;
+      return;
+    }
+  }
+  if (push_.pushed_units > 0) optimizer_->step_own_domain_only();
 }
 
 void EngineImpl::model_written(int domain, int unit, std::size_t slice_offset, std::size_t count) {

@@ -183,7 +183,7 @@ void PartitionOptimizer::step(std::span<const kernels::OptimizerHyper> hypers,
     StepBatch batch;
     StepBatch* batching = compute_.waits_per_call ? &batch : nullptr;
     for_runs(view, [&](const Run& run, std::size_t first, std::size_t last) {
-      if (early && early_.stepped[static_cast<std::size_t>(run.unit)]) return;
+      if (!steps(run) || (early && early_.stepped[static_cast<std::size_t>(run.unit)])) return;
       const auto g = static_cast<std::size_t>(run.group);
       ZERO_ASSERT(g < hypers.size() && g < scalars.size());
       if (batch.group != run.group) flush(batch, hypers, scalars);
@@ -268,7 +268,7 @@ void PartitionOptimizer::step_unit(int unit, std::span<const kernels::OptimizerH
   // sub-group where a sub-group edge cuts one (memory sub-groups only: nothing to read or write
   // back).
   for (const Run& run : runs_) {
-    if (run.unit != unit) continue;
+    if (run.unit != unit || !steps(run)) continue;
     const auto g = static_cast<std::size_t>(run.group);
     ZERO_ASSERT(g < hypers.size() && g < scalars.size());
     const std::size_t n = run.end - run.begin;
@@ -279,6 +279,11 @@ void PartitionOptimizer::step_unit(int unit, std::span<const kernels::OptimizerH
                 scalars[g], PartMode::Full, nullptr);
     });
   }
+}
+
+void PartitionOptimizer::step_own_domain_only() {
+  ZERO_ASSERT(domains() > 1 && options_.master_in_model && store_->nvme_count() == 0);
+  own_domain_only_ = true;
 }
 
 void PartitionOptimizer::flush(StepBatch& batch, std::span<const kernels::OptimizerHyper> hypers,

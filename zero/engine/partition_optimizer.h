@@ -147,6 +147,14 @@ class PartitionOptimizer {
     return early_.open && early_.stepped[static_cast<std::size_t>(unit)] != 0;
   }
   void end_early();
+  // Stage 0 with its step shared out (EngineImpl's ModelPush at stage 0): from now on step() and
+  // step_unit() step only the rank's own domain, each peer stepping its own and writing it into
+  // this rank's model copy, which is the master (master_in_model). The other domains' optimizer
+  // states then stay where they were; nothing reads them but a step (a checkpoint saves the own
+  // domain, a load writes every domain anew). For the rest of the optimizer's life.
+  // REQUIRES: every domain held, master_in_model, no NVMe sub-group.
+  void step_own_domain_only();
+  bool steps_own_domain_only() const { return own_domain_only_; }
   // The model copy ← master weights, rounded (nothing to do with master_in_model).
   void write_model();
   class Replacement;  // new values of a checkpoint tensor (below)
@@ -296,6 +304,9 @@ class PartitionOptimizer {
   // partition on the host (a model copy in a swap store needs host steps on a GPU).
   std::vector<std::byte> state_tiles_[2];
   NormBlocks norm_;
+  bool own_domain_only_ = false;  // step_own_domain_only()
+  // Whether step() and step_unit() step `run` (step_own_domain_only() leaves the other domains).
+  bool steps(const Run& run) const { return !own_domain_only_ || run.domain == own_domain(); }
   struct Early {  // begin_early() .. step()
     bool open = false;
     std::vector<unsigned char> stepped;  // per unit

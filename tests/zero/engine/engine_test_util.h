@@ -75,6 +75,7 @@ struct TrainSpec {
 struct TrainResult {
   std::vector<std::string> names;
   std::vector<std::vector<float>> params;   // final fp32 master, per parameter (rank 0)
+  std::vector<std::vector<std::vector<float>>> rank_params;  // the same, per rank
   std::vector<std::vector<float>> initial;  // initial values
   std::vector<StepResult> steps;            // rank 0's step results at boundaries
   std::vector<MemorySnapshot> memory;       // per rank, at the end
@@ -137,6 +138,7 @@ inline TrainResult train(const TrainSpec& spec) {
   const int gas = static_cast<int>(*cfg.gradient_accumulation_steps);
   TrainResult result;
   result.memory.resize(static_cast<std::size_t>(spec.world));
+  result.rank_params.resize(static_cast<std::size_t>(spec.world));
   result.timings.resize(static_cast<std::size_t>(spec.world));
   result.traffic.resize(static_cast<std::size_t>(spec.world));
   std::mutex mu;
@@ -237,9 +239,19 @@ inline TrainResult train(const TrainSpec& spec) {
     result.timings[static_cast<std::size_t>(r)] = engine->timings();
     if (const auto* nodes = dynamic_cast<const HierarchicalComm*>(engine_comm))
       result.traffic[static_cast<std::size_t>(r)] = nodes->traffic();
+    result.rank_params[static_cast<std::size_t>(r)] = final_params;
     if (r == 0) result.params = std::move(final_params);
   });
   return result;
+}
+
+// The step tests' model: layers of 256x256 (units 0 and 1 are lone units at up to 4 ranks, unit 2
+// goes through the buckets), the biases in a param group of their own without weight decay (a
+// run that starts inside a norm block).
+inline void use_two_group_mlp(TrainSpec& spec) {
+  spec.model = "mlp:256,256,256,4";
+  spec.groups = {{}, {std::nullopt, 0.0}};
+  spec.group_of = [](std::size_t i) { return static_cast<int>(i % 2); };
 }
 
 // train() of `config` on `world` ranks of `device` for `steps` optimizer steps, saving after step

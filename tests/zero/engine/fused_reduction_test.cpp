@@ -84,9 +84,7 @@ TEST_CASE("the reduction fused into the step gives the bits of the collective it
     spec.config["zero_optimization"]["reduce_bucket_size"] = budget;
     spec.world = world;
     spec.steps = 3;
-    spec.model = "mlp:256,256,256,4";
-    spec.groups = {{}, {std::nullopt, 0.0}};
-    spec.group_of = [](std::size_t i) { return static_cast<int>(i % 2); };
+    use_two_group_mlp(spec);
     return spec;
   };
   const auto fused_units = [](const TrainResult& r) {

@@ -54,9 +54,7 @@ TEST_CASE("the step taken during backward gives the bits of the step after it", 
     spec.config["zero_optimization"]["reduce_bucket_size"] = 1'000'000;
     spec.world = world;
     spec.steps = 4;
-    spec.model = "mlp:256,256,256,4";
-    spec.groups = {{}, {std::nullopt, 0.0}};
-    spec.group_of = [](std::size_t i) { return static_cast<int>(i % 2); };
+    use_two_group_mlp(spec);
     return spec;
   };
   for (const Case& c : cases) {

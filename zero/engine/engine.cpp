@@ -381,11 +381,8 @@ StepResult EngineImpl::step() {
     result.grad_norm = std::sqrt(own_sumsq) / prev_scale;
   }
   all_gather_model(push, stepped_everywhere);
-  if (fetcher_) {
-    // Stage 3: the pushed persistent units are current on every rank once all have pushed.
-    if (push && !stepped_everywhere) comm_.barrier_now();
-    fetcher_->refresh_after_step(push ? &push_.pushed : nullptr);
-  }
+  // Stage 3: the pushed persistent units are current on every rank (all_gather_model's barrier).
+  if (fetcher_) fetcher_->refresh_after_step(push ? &push_.pushed : nullptr);
   // From the next window on, its last micro-step may step in backward (every rank alike).
   if (!in_backward && !in_backward_.set_up && may_step_in_backward()) set_up_step_in_backward();
   return result;
@@ -393,10 +390,10 @@ StepResult EngineImpl::step() {
 
 // Stages 1/2: every rank's updated slices of the model copy to every rank, several units in
 // flight up to allgather_bucket_size elements; after a pushing step, a barrier (every push has
-// landed) and the units not pushed; with a shared model, or after stage 0's pushing step, the
-// barrier alone.
+// landed) and the units not pushed; with a shared model, or after a push where nothing is
+// gathered (stage 0, stage 3's persistent units), the barrier alone.
 void EngineImpl::all_gather_model(bool after_push, bool stepped_everywhere) {
-  if (shared_model_ || (stage_ == 0 && after_push)) {
+  if (shared_model_ || (after_push && !gathers_model())) {
     if (stepped_everywhere) return;
     ScopedTimer timer(timings_.all_gather_s);
     comm_.barrier_now();

@@ -15,13 +15,11 @@ bool EngineImpl::may_push_model() const {
   // the step out.
   if (stage_ == 0 && push_.set_up) return push_.pushed_units > 0;
   const bool persistent_units = stage_ == 3 && world_ > 1 && fetcher_ && !param_store_ && !mics_;
+  const bool own_slices = (gathers_model() || persistent_units) && num_domains() == 1;
   // Stage 0: the model copy is the master, so what the push writes keeps every rank's master
   // whole (gather_master reads it); the other domains' states are read by no one but the step.
   const bool shared_step = stage_ == 0 && world_ > 1 && optimizer_->master_in_model();
-  const bool one_domain = num_domains() == 1 || shared_step;
-  if (!(gathers_model() || persistent_units || shared_step) || !one_domain || !host_memory_ ||
-      host_step_)
-    return false;
+  if (!(own_slices || shared_step) || !host_memory_ || host_step_) return false;
   if (optimizer_->store().nvme_count() > 0) return false;
   const char* env = std::getenv("ZERO_MODEL_PUSH");
   return env == nullptr || std::string_view(env) != "0";

@@ -43,17 +43,27 @@ constexpr std::size_t kStreamMinBytes = 16384;
 
 }  // namespace
 
-void copy_streaming(void* dst, const void* src, std::size_t bytes) {
+void copy_streaming_unfenced(void* dst, const void* src, std::size_t bytes) {
   auto* d = static_cast<std::byte*>(dst);
   const auto* s = static_cast<const std::byte*>(src);
 #if defined(__x86_64__)
   if (bytes >= kStreamMinBytes) {
     stream_unfenced(d, s, bytes);
-    _mm_sfence();
     return;
   }
 #endif
   std::memcpy(d, s, bytes);
+}
+
+void streaming_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+void copy_streaming(void* dst, const void* src, std::size_t bytes) {
+  copy_streaming_unfenced(dst, src, bytes);
+  if (bytes >= kStreamMinBytes) streaming_fence();
 }
 
 void copy_streaming_seen(void* dst, const void* src, std::size_t bytes,

@@ -15,6 +15,13 @@ namespace zero {
 // REQUIRES: the ranges do not overlap. Any alignment.
 void copy_streaming(void* dst, const void* src, std::size_t bytes);
 
+// copy_streaming without the fence, for many copies in a row that one fence can close: the copier
+// calls streaming_fence() after the last of them and before anything that lets another thread
+// read the copies (a barrier, a flag's release store). A fence after every 64 KiB tile of an
+// optimizer step's push stalled the step's next tile on the memory writes of the last one.
+void copy_streaming_unfenced(void* dst, const void* src, std::size_t bytes);
+void streaming_fence();
+
 // copy_streaming that shows the source to see(stretch, stretch_bytes) first, in order, the
 // stretches covering the range; each stretch is copied right after see() returns. Where the copy
 // streams (x86-64, 16 KiB or more) a stretch is at most kSeenStretchBytes; otherwise the whole

@@ -334,11 +334,11 @@ StepResult EngineImpl::step() {
       optimizer_->step(plan.hypers, plan.scalars, agree, param_store_.get(), before_commit,
                        norm_after_step() ? &own_sumsq : nullptr);
     } catch (...) {
-      push_.active = false;
+      end_push();
       if (fetcher_) fetcher_->drop_staged();
       throw;
     }
-    push_.active = false;
+    end_push();
     if (shared_model_) {
       timings_.shared_model_bytes +=
           static_cast<std::int64_t>(partition_elems() * dtype_size(model_dtype_));

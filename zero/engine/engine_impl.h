@@ -275,6 +275,9 @@ class EngineImpl final : public Engine, private SliceMap {
     bool active = false;  // inside the optimizer step
   };
   bool may_push_model() const;
+  // The pushing step is over (push_.active cleared): its streamed stores fenced, so that the
+  // barrier or all-reduce after it orders them for the peers.
+  void end_push();
   // The shared model (engine_shared_model.cpp). At stages 1/2 over ShmComm processes, every
   // rank's model copy is one block: rank 0's model_pool_, in its shared host arena, which the
   // peers map (Communicator::peer_memory()). Each rank's step writes its slices there and nothing

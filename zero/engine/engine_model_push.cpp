@@ -94,10 +94,16 @@ void EngineImpl::model_written(int domain, int unit, std::size_t slice_offset, s
     std::byte* copy = push_.peers[static_cast<std::size_t>(q) * layout_units_ + u];
     if (copy == nullptr) continue;  // this rank's model copy at stages 1/2: written already
     // Streamed: this core will not read the copy before the next forward, and the stores need
-    // not read its lines.
-    copy_streaming(copy + at, mine, count * msize);
+    // not read its lines. Fenced once the push ends (end_push()), not after every tile.
+    copy_streaming_unfenced(copy + at, mine, count * msize);
     if (q != rank_) timings_.pushed_bytes += static_cast<std::int64_t>(count * msize);
   }
+}
+
+void EngineImpl::end_push() {
+  if (!push_.active) return;
+  push_.active = false;
+  streaming_fence();  // model_written()'s stores, before whatever tells a peer they are there
 }
 
 std::byte* EngineImpl::pushed_copy(std::size_t unit) {

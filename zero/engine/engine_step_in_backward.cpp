@@ -139,7 +139,7 @@ void EngineImpl::step_posted_units() {
       EngineImpl& e;
       ~Done() {
         e.in_backward_.unit = -1;
-        e.push_.active = false;
+        e.end_push();
       }
     } done{*this};
     optimizer_->step_unit(unit, b.plan->hypers, b.plan->scalars);

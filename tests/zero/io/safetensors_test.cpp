@@ -220,17 +220,30 @@ TEST_CASE("copy_streaming_seen copies any length at any alignment and shows ever
   }
 }
 
-TEST_CASE("copy_streaming copies any length at any alignment") {
+TEST_CASE("copy_streaming copies any length at any alignment, fenced or in tiles fenced once") {
   std::vector<unsigned char> src(100000), dst(100100);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 31 + 7);
-  for (std::size_t shift : {0, 1, 8, 15}) {
-    for (std::size_t n : {std::size_t{0}, std::size_t{100}, std::size_t{16384}, std::size_t{16447},
-                          std::size_t{99999}}) {
-      INFO("dst + " << shift << ", " << n << " bytes");
-      std::fill(dst.begin(), dst.end(), 0);
-      zero::copy_streaming(dst.data() + shift, src.data() + 1, n);
-      CHECK(std::memcmp(dst.data() + shift, src.data() + 1, n) == 0);
-      CHECK(dst[shift + n] == 0);
+  for (const bool tiles : {false, true}) {
+    for (std::size_t shift : {0, 1, 8, 15}) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{100}, std::size_t{16384},
+                            std::size_t{16447}, std::size_t{99999}}) {
+        INFO((tiles ? "unfenced tiles of 20000 bytes" : "one copy") << ", dst + " << shift << ", "
+                                                                    << n << " bytes");
+        std::fill(dst.begin(), dst.end(), 0);
+        if (tiles) {
+          // An optimizer step's push: tile after tile, one fence after the last.
+          for (std::size_t b = 0; b < n; b += 20000) {
+            zero::copy_streaming_unfenced(dst.data() + shift + b, src.data() + 1 + b,
+                                          std::min<std::size_t>(20000, n - b));
+          }
+          zero::streaming_fence();
+        } else {
+          zero::copy_streaming(dst.data() + shift, src.data() + 1, n);
+        }
+        CHECK(std::memcmp(dst.data() + shift, src.data() + 1, n) == 0);
+        CHECK(dst[shift + n] == 0);
+        if (shift > 0) CHECK(dst[shift - 1] == 0);
+      }
     }
   }
 }

@@ -89,7 +89,8 @@ def optimizer_limits(args, stages, numel):
     """{stage: {...}}: the least time the optimizer's own traffic takes on one rank, from
     zero-bench's traffic probe run on as many processes at once as the ranks (they share the
     memory bus as the ranks do): AdamW over the rank's partition (the whole model at stage 0, a
-    1/N share at stages 1-3), its bytes per parameter from zero-bench (fp32: gradient, master
+    1/N share at stages 1-3; stage 0's "shared_step" entry the 1/N share too, for a zero that
+    shares its step out), its bytes per parameter from zero-bench (fp32: gradient, master
     and two states; bf16: a bf16 gradient and a bf16 model copy written besides). The probe's
     speed is the slowest process's in a round, the median of PROBE_ROUNDS rounds (one round's
     varied by 2x on this machine). Measured twice: warm, the probe's passes repeated over the same
@@ -102,36 +103,51 @@ def optimizer_limits(args, stages, numel):
               file=sys.stderr)
         return None
     grad, out = ("bf16", "bf16") if args.dtype == "bf16" else ("fp32", "none")
+    share = -(-numel // args.nproc)
+    probed = {}
+
+    def probe(part):
+        if part not in probed:
+            probed[part] = probe_partition(args, bench, grad, out, part)
+        return probed[part]
     limits = {}
     for stage in stages:
-        part = numel if stage == 0 else -(-numel // args.nproc)
-        cmd = [bench, "kernels", "--json", "--params", str(part), "--threads", "1", "--reps", "7",
-               "--optimizer", "adamw", "--grad-dtype", grad, "--state-dtype", "fp32"]
-        limit = {"partition_params": part}
-        for kind, extra in (("", []), ("cold_", ["--cold"])):
-            rounds = []
-            for _ in range(PROBE_ROUNDS):
-                procs = [subprocess.Popen(cmd + extra, stdout=subprocess.PIPE, text=True,
-                                          env=common.one_thread_env())
-                         for _ in range(args.nproc)]
-                records = []
-                for proc in procs:
-                    text, _ = proc.communicate(timeout=args.timeout)
-                    if proc.returncode != 0:
-                        raise SystemExit(f"torch_peers: {' '.join(cmd + extra)} failed (exit {proc.returncode})")
-                    records += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-                mine = [r for r in records if r["param_out"] == out]
-                if len(mine) != args.nproc:
-                    raise SystemExit(f"torch_peers: zero-bench gave {len(mine)} records for AdamW "
-                                     f"{grad}/fp32 out {out}, expected {args.nproc}")
-                # The slowest process's probe: every rank has to finish its step.
-                rounds.append(min(r["limit_gb_per_s"] for r in mine))
-            gb_per_s = statistics.median(rounds)
-            limit["bytes_per_param"] = mine[0]["bytes_per_param"]
-            limit.update({f"{kind}probe_gb_per_s": gb_per_s, f"{kind}probe_rounds_gb_per_s": rounds,
-                          f"{kind}limit_ms": part * mine[0]["bytes_per_param"] / (gb_per_s * 1e9) * 1e3})
-        limits[stage] = limit
+        limits[stage] = dict(probe(numel if stage == 0 else share))
+        if stage == 0 and args.nproc > 1:
+            # Where zero's stage 0 shares its step out (pushed_bytes > 0: each rank steps a 1/N
+            # share and pushes it), its rank's partition is that share: limit_lines takes this.
+            limits[stage]["shared_step"] = probe(share)
     return limits
+
+
+def probe_partition(args, bench, grad, out, part):
+    """optimizer_limits' entry for a partition of `part` parameters."""
+    cmd = [bench, "kernels", "--json", "--params", str(part), "--threads", "1", "--reps", "7",
+           "--optimizer", "adamw", "--grad-dtype", grad, "--state-dtype", "fp32"]
+    limit = {"partition_params": part}
+    for kind, extra in (("", []), ("cold_", ["--cold"])):
+        rounds = []
+        for _ in range(PROBE_ROUNDS):
+            procs = [subprocess.Popen(cmd + extra, stdout=subprocess.PIPE, text=True,
+                                      env=common.one_thread_env())
+                     for _ in range(args.nproc)]
+            records = []
+            for proc in procs:
+                text, _ = proc.communicate(timeout=args.timeout)
+                if proc.returncode != 0:
+                    raise SystemExit(f"torch_peers: {' '.join(cmd + extra)} failed (exit {proc.returncode})")
+                records += [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+            mine = [r for r in records if r["param_out"] == out]
+            if len(mine) != args.nproc:
+                raise SystemExit(f"torch_peers: zero-bench gave {len(mine)} records for AdamW "
+                                 f"{grad}/fp32 out {out}, expected {args.nproc}")
+            # The slowest process's probe: every rank has to finish its step.
+            rounds.append(min(r["limit_gb_per_s"] for r in mine))
+        gb_per_s = statistics.median(rounds)
+        limit["bytes_per_param"] = mine[0]["bytes_per_param"]
+        limit.update({f"{kind}probe_gb_per_s": gb_per_s, f"{kind}probe_rounds_gb_per_s": rounds,
+                      f"{kind}limit_ms": part * mine[0]["bytes_per_param"] / (gb_per_s * 1e9) * 1e3})
+    return limit
 
 
 def limit_lines(rows, limits):
@@ -143,6 +159,9 @@ def limit_lines(rows, limits):
         if kind != "zero" or limits is None or int(stage) not in limits:
             continue
         lim = limits[int(stage)]
+        shared = "shared_step" in lim and r.get("profile", {}).get("pushed_bytes", 0) > 0
+        if shared:
+            lim = lim["shared_step"]
         # With --paired, the job's time outside (the slowest rank's wait for the other excluded).
         outside, what = (r["ms_outside_job"], "the job's time outside fwd+bwd") if "ms_outside_job" in r \
             else (r["ms_outside"], "outside fwd+bwd")
@@ -151,7 +170,8 @@ def limit_lines(rows, limits):
                      f"({lim['partition_params'] / 1e6:.2f}M params x {lim['bytes_per_param']} B at "
                      f"{lim['probe_gb_per_s']:.1f} GB/s = {lim['limit_ms']:.1f} ms), "
                      f"{outside / lim['cold_limit_ms']:.2f}x its cold limit "
-                     f"({lim['cold_probe_gb_per_s']:.1f} GB/s = {lim['cold_limit_ms']:.1f} ms)")
+                     f"({lim['cold_probe_gb_per_s']:.1f} GB/s = {lim['cold_limit_ms']:.1f} ms)"
+                     + (", the step shared out (each rank steps a 1/N share)" if shared else ""))
     return lines
 
 

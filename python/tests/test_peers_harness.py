@@ -120,3 +120,21 @@ def test_the_configs_carry_overlap_comm_and_the_bf16_overflow_check_only_when_as
     assert asked["bf16"] == {"enabled": True, "check_grad_overflow": False}
     # fp32 has no bf16 block to carry the check.
     assert "bf16" not in torch_peers.zero_config(1, 4, "fp32", check_grad_overflow=True)
+
+
+def test_stage_0_sharing_its_step_out_is_held_to_the_limit_of_its_share():
+    """A stage-0 run that pushed (each rank stepped a 1/N share) is measured against the probe of
+    that share, one that did not against the whole model's."""
+    whole = {"partition_params": 4_000_000, "bytes_per_param": 28, "probe_gb_per_s": 50.0,
+             "limit_ms": 2.24, "cold_probe_gb_per_s": 40.0, "cold_limit_ms": 2.8}
+    share = dict(whole, partition_params=2_000_000, limit_ms=1.12, cold_limit_ms=1.4)
+    limits = {0: dict(whole, shared_step=share), 1: share}
+    rows = [{"peer": "zero-s0", "ms_outside_job": 0.56, "profile": {"pushed_bytes": 8e6}},
+            {"peer": "zero-s0", "ms_outside_job": 0.56, "profile": {"pushed_bytes": 0.0}},
+            {"peer": "zero-s1", "ms_outside_job": 0.56, "profile": {"pushed_bytes": 0.0}}]
+    shared, alone, stage1 = torch_peers_report.limit_lines(rows, limits)
+    assert "0.50x the optimizer's traffic limit (2.00M params" in shared
+    assert shared.endswith("the step shared out (each rank steps a 1/N share)")
+    assert "0.25x the optimizer's traffic limit (4.00M params" in alone
+    assert "shared out" not in alone
+    assert "0.50x the optimizer's traffic limit (2.00M params" in stage1 and "shared out" not in stage1

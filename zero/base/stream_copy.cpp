@@ -82,7 +82,7 @@ void copy_streaming_seen(void* dst, const void* src, std::size_t bytes,
       stream_unfenced(d + done, s + done, end - done);
       done = end;
     }
-    _mm_sfence();
+    streaming_fence();
     return;
   }
 #endif

@@ -374,8 +374,9 @@ class EngineImpl final : public Engine, private SliceMap {
   // same bits. step() sums and steps what is left. A unit is written only once every rank's
   // backward is past it (its gradient hook has run: autograd no longer reads the parameter),
   // so a shared, pushed or stage-3 copy is never written under a peer's backward. The step's
-  // coefficients are fixed by its first unit (the lr at that moment; set_lr() afterwards applies
-  // from the next step). The boards are exchanged after the first step (a collective); then
+  // coefficients are fixed when the micro-step arms, at the first gradient of its backward (the
+  // lr at that moment; set_lr() afterwards applies from the next step, on every rank alike,
+  // whether or not this rank has stepped a unit yet). The boards are exchanged after the first step (a collective); then
   // every window's last micro-step steps in backward where every lone unit of it waits until
   // backward ends (GradientReducer::holds_lone_units(): no unit reduced during backward) and a
   // push, if any, is set up. Off with ZERO_STEP_IN_BACKWARD=0 or set_step_in_backward(false).
@@ -395,7 +396,7 @@ class EngineImpl final : public Engine, private SliceMap {
     Buffer board;              // this rank's posts, one per layout unit
     std::vector<const BoardPost*> boards;  // every rank's, readable here
     std::vector<int> waiting;  // units completed and posted here, not stepped yet (in order)
-    std::optional<StepPlan> plan;  // fixed by the first unit stepped
+    std::optional<StepPlan> plan;  // fixed when armed
     int unit = -1;             // the unit being stepped: its late buffers are `sources`
     bool adds = false;         // and its sum is added to earlier micro-steps' (LateUnit's)
     std::vector<const std::byte*> sources;  // [q]: rank q's buffer of `unit`, readable here

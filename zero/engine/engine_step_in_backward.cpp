@@ -79,7 +79,11 @@ bool EngineImpl::arm_step_in_backward() {
   b.push = pushes && push_.pushed_units > 0;
   b.epoch = static_cast<std::uint64_t>(global_steps_) + 1;
   b.waiting.clear();
-  b.plan.reset();
+  // The step's coefficients, fixed now: at the first gradient of the boundary's backward, which
+  // every rank reaches before its step(). A peer may step a unit before this rank does, or this
+  // rank none at all, so an lr set between backward and step() must be the next step's on every
+  // rank alike, whatever each has stepped (nothing collective: norm_after_step()).
+  b.plan = plan_step();
   optimizer_->begin_early(true);
   return true;
 }
@@ -128,8 +132,6 @@ void EngineImpl::step_posted_units() {
     }
     if (!readable) continue;  // step() sums it (or has it reduced) with the rest
     ScopedTimer timer(timings_.step_in_backward_s);
-    // The coefficients step() would compute now; nothing collective (norm_after_step()).
-    if (!b.plan) b.plan = plan_step();
     bool accumulate = false;
     (void)reducer_->waiting_alone(unit, &accumulate);
     b.adds = accumulate;

@@ -1,6 +1,7 @@
 // The optimizer step taken during backward (Engine::set_step_in_backward): the bits of the step
 // after backward at every stage, precision and accumulation, how many units it takes, and what a
 // caller may still do once a step has begun in backward.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -117,8 +118,15 @@ TEST_CASE("the step waits for backward where the norm is read first or the units
 // runs on each rank after `steps` plain steps (the boards exchanged), with the engine and a
 // function that hands in every gradient of a micro-step (all ones, last parameter first), the
 // ranks meeting at a barrier once unit 1 is complete: unit 0's completion then steps unit 1 in
-// backward on both.
-void with_engine(int steps, const std::function<void(Engine&, const std::function<void()>&)>& body) {
+// backward on both (hand_in.one(i) hands in parameter i's gradient alone), and the ranks'
+// communicator.
+struct HandIn {
+  std::function<void(std::size_t)> one;
+  std::function<void()> all;
+  void operator()() const { all(); }
+};
+using Body = std::function<void(Engine&, const HandIn&, Communicator&)>;
+void with_engine(int steps, const Body& body) {
   json c = base_config(1, "fp32", 1);
   c["gradient_clipping"] = 0.0;
   c.erase("scheduler");
@@ -135,12 +143,16 @@ void with_engine(int steps, const std::function<void(Engine&, const std::functio
   run_ranks(2, [&](Communicator& comm) {
     auto device = make_device("cpu", comm.rank());
     auto engine = Engine::create(cfg, comm, *device, specs, init);
-    auto hand_in = [&] {
+    HandIn hand_in;
+    hand_in.one = [&](std::size_t i) {
+      std::span<std::byte> slot = engine->grad(i);
+      std::vector<float> ones(slot.size() / sizeof(float), 1.0f);
+      std::memcpy(slot.data(), ones.data(), slot.size());
+      engine->grad_ready(i);
+    };
+    hand_in.all = [&] {
       for (std::size_t i = specs.size(); i-- > 0;) {
-        std::span<std::byte> slot = engine->grad(i);
-        std::vector<float> ones(slot.size() / sizeof(float), 1.0f);
-        std::memcpy(slot.data(), ones.data(), slot.size());
-        engine->grad_ready(i);
+        hand_in.one(i);
         if (i == 2) comm.barrier().wait();  // no collective of the engine's is in flight
       }
     };
@@ -148,7 +160,7 @@ void with_engine(int steps, const std::function<void(Engine&, const std::functio
       hand_in();
       engine->step();
     }
-    body(*engine, hand_in);
+    body(*engine, hand_in, comm);
   });
 }
 
@@ -156,7 +168,7 @@ TEST_CASE("a step begun in backward keeps its lr and refuses what would see it h
           "[engine]") {
   // The first step exchanges the boards; the second begins in backward. An lr set after its
   // units were stepped is the next step's: the step reports the lr it began with.
-  with_engine(1, [](Engine& engine, const std::function<void()>& hand_in) {
+  with_engine(1, [](Engine& engine, const HandIn& hand_in, Communicator&) {
     const double lr = engine.current_lr(0);
     REQUIRE(lr > 0.0);
     hand_in();
@@ -172,7 +184,7 @@ TEST_CASE("a step begun in backward keeps its lr and refuses what would see it h
   });
   // Between a begun step's backward and step(): no end of the window taken back, no parameter
   // replaced, no checkpoint.
-  with_engine(1, [](Engine& engine, const std::function<void()>& hand_in) {
+  with_engine(1, [](Engine& engine, const HandIn& hand_in, Communicator&) {
     hand_in();
     REQUIRE(engine.step_begun_in_backward());
     REQUIRE_THROWS_WITH(engine.set_accumulation_boundary(false),
@@ -187,7 +199,7 @@ TEST_CASE("a step begun in backward keeps its lr and refuses what would see it h
     CHECK(engine.step().boundary);
   });
   // set_step_in_backward(false) applies from the next micro-step: every rank alike.
-  with_engine(1, [](Engine& engine, const std::function<void()>& hand_in) {
+  with_engine(1, [](Engine& engine, const HandIn& hand_in, Communicator&) {
     engine.set_step_in_backward(false);
     hand_in();
     CHECK_FALSE(engine.step_begun_in_backward());
@@ -199,6 +211,46 @@ TEST_CASE("a step begun in backward keeps its lr and refuses what would see it h
     engine.step();
     CHECK(engine.timings().units_stepped_in_backward == 2);
   });
+}
+
+TEST_CASE("an lr set between backward and step() is the next step's on every rank, stepped or not",
+          "[engine]") {
+  // Rank 1 hands in its whole backward before rank 0 hands in any gradient: rank 1 steps no unit
+  // during backward, rank 0 steps both as their gradients complete. Both fixed the step's lr at
+  // their first gradient, so an lr set now is the next step's on both ranks, with the bits of
+  // one set after step() (a rank that took it for this step would step its share with another
+  // lr than its peer's).
+  const auto run = [](bool set_between) {
+    std::vector<std::vector<float>> masters(2);
+    with_engine(1, [&](Engine& engine, const HandIn& hand_in, Communicator& comm) {
+      const double lr = engine.current_lr(0);
+      const bool early = engine.rank() == 1;
+      if (!early) comm.barrier().wait();
+      for (std::size_t i = engine.num_params(); i-- > 0;) hand_in.one(i);
+      if (early) comm.barrier().wait();
+      CHECK(engine.timings().units_stepped_in_backward == (early ? 0 : 2));
+      CHECK(engine.step_begun_in_backward());
+      if (set_between) engine.set_lr(0, lr / 2);
+      CHECK(engine.step().lr == lr);
+      if (!set_between) engine.set_lr(0, lr / 2);
+      hand_in();
+      CHECK(engine.step().lr == lr / 2);
+      std::vector<float>& mine = masters[static_cast<std::size_t>(engine.rank())];
+      for (std::size_t i = 0; i < engine.num_params(); ++i) {
+        const std::vector<float> m = engine.gather_master(i);
+        mine.insert(mine.end(), m.begin(), m.end());
+      }
+    });
+    return masters;
+  };
+  const auto between = run(true);
+  const auto after = run(false);
+  for (std::size_t q = 0; q < 2; ++q) {
+    INFO("rank " << q);
+    REQUIRE(between[q].size() == 2 * (256 * 256 + 256));
+    CHECK(std::count(between[q].begin(), between[q].end(), 0.5f) == 0);  // all trained
+    CHECK(std::memcmp(between[q].data(), after[q].data(), between[q].size() * sizeof(float)) == 0);
+  }
 }
 
 }  // namespace

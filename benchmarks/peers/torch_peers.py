@@ -44,6 +44,7 @@ as many processes at once as there are ranks).
                                          [--zero-library build/libzero.so.0]
                                          [--no-paired] [--overlap-comm default|on|off]
                                          [--check-grad-overflow default|on|off]
+                                         [--stage3-persistence default|all]
 
 Comparable pairs: zero stage 0 with DDP (both replicate everything), zero stages 1-3 with FSDP2
 (which shards parameters, gradients and optimizer state: stage 3's layout).
@@ -149,11 +150,16 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # --overlap-comm: zero_optimization.overlap_comm for zero and DeepSpeed ("default": the key left out);
 # --check-grad-overflow likewise for bf16.check_grad_overflow.
 OVERLAP = {"default": None, "on": True, "off": False}
+# --stage3-persistence all: both persistence thresholds above any model's size, so that stage 3
+# keeps every unit gathered (each rank a whole model copy, as at stages 0-2) and gathers nothing
+# per step: what stage 3 costs besides its gathers.
+PERSIST_ALL_ELEMS = 10**15
 
 
 # --- one rank of one run (under torchrun) ------------------------------------------------------
 
-def zero_config(stage, micro_batch, dtype="fp32", overlap_comm=None, check_grad_overflow=None):
+def zero_config(stage, micro_batch, dtype="fp32", overlap_comm=None, check_grad_overflow=None,
+                persist_all=False):
     # No clipping: DDP and FSDP2 run plain AdamW (written out: DeepSpeed >= 0.19.3 clips at 1.0 unless told).
     config = {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
               "gradient_clipping": 0.0,
@@ -162,6 +168,9 @@ def zero_config(stage, micro_batch, dtype="fp32", overlap_comm=None, check_grad_
               "zero_optimization": {"stage": stage}}
     if overlap_comm is not None:  # else DeepSpeed's default: on at stage 3 only
         config["zero_optimization"]["overlap_comm"] = overlap_comm
+    if persist_all and stage == 3:
+        config["zero_optimization"]["stage3_param_persistence_threshold"] = PERSIST_ALL_ELEMS
+        config["zero_optimization"]["stage3_model_persistence_threshold"] = PERSIST_ALL_ELEMS
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
         if check_grad_overflow is not None:  # else DeepSpeed's default: on (0.19.3 and later)
@@ -169,7 +178,8 @@ def zero_config(stage, micro_batch, dtype="fp32", overlap_comm=None, check_grad_
     return config
 
 
-def make_trainer(peer, model, cls, dtype="fp32", overlap_comm=None, check_grad_overflow=None):
+def make_trainer(peer, model, cls, dtype="fp32", overlap_comm=None, check_grad_overflow=None,
+                 persist_all=False):
     """Returns (forward, backward, step) closures for one peer. bf16: zero and DeepSpeed train the
     model in bf16 with fp32 master weights (their bf16 config), DDP and FSDP2 keep fp32 parameters
     and compute in bf16 (DDP under torch.autocast, FSDP2 with its mixed-precision policy), the bare
@@ -189,7 +199,7 @@ def make_trainer(peer, model, cls, dtype="fp32", overlap_comm=None, check_grad_o
         lib = __import__("zero" if kind == "zero" else "deepspeed")
         engine, *_ = lib.initialize(model=model, model_parameters=model.parameters(),
                                     config=zero_config(int(stage), cls.BATCH, dtype, overlap_comm,
-                                                       check_grad_overflow))
+                                                       check_grad_overflow, persist_all))
         return engine, engine.backward, engine.step
     import torch.distributed as dist
 
@@ -283,7 +293,8 @@ def worker(args):
     torch.manual_seed(0)
     model = cls()
     forward, backward, step = make_trainer(args.worker, model, cls, args.dtype, OVERLAP[args.overlap_comm],
-                                           OVERLAP[args.check_grad_overflow])
+                                           OVERLAP[args.check_grad_overflow],
+                                           args.stage3_persistence == "all")
     profiled = hasattr(forward, "timings") and args.worker.startswith("zero")
     # Each rank its own micro-batches, made before timing starts.
     g = torch.Generator().manual_seed(1000 + rank)
@@ -388,7 +399,8 @@ def run_once(args, peer, workdir, index):
                                            "--warmup", str(args.warmup),
                                            "--paired" if args.paired else "--no-paired",
                                            "--overlap-comm", args.overlap_comm,
-                                           "--check-grad-overflow", args.check_grad_overflow],
+                                           "--check-grad-overflow", args.check_grad_overflow,
+                                           "--stage3-persistence", args.stage3_persistence],
                     peer, args.timeout, env=common.one_thread_env(**args.zero_env))
     run, ranks = common.read_ranks(out, args.nproc, TIMES)
     mine = os.path.join(common.REPO, "python", "zero")
@@ -451,6 +463,10 @@ def main():
     p.add_argument("--check-grad-overflow", choices=sorted(OVERLAP), default="default",
                    help="with --dtype bf16: bf16.check_grad_overflow for zero and DeepSpeed (default: "
                         "the key left out, so DeepSpeed's default: on)")
+    p.add_argument("--stage3-persistence", choices=("default", "all"), default="default",
+                   help="all: stage 3 for zero and DeepSpeed with both persistence thresholds above "
+                        "the model's size, so that every unit stays gathered (a whole model copy per "
+                        "rank) and nothing is gathered per step (default: the keys left out)")
     args = p.parse_args()
     if args.worker:
         return worker(args)
@@ -488,7 +504,8 @@ def main():
             json.dump({"model": args.model, "nproc": args.nproc, "steps": args.steps, "warmup": args.warmup,
                        "repeats": args.repeats, "torch": torch.__version__, "summary": rows, "runs": runs,
                        "dtype": args.dtype, "overlap_comm": args.overlap_comm,
-                       "check_grad_overflow": args.check_grad_overflow, "zero_under_test": args.zero_what, "optimizer_limits": args.limits,
+                       "check_grad_overflow": args.check_grad_overflow,
+                       "stage3_persistence": args.stage3_persistence, "zero_under_test": args.zero_what, "optimizer_limits": args.limits,
                        "engine_ratios": {str(k): v for k, v in engine_ratios(rows).items()},
                        "last_loss_spread": spread}, f, indent=1)
     return 1 if spread > allowed else 0

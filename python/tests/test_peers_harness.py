@@ -122,6 +122,15 @@ def test_the_configs_carry_overlap_comm_and_the_bf16_overflow_check_only_when_as
     assert "bf16" not in torch_peers.zero_config(1, 4, "fp32", check_grad_overflow=True)
 
 
+def test_every_unit_persistent_at_stage_3_only_when_asked():
+    # Both thresholds above any model's size at stage 3; left out otherwise, and at stages 0-2.
+    assert not any("persistence" in k for k in torch_peers.zero_config(3, 4)["zero_optimization"])
+    zo = torch_peers.zero_config(3, 4, persist_all=True)["zero_optimization"]
+    assert zo["stage3_param_persistence_threshold"] == zo["stage3_model_persistence_threshold"]
+    assert zo["stage3_param_persistence_threshold"] > 10**12
+    assert torch_peers.zero_config(2, 4, persist_all=True)["zero_optimization"] == {"stage": 2}
+
+
 def test_stage_0_sharing_its_step_out_is_held_to_the_limit_of_its_share():
     """A stage-0 run that pushed (each rank stepped a 1/N share) is measured against the probe of
     that share, one that did not against the whole model's."""

@@ -237,13 +237,13 @@ class Engine {
   // buffers, no NVMe tier, no MiCS), nothing reads the gradient norm before the step (no
   // clipping, no overflow check: not fp16, not bf16's check_grad_overflow), every lone unit of
   // the model waits for the end of backward (reduce_bucket_size at least the model's lone units),
-  // and from the second optimizer step on. The step's coefficients (lr, betas) are fixed at the
-  // first gradient of that micro-step's backward (grad_ready), on every rank, whether or not the
-  // rank then steps a unit before step(). Applies from the next micro-step; every rank passes
-  // the same.
+  // and from the second optimizer step on. The step's coefficients (lr, betas) are fixed when
+  // the first unit of that micro-step's backward is complete (grad_ready of its last parameter),
+  // on every rank, whether or not the rank then steps a unit before step(). Applies from the
+  // next micro-step; every rank passes the same.
   virtual void set_step_in_backward(bool on) = 0;
   // Whether the current micro-step's optimizer step has begun in backward: it steps in backward
-  // and a gradient of it is ready, so its coefficients are fixed and a peer may have stepped a
+  // and a unit of it is complete, so its coefficients are fixed and a peer may have stepped a
   // unit. The same on every rank between backward and step(), whatever each has stepped.
   virtual bool step_begun_in_backward() const = 0;
   // Whether the micro-steps that step() ends from now on close the accumulation window, as

@@ -313,10 +313,10 @@ int zero_engine_set_accumulation_boundary(zero_engine* engine, int boundary);
  * every rank's gradients of a unit complete (1, the default unless ZERO_STEP_IN_BACKWARD=0; 0:
  * after backward, in zero_engine_step), from the next micro-step on; zero::Engine's
  * set_step_in_backward() says where it applies. `begun` (may be null) receives whether the
- * current micro-step's step has begun in backward already (its coefficients fixed at the first
- * gradient of its backward, the same answer on every rank after backward): its lr is then the
- * one it began with, whatever zero_engine_set_lr sets before zero_engine_step. Every rank passes
- * the same. */
+ * current micro-step's step has begun in backward already (its coefficients fixed when the first
+ * unit of its backward is complete, the same answer on every rank after backward): its lr is
+ * then the one it began with, whatever zero_engine_set_lr sets before zero_engine_step. Every
+ * rank passes the same. */
 int zero_engine_set_step_in_backward(zero_engine* engine, int on, int* begun);
 int zero_engine_global_steps(const zero_engine* engine, int64_t* steps);
 int zero_engine_loss_scale(const zero_engine* engine, double* scale);

@@ -221,8 +221,7 @@ def markdown(rows, args, numel):
              f"{args.steps} steps after {args.warmup} warm-up, median of {args.repeats} alternating "
              f"repeats (torch {torch.__version__}, CPU)"
              + ("" if args.overlap_comm == "default" else f", overlap_comm {args.overlap_comm}")
-             + ("" if getattr(args, "stage3_persistence", "default") == "default"
-                else ", stage 3 with every unit persistent"),
+             + ("" if args.stage3_persistence == "default" else ", stage 3 with every unit persistent"),
              args.zero_what, "",
              *common.markdown_table(headers, table, left=2)]
     ratios = engine_ratios(rows)

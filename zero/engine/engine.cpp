@@ -297,7 +297,7 @@ StepResult EngineImpl::step() {
   // After every rank's backward (a collective): the late units' buffers exchanged. The norm
   // below forms this rank's own slices of them; the step forms the rest (stage 0's other domains).
   const bool fused = set_up_fused_reduction();
-  // A step begun in backward keeps the coefficients it took at its first gradient.
+  // A step begun in backward keeps the coefficients it took at its first completed unit.
   const StepPlan plan = in_backward_.plan ? *in_backward_.plan : plan_step();
 
   // A new window starts whatever happens below: a failed step discards its gradients.

@@ -374,12 +374,12 @@ class EngineImpl final : public Engine, private SliceMap {
   // same bits. step() sums and steps what is left. A unit is written only once every rank's
   // backward is past it (its gradient hook has run: autograd no longer reads the parameter),
   // so a shared, pushed or stage-3 copy is never written under a peer's backward. The step's
-  // coefficients are fixed when the micro-step arms, at the first gradient of its backward (the
-  // lr at that moment; set_lr() afterwards applies from the next step, on every rank alike,
-  // whether or not this rank has stepped a unit yet). The boards are exchanged after the first step (a collective); then
-  // every window's last micro-step steps in backward where every lone unit of it waits until
-  // backward ends (GradientReducer::holds_lone_units(): no unit reduced during backward) and a
-  // push, if any, is set up. Off with ZERO_STEP_IN_BACKWARD=0 or set_step_in_backward(false).
+  // coefficients are fixed when the micro-step arms, at the first unit its backward completes
+  // (the lr at that moment; set_lr() afterwards applies from the next step, on every rank alike,
+  // whether or not this rank has stepped a unit yet). The boards are exchanged after the first
+  // step (a collective); then every window's last micro-step steps in backward where every lone
+  // unit of it waits until backward ends (GradientReducer::holds_lone_units(): no unit reduced
+  // during backward) and a push, if any, is set up. Off with ZERO_STEP_IN_BACKWARD=0 or set_step_in_backward(false).
   struct BoardPost {  // one unit of a rank's board; the epoch written last (release)
     std::uint64_t epoch = 0;
     std::uint64_t address = 0;  // the poster's buffer of the unit (its own address)

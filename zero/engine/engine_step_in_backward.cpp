@@ -79,8 +79,8 @@ bool EngineImpl::arm_step_in_backward() {
   b.push = pushes && push_.pushed_units > 0;
   b.epoch = static_cast<std::uint64_t>(global_steps_) + 1;
   b.waiting.clear();
-  // The step's coefficients, fixed now: at the first gradient of the boundary's backward, which
-  // every rank reaches before its step(). A peer may step a unit before this rank does, or this
+  // The step's coefficients, fixed now: at the first unit the boundary's backward completes,
+  // which every rank reaches before its step(). A peer may step a unit before this rank does, or this
   // rank none at all, so an lr set between backward and step() must be the next step's on every
   // rank alike, whatever each has stepped (nothing collective: norm_after_step()).
   b.plan = plan_step();

@@ -217,8 +217,8 @@ TEST_CASE("an lr set between backward and step() is the next step's on every ran
           "[engine]") {
   // Rank 1 hands in its whole backward before rank 0 hands in any gradient: rank 1 steps no unit
   // during backward, rank 0 steps both as their gradients complete. Both fixed the step's lr at
-  // their first gradient, so an lr set now is the next step's on both ranks, with the bits of
-  // one set after step() (a rank that took it for this step would step its share with another
+  // their first completed unit, so an lr set now is the next step's on both ranks, with the bits
+  // of one set after step() (a rank that took it for this step would step its share with another
   // lr than its peer's).
   const auto run = [](bool set_between) {
     std::vector<std::vector<float>> masters(2);

@@ -13,9 +13,10 @@
 // algbw·(W-1)/W for reduce_scatter and all_gather, algbw·2(W-1)/W for all_reduce.
 //
 // The limit next to each figure is memcpy, measured in the same run with the same ranks: every
-// rank std::memcpy's S bytes at once; limit = S / (slowest rank's time). It is a reference, not a
-// bound: with 2 ranks a shared-memory reduce_scatter moves less than a memcpy of S per rank
-// (reads S, writes S/2), so a ratio above 1 is possible.
+// rank std::memcpy's S bytes at once; limit = S / (slowest rank's time), best of one copy timed
+// before each of the figure's single ops. It is a reference, not a bound: with 2 ranks a
+// shared-memory reduce_scatter moves less than a memcpy of S per rank (reads S, writes S/2), so
+// a ratio above 1 is possible.
 //
 // With --ranks-per-node N (N a divisor of the world size below it) every backend is measured a
 // second time through a HierarchicalComm over the same ranks as world/N simulated nodes (backend
@@ -170,42 +171,58 @@ bool launched_by_mpirun() {
   return false;
 }
 
-// Seconds for every rank of `comm` to std::memcpy `bytes` at the same time (the slowest rank's),
-// best of `repetitions` after one warm-up copy. On a GPU device the copy is the GPU's own
-// (Device::copy between two buffers of its memory) and `control` carries the host-memory
-// reduction. Collective over `comm`.
-double memcpy_seconds(Communicator& comm, Device& device, std::size_t bytes, int repetitions,
-                      Communicator& control) {
-  const bool gpu = !device.host_addressable();
-  const MemoryKind kind = gpu ? MemoryKind::Device : MemoryKind::Host;
-  Buffer src = device.allocate(bytes, kind, MemoryTag::Other);
-  Buffer dst = device.allocate(bytes, kind, MemoryTag::Other);
-  auto copy = [&] {
-    if (gpu) {
-      device.copy(dst.data(), src.data(), bytes);
-    } else {
-      std::memcpy(dst.data(), src.data(), bytes);
-    }
-  };
-  std::vector<std::byte> expected(bytes, static_cast<std::byte>(comm.rank() + 1));
-  std::vector<std::byte> got(bytes, std::byte{0});
-  device.copy(src.data(), expected.data(), bytes);
-  device.copy(dst.data(), got.data(), bytes);
-  copy();
-  device.copy(got.data(), dst.data(), bytes);
-  ZERO_CHECK(got == expected, "comm bench: memcpy of {} bytes on rank {} gave a wrong result",
-             bytes, comm.rank());
-  double best = std::numeric_limits<double>::infinity();
-  for (int r = 0; r < repetitions; ++r) {
-    comm.barrier().wait();
+// The limit beside each figure: every rank of `comm` std::memcpy's `bytes` at the same time.
+// The buffers are allocated and the copy validated once; seconds() then times one copy, the
+// slowest rank's. A figure times one copy before each of its collectives and keeps the best of
+// each, so a slow stretch of a shared machine lands on both sides of its ratio. On a GPU device
+// the copy is the GPU's own (Device::copy between two buffers of its memory) and `control`
+// carries the host-memory reduction. Collective over `comm`.
+class MemcpyProbe {
+ public:
+  MemcpyProbe(Communicator& comm, Device& device, std::size_t bytes, Communicator& control)
+      : comm_(comm), device_(device), control_(control), bytes_(bytes),
+        gpu_(!device.host_addressable()) {
+    const MemoryKind kind = gpu_ ? MemoryKind::Device : MemoryKind::Host;
+    src_ = device.allocate(bytes, kind, MemoryTag::Other);
+    dst_ = device.allocate(bytes, kind, MemoryTag::Other);
+    std::vector<std::byte> expected(bytes, static_cast<std::byte>(comm.rank() + 1));
+    std::vector<std::byte> got(bytes, std::byte{0});
+    device.copy(src_.data(), expected.data(), bytes);
+    device.copy(dst_.data(), got.data(), bytes);
+    copy();
+    device.copy(got.data(), dst_.data(), bytes);
+    ZERO_CHECK(got == expected, "comm bench: memcpy of {} bytes on rank {} gave a wrong result",
+               bytes, comm.rank());
+  }
+
+  double seconds() {
+    comm_.barrier().wait();
     const auto start = std::chrono::steady_clock::now();
     copy();
     double seconds[1] = {seconds_since(start)};
-    control.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
-    best = std::min(best, seconds[0]);
+    control_.all_reduce(seconds, seconds, 1, DType::F64, ReduceOp::Max).wait();
+    return seconds[0];
   }
-  return best;
-}
+
+  double gbps(double seconds) const { return static_cast<double>(bytes_) / seconds / 1e9; }
+
+ private:
+  void copy() {
+    if (gpu_) {
+      device_.copy(dst_.data(), src_.data(), bytes_);
+    } else {
+      std::memcpy(dst_.data(), src_.data(), bytes_);
+    }
+  }
+
+  Communicator& comm_;
+  Device& device_;
+  Communicator& control_;
+  std::size_t bytes_;
+  bool gpu_;
+  Buffer src_;
+  Buffer dst_;
+};
 
 // `rounds`: how many rounds the printed figures are the best of (1 under mpirun).
 void print_header(const CommArgs& args, int rounds) {
@@ -343,7 +360,7 @@ std::vector<Figure> measure_inproc(const CommArgs& args) {
   return figures;
 }
 
-// Keeps in `best` each row's fastest timing (and the size's fastest memcpy) of `round`.
+// Keeps in `best` each row's fastest timing (and its fastest memcpy) of `round`.
 void keep_best(std::vector<Figure>& best, const std::vector<Figure>& round) {
   if (best.empty()) {
     best = round;
@@ -389,19 +406,21 @@ std::vector<Figure> comm_bench::measure(Communicator& comm, const CommArgs& args
   const std::optional<ShmTransport> transport = shm_transport(comm);
   std::vector<Figure> figures;
   for (std::size_t bytes : args.sizes_bytes) {
-    const double memcpy_gbps = static_cast<double>(bytes) /
-                               memcpy_seconds(comm, *device, bytes, args.repetitions, host) / 1e9;
+    MemcpyProbe limit(comm, *device, bytes, host);
     for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
       for (Collective op :
            {Collective::ReduceScatter, Collective::AllGather, Collective::AllReduce}) {
-        // Single ops, each after its own validated warm-up run; every rank gets the same
-        // figures, so every rank keeps the same best.
-        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, memcpy_gbps, transport, 0};
+        // Single ops, each after its own validated warm-up run and a timed memcpy; every rank
+        // gets the same figures, so every rank keeps the same best.
+        Figure f{comm.backend_name(), op, dtype, comm.size(), {}, 0, transport, 0};
         const std::optional<ShmReadStats> before = shm_read_stats(comm);
+        double memcpy_s = std::numeric_limits<double>::infinity();
         for (int r = 0; r < args.repetitions; ++r) {
+          memcpy_s = std::min(memcpy_s, limit.seconds());
           const CollectiveTiming t = time_collective(comm, *device, op, bytes, 1, dtype, &host);
           if (r == 0 || t.seconds_per_op < f.timing.seconds_per_op) f.timing = t;
         }
+        f.memcpy_gbps = limit.gbps(memcpy_s);
         if (const std::optional<ShmReadStats> after = shm_read_stats(comm)) {
           const auto direct = static_cast<double>(after->direct_bytes - before->direct_bytes);
           const auto kernel = static_cast<double>(after->kernel_bytes - before->kernel_bytes);

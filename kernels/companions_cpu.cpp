@@ -11,6 +11,7 @@
 #include "kernels/reduce.h"
 #include "kernels/unscale.h"
 #include "zero/base/error.h"
+#include "zero/base/stream_copy.h"
 
 namespace zero::kernels {
 
@@ -78,14 +79,16 @@ void cast_cpu(const void* src, DType src_dtype, void* dst, DType dst_dtype, std:
 }
 
 void reduce_cpu(void* dst, const void* const* srcs, int nsrc, std::size_t elems, DType dtype,
-                ReduceKind kind, float divisor, Isa isa) {
+                ReduceKind kind, float divisor, Isa isa, Stores stores) {
   ZERO_CHECK(nsrc >= 1, "reduce: needs at least one source, got {}", nsrc);
   detail::check_float_array("reduce", "dst", dst, dtype, elems);
   for (int k = 0; k < nsrc; ++k)
     detail::check_float_array("reduce", "a source", srcs[k], dtype, elems);
   if (elems == 0) return;
+  const bool streaming = stores == Stores::Streaming;
   detail::cpu_kernels(resolve_isa(isa))
-      .reduce(dst, srcs, nsrc, dtype, kind == ReduceKind::Max, divisor, 0, elems);
+      .reduce(dst, srcs, nsrc, dtype, kind == ReduceKind::Max, divisor, 0, elems, streaming);
+  if (streaming) streaming_fence();
 }
 
 }  // namespace zero::kernels

@@ -37,9 +37,10 @@ struct CpuKernels {
   void (*cast)(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t begin,
                std::size_t end);
   // dst[i] = srcs[0][i] + srcs[1][i] + ... left to right in fp32 (max: max_nan instead), divided
-  // by `divisor` unless it is 0, rounded once to `dtype` (see reduce.h).
+  // by `divisor` unless it is 0, rounded once to `dtype` (see reduce.h); `streaming`: dst's whole
+  // 64-byte lines stored non-temporally, not fenced (the same bits).
   void (*reduce)(void* dst, const void* const* srcs, int nsrc, DType dtype, bool max,
-                 float divisor, std::size_t begin, std::size_t end);
+                 float divisor, std::size_t begin, std::size_t end, bool streaming);
   // `optimizer` with the gradient summed from `sources` element by element (begin a multiple of
   // kNormBlockElems); with block_sums, also block_sums[k] ← the summed gradient's
   // squared_norm_block of block begin / kNormBlockElems + k, for the blocks [begin, end) covers.

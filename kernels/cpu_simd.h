@@ -10,6 +10,8 @@
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__x86_64__)
+#include <emmintrin.h>  // SSE2's non-temporal stores, for the scalar ISA's streaming reduce
 #endif
 
 #include "kernels/element_math.h"

@@ -17,7 +17,13 @@ enum class ReduceKind { Sum, Max };
 // bits. One thread: the caller is a communication thread. A source may alias dst exactly (the
 // same address); partial overlaps are not allowed.
 // REQUIRES: dtype F32, BF16 or F16; nsrc >= 1; buffers naturally aligned.
+//
+// Stores::Streaming writes dst's whole cache lines with non-temporal stores, fenced before
+// returning: for a dst too large to stay in cache, memory then sees only its writes, not also
+// a read of each line before it is written. The same bits as Stores::Cached.
+enum class Stores { Cached, Streaming };
 void reduce_cpu(void* dst, const void* const* srcs, int nsrc, std::size_t elems, DType dtype,
-                ReduceKind kind, float divisor, Isa isa = Isa::Auto);
+                ReduceKind kind, float divisor, Isa isa = Isa::Auto,
+                Stores stores = Stores::Cached);
 
 }  // namespace zero::kernels

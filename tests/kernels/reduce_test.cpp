@@ -1,10 +1,12 @@
 // reduce_cpu (the communicators' arithmetic): sum, max and average of several buffers, on every
 // ISA and dtype, bitwise against an oracle built on the independent 16-bit conversions, with the
-// specials (±inf, NaN, -0, subnormals) and a destination that is one of the sources.
+// specials (±inf, NaN, -0, subnormals) and a destination that is one of the sources; with
+// ordinary stores and with streaming ones, from a destination on a cache line and off one.
 #include "kernels/reduce.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -82,18 +84,30 @@ TEST_CASE("reduce sums, maxes and averages bitwise like the oracle on every ISA 
         (std::isnan(e) ? nan_results : finite_results) += 1;
       }
       for (zk::Isa isa : zk::test::runnable_isas()) {
-        INFO(zero::dtype_name(dtype) << " " << (kind == zk::ReduceKind::Max ? "max" : "sum")
-                                     << " / " << divisor << " on " << zk::isa_name(isa));
-        std::vector<std::byte> out(expected.size());
-        zk::reduce_cpu(out.data(), ptrs.data(), kSources, kElems, dtype, kind, divisor, isa);
-        REQUIRE(std::memcmp(out.data(), expected.data(), out.size()) == 0);
-        // In place: the destination is source 1.
-        auto aliased = srcs;
-        std::vector<const void*> aptrs;
-        for (const auto& s : aliased) aptrs.push_back(s.data());
-        zk::reduce_cpu(aliased[1].data(), aptrs.data(), kSources, kElems, dtype, kind, divisor,
-                       isa);
-        REQUIRE(std::memcmp(aliased[1].data(), expected.data(), out.size()) == 0);
+        for (zk::Stores stores : {zk::Stores::Cached, zk::Stores::Streaming}) {
+          const bool streaming = stores == zk::Stores::Streaming;
+          // The destination at a 64-byte line's start and `skew` elements into one, so that
+          // streaming's ordinary stores up to the first line run too.
+          for (std::size_t skew : {std::size_t{0}, std::size_t{3}}) {
+            INFO(zero::dtype_name(dtype)
+                 << " " << (kind == zk::ReduceKind::Max ? "max" : "sum") << " / " << divisor
+                 << " on " << zk::isa_name(isa) << (streaming ? ", streaming" : ", cached")
+                 << ", dst " << skew << " elements past a line");
+            const std::size_t esz = zero::dtype_size(dtype);
+            std::vector<std::byte> buffer(expected.size() + 64 + skew * esz);
+            const auto addr = reinterpret_cast<std::uintptr_t>(buffer.data());
+            std::byte* out = buffer.data() + (64 - addr % 64) % 64 + skew * esz;
+            zk::reduce_cpu(out, ptrs.data(), kSources, kElems, dtype, kind, divisor, isa, stores);
+            REQUIRE(std::memcmp(out, expected.data(), expected.size()) == 0);
+          }
+          // In place: the destination is source 1.
+          auto aliased = srcs;
+          std::vector<const void*> aptrs;
+          for (const auto& s : aliased) aptrs.push_back(s.data());
+          zk::reduce_cpu(aliased[1].data(), aptrs.data(), kSources, kElems, dtype, kind, divisor,
+                         isa, stores);
+          REQUIRE(std::memcmp(aliased[1].data(), expected.data(), expected.size()) == 0);
+        }
       }
     }
   }

@@ -6,6 +6,7 @@
 #include "kernels/cast.h"
 #include "kernels/reduce.h"
 #include "zero/base/error.h"
+#include "zero/base/stream_copy.h"
 
 namespace zero::comm_detail {
 
@@ -41,13 +42,18 @@ void reduce_f64(void* dst_v, const void* const* srcs_v, int nsrc, std::size_t el
 }  // namespace
 
 void reduce_elements(void* dst, const void* const* srcs, int nsrc, std::size_t elems, DType dtype,
-                     ReduceOp op, int avg_divisor) {
+                     ReduceOp op, int avg_divisor, std::size_t whole_bytes) {
   ZERO_ASSERT(nsrc >= 1);
   if (dtype == DType::F64) return reduce_f64(dst, srcs, nsrc, elems, op, avg_divisor);
   // The float types through the vectorised kernel: the same arithmetic, the same bits.
-  kernels::reduce_cpu(dst, srcs, nsrc, elems, dtype,
-                      op == ReduceOp::Max ? kernels::ReduceKind::Max : kernels::ReduceKind::Sum,
-                      op == ReduceOp::Avg ? static_cast<float>(avg_divisor) : 0.0f);
+  const kernels::ReduceKind kind =
+      op == ReduceOp::Max ? kernels::ReduceKind::Max : kernels::ReduceKind::Sum;
+  const float divisor = op == ReduceOp::Avg ? static_cast<float>(avg_divisor) : 0.0f;
+  const std::size_t bytes = elems * dtype_size(dtype);
+  const kernels::Stores stores = std::max(whole_bytes, bytes) >= kStreamingMinBytes
+                                     ? kernels::Stores::Streaming
+                                     : kernels::Stores::Cached;
+  kernels::reduce_cpu(dst, srcs, nsrc, elems, dtype, kind, divisor, kernels::Isa::Auto, stores);
 }
 
 void widen_to_f32(const void* src, float* dst, std::size_t elems, DType dtype) {

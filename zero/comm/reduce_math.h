@@ -18,8 +18,14 @@ namespace zero::comm_detail {
 // dst[i] = op(srcs[0][i], srcs[1][i], ..., srcs[nsrc-1][i]) taken left to right, for i < elems;
 // Avg divides by `avg_divisor`. A source may alias dst exactly (same address): every element
 // is read before it is written. REQUIRES: nsrc >= 1.
+//
+// `whole_bytes` is the size of the whole output the caller writes, when it hands over one piece
+// of it at a time (0: this call's elems). From kStreamingMinBytes on (stream_copy.h) the output
+// cannot stay in cache, so it is stored with non-temporal stores (kernels::Stores::Streaming,
+// fenced before returning): memory then sees the sources' reads and dst's writes, not also a
+// read of every dst line before it is written. The bits do not depend on the stores.
 void reduce_elements(void* dst, const void* const* srcs, int nsrc, std::size_t elems, DType dtype,
-                     ReduceOp op, int avg_divisor);
+                     ReduceOp op, int avg_divisor, std::size_t whole_bytes = 0);
 
 // [begin, end) of chunk q when `elems` are split as evenly as possible over `n` ranks (the first
 // elems % n chunks are one longer): who reduces which part of an all_reduce.

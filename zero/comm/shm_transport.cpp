@@ -29,9 +29,11 @@ const ShmCall& call_of(const ShmGroup& g, int q) {
 
 // dst[i] = reduction over ranks of their send[first + i], for i < count, in pieces: each piece
 // is read from every peer into scratch (or, in a peer's shared host arena, in place), then
-// reduced with this rank's own input in rank order.
+// reduced with this rank's own input in rank order. `whole_bytes`: reduce_elements' (the
+// output a reduce_scatter writes, to stream it past the cache when large; 0 for a piece the
+// caller's peers read back at once).
 void cma_reduce(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmScratch& scratch,
-                std::size_t first, std::size_t count, void* dst) {
+                std::size_t first, std::size_t count, void* dst, std::size_t whole_bytes) {
   const int n = g.size();
   const int me = g.rank();
   const std::size_t esz = dtype_size(a.dtype);
@@ -56,7 +58,7 @@ void cma_reduce(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmScratc
       g.read_peer(q, remote, local, m * esz, op);
       srcs[static_cast<std::size_t>(q)] = local;
     }
-    reduce_elements(bytes_at(dst, done * esz), srcs.data(), n, m, a.dtype, a.op, n);
+    reduce_elements(bytes_at(dst, done * esz), srcs.data(), n, m, a.dtype, a.op, n, whole_bytes);
   }
 }
 
@@ -124,7 +126,7 @@ void cma_collective(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmSc
       if (a.elems == 0) return;
       const std::size_t first = mine * a.elems;
       void* dst = a.in_place ? bytes_at(a.recv, first * esz) : a.recv;
-      cma_reduce(g, a, op, scratch, first, a.elems, dst);
+      cma_reduce(g, a, op, scratch, first, a.elems, dst, a.elems * esz);
       return;
     }
     case Collective::AllGather: {
@@ -164,7 +166,7 @@ void cma_collective(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op, ShmSc
       };
       for (std::size_t done = begin; done < end; done += piece) {
         const std::size_t m = std::min(piece, end - done);
-        cma_reduce(g, a, op, scratch, done, m, bytes_at(a.recv, done * esz));
+        cma_reduce(g, a, op, scratch, done, m, bytes_at(a.recv, done * esz), 0);
         store_release(g.slot(me).reduced, static_cast<std::uint64_t>(done + m - begin));
         g.ring();
         for (int q = 0; q < n; ++q) {
@@ -252,14 +254,14 @@ void staged_collective(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op) {
   // Reduces the part of [begin, begin + len) inside [lo, hi) from every window into
   // out(element index).
   auto reduce_window = [&](std::size_t begin, std::size_t len, auto window_of, std::size_t lo,
-                           std::size_t hi, auto out) {
+                           std::size_t hi, auto out, std::size_t whole_bytes) {
     const std::size_t from = std::max(begin, lo);
     const std::size_t to = std::min(begin + len, hi);
     if (from >= to) return;
     for (int q = 0; q < n; ++q) {
       srcs[static_cast<std::size_t>(q)] = window_of(q) + (from - begin) * esz;
     }
-    reduce_elements(out(from), srcs.data(), n, to - from, a.dtype, a.op, n);
+    reduce_elements(out(from), srcs.data(), n, to - from, a.dtype, a.op, n, whole_bytes);
   };
 
   switch (a.kind) {
@@ -269,7 +271,7 @@ void staged_collective(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op) {
       stager.stream(total, a.send, total, true, [&](std::size_t begin, std::size_t len, auto w) {
         reduce_window(begin, len, w, lo, lo + a.elems, [&](std::size_t i) {
           return a.in_place ? bytes_at(a.recv, i * esz) : bytes_at(a.recv, (i - lo) * esz);
-        });
+        }, a.elems * esz);
       });
       return;
     }
@@ -289,8 +291,10 @@ void staged_collective(ShmGroup& g, const CollectiveArgs& a, const ShmOp& op) {
       const auto [lo, hi] = chunk_bounds(a.elems, n, me);
       stager.stream(a.elems, a.send, a.elems, true,
                     [&](std::size_t begin, std::size_t len, auto w) {
-                      reduce_window(begin, len, w, lo, hi,
-                                    [&](std::size_t i) { return bytes_at(a.recv, i * esz); });
+                      // Cached: the second stream below reads the chunk straight back.
+                      reduce_window(
+                          begin, len, w, lo, hi,
+                          [&](std::size_t i) { return bytes_at(a.recv, i * esz); }, 0);
                     });
       const auto [b0, e0] = chunk_bounds(a.elems, n, 0);  // the longest chunk
       stager.stream(e0 - b0, bytes_at(a.recv, lo * esz), hi - lo, true,

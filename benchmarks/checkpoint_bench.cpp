@@ -11,9 +11,10 @@
 //          ms for 201 MB here); its best of R is reported apart, as replace_seconds.
 //   load   best of 2R loads after a first one (the ranged reads of each rank's new partition,
 //          every file's checksums verified, the model copy refreshed) vs  W threads each read
-//          its file into memory, the fastest of R tries each two ways. The first load writes
-//          memory the process never touched before, a cost of another kind: it is reported
-//          apart, as first_seconds.
+//          the same checkpoint's file into memory just before each of those loads, the two ways
+//          in turn, so that a slow moment of the machine falls on both sides. The first load
+//          writes memory the process never touched before, a cost of another kind: it is
+//          reported apart, as first_seconds.
 // Each side gets as many timed tries as its limit: the disk and the memory of a shared machine
 // have slow and fast moments, and the best of more tries finds a faster one.
 //   zero_to_fp32  the tool (next to zero-bench in the build tree) as a child process, its wall
@@ -330,6 +331,15 @@ int run_checkpoint(std::span<const std::string> argv) {
   double first_load = best_save;
   double best_replace = best_save;
   auto tag_of = [](int r) { return fmt::format("bench{}", r); };
+  auto rank_file = [&](int r, int rank) {
+    return (fs::path(ckpt_dir) / tag_of(r) / fmt::format("rank_{:05d}_of_{:05d}.safetensors", rank,
+                                                          a.world))
+        .string();
+  };
+  // A load keeps what it reads, so its limit is reading each rank's file into memory of the
+  // file's size (faulted in here, as the engine's memory is), the faster of two plain ways.
+  std::vector<std::vector<std::byte>> into(static_cast<std::size_t>(a.world));
+  double plain_r = std::numeric_limits<double>::infinity();
   // As many timed tries as the limits get: R tries of three write sizes, of two read ways.
   const int saves = 3 * a.reps;
   const int loads = 2 * a.reps + 1;  // the first, cold one apart
@@ -368,6 +378,14 @@ int run_checkpoint(std::span<const std::string> argv) {
         }
       }
       if (r >= loads) continue;
+      if (r > 0) {
+        // The newest tag is r's (loads < saves): its files, as the load reads them.
+        std::vector<std::byte>& buffer = into[static_cast<std::size_t>(comm.rank())];
+        const std::string file = rank_file(r, comm.rank());
+        buffer.resize(fs::file_size(file), std::byte{1});
+        const double read_s = timed([&] { plain_read_into(file, buffer, r % 2 == 0); });
+        if (comm.rank() == 0) plain_r = std::min(plain_r, read_s);
+      }
       const double load_s = timed([&] { engine->load_checkpoint(ckpt_dir); });
       if (comm.rank() == 0) {
         if (r == 0) {
@@ -389,15 +407,10 @@ int run_checkpoint(std::span<const std::string> argv) {
     rank_files.push_back(
         (tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string());
 
-  // The same bytes, plainly. A load keeps what it reads, so its limit is the faster plain way of
-  // reading each rank's file into memory of the file's size; reading through a reused buffer (the
-  // page cache's copy speed, nothing kept) is reported beside it.
-  std::vector<std::vector<std::byte>> into(static_cast<std::size_t>(a.world));
-  for (int r = 0; r < a.world; ++r) {
-    into[static_cast<std::size_t>(r)].resize(fs::file_size(rank_files[static_cast<std::size_t>(r)]),
-                                             std::byte{1});
-  }
-  double plain_w = std::numeric_limits<double>::infinity(), plain_r = plain_w, cache_r = plain_w;
+  // The same bytes, plainly: a save's limit, and reading through a reused buffer (the page
+  // cache's copy speed, nothing kept), reported beside the load's.
+  into.clear();
+  double plain_w = std::numeric_limits<double>::infinity(), cache_r = plain_w;
   auto plain_file = [&](int r) { return (fs::path(a.dir) / fmt::format("plain_{}", r)).string(); };
   for (int rep = 0; rep < a.reps; ++rep) {
     for (const std::size_t chunk :
@@ -409,15 +422,8 @@ int run_checkpoint(std::span<const std::string> argv) {
                                  fs::file_size(rank_files[static_cast<std::size_t>(r)]), chunk);
                    }));
     }
-    for (const bool mapped : {false, true}) {
-      plain_r =
-          std::min(plain_r, concurrently(a.world, [&](int r) {
-                     plain_read_into(plain_file(r), into[static_cast<std::size_t>(r)], mapped);
-                   }));
-    }
     cache_r = std::min(cache_r, concurrently(a.world, [&](int r) { plain_read(plain_file(r)); }));
   }
-  into.clear();
   print(a, {"save", ckpt_bytes, best_save, "sequential-write", plain_w, {}, {}, {}, best_replace});
   print(a,
         {"load", ckpt_bytes, best_load, "read-into-memory", plain_r, {}, cache_r, first_load, {}});

@@ -52,6 +52,7 @@
 #include "zero/base/error.h"
 #include "zero/base/stream_copy.h"
 #include "zero/base/timer.h"
+#include "zero/checkpoint/checkpoint.h"
 #include "zero/comm/inproc_comm.h"
 #include "zero/device/device.h"
 #include "zero/engine.h"
@@ -331,10 +332,9 @@ int run_checkpoint(std::span<const std::string> argv) {
   double first_load = best_save;
   double best_replace = best_save;
   auto tag_of = [](int r) { return fmt::format("bench{}", r); };
+  // Rank `rank`'s file of the checkpoint saved as tag_of(r).
   auto rank_file = [&](int r, int rank) {
-    return (fs::path(ckpt_dir) / tag_of(r) / fmt::format("rank_{:05d}_of_{:05d}.safetensors", rank,
-                                                          a.world))
-        .string();
+    return (fs::path(ckpt_dir) / tag_of(r) / ckpt::rank_file_name(rank, a.world)).string();
   };
   // A load keeps what it reads, so its limit is reading each rank's file into memory of the
   // file's size (faulted in here, as the engine's memory is), the faster of two plain ways.
@@ -403,9 +403,7 @@ int run_checkpoint(std::span<const std::string> argv) {
   const fs::path tag_dir = fs::path(ckpt_dir) / tag_of(saves - 1);
   const std::size_t ckpt_bytes = dir_bytes(tag_dir);
   std::vector<std::string> rank_files;
-  for (int r = 0; r < a.world; ++r)
-    rank_files.push_back(
-        (tag_dir / fmt::format("rank_{:05d}_of_{:05d}.safetensors", r, a.world)).string());
+  for (int r = 0; r < a.world; ++r) rank_files.push_back(rank_file(saves - 1, r));
 
   // The same bytes, plainly: a save's limit, and reading through a reused buffer (the page
   // cache's copy speed, nothing kept), reported beside the load's.

@@ -422,14 +422,16 @@ ZERO_INLINE void reduce_at(void* dst, const void* const* srcs, int nsrc, float d
   store_from_float<Ops, kDType>(dst, i, reduced_value<Ops, kDType, kMax>(srcs, nsrc, divisor, i));
 }
 
-// reduce_at over the 64-byte lines of dst from element i on, each line computed into a local
+// The cache line a streaming reduce stores at a time.
+inline constexpr std::size_t kLine = 64;
+
+// reduce_at over the kLine-byte lines of dst from element i on, each line computed into a local
 // line and stored with non-temporal stores (SSE2, every x86-64 ISA has it); returns the first
 // element not done. The caller fences. Elsewhere than x86-64 it does nothing.
 template <class Ops, DType kDType, bool kMax>
 std::size_t reduce_streamed_lines(void* dst, const void* const* srcs, int nsrc, float divisor,
                                   std::size_t i, std::size_t end) {
 #if defined(__x86_64__)
-  constexpr std::size_t kLine = 64;
   constexpr std::size_t kLineElems = kLine / dtype_size(kDType);
   static_assert(kLineElems % Ops::kWidth == 0);
   auto* const out = static_cast<std::byte*>(dst);
@@ -441,7 +443,7 @@ std::size_t reduce_streamed_lines(void* dst, const void* const* srcs, int nsrc, 
     }
     auto* to = reinterpret_cast<__m128i*>(out + i * dtype_size(kDType));
     const auto* from = reinterpret_cast<const __m128i*>(line);
-    for (int q = 0; q < 4; ++q) _mm_stream_si128(to + q, _mm_load_si128(from + q));
+    for (std::size_t q = 0; q < kLine / 16; ++q) _mm_stream_si128(to + q, _mm_load_si128(from + q));
   }
 #endif
   return i;
@@ -456,9 +458,10 @@ void reduce_range(void* dst, const void* const* srcs, int nsrc, DType dtype, boo
       constexpr bool kMax = decltype(is_max)::value;
       std::size_t i = begin;
       if (streaming) {
-        // Ordinary stores up to dst's first 64-byte boundary, then whole lines streamed.
+        // Ordinary stores up to dst's first line boundary, then whole lines streamed.
         const auto addr = reinterpret_cast<std::uintptr_t>(dst) + i * dtype_size(kDType);
-        const std::size_t head = std::min(end - i, (64 - addr % 64) % 64 / dtype_size(kDType));
+        const std::size_t head =
+            std::min(end - i, (kLine - addr % kLine) % kLine / dtype_size(kDType));
         for (const std::size_t stop = i + head; i < stop; ++i)
           reduce_at<ScalarOps, kDType, kMax>(dst, srcs, nsrc, divisor, i);
         i = reduce_streamed_lines<Ops, kDType, kMax>(dst, srcs, nsrc, divisor, i, end);

@@ -102,6 +102,13 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   const bool push_model = spread_model && comm_.shares_address_space() && &control_ == &comm_;
   const bool gather_early = spread_model && !push_model;
   ZERO_ASSERT(!spread_model || num_domains() == 1);
+  // Where the master weights are the model copy, nothing is written before the ranks agree. With
+  // in-process ranks at stages 1 and 2, adopt() then writes each rank's new master weights into
+  // every peer's model copy as well, while they are in cache, in place of the all-gather after it
+  // (a barrier orders those writes before anyone's next forward).
+  const bool push_on_adopt = optimizer_->master_in_model() && host_memory_ && !stash_model &&
+                             !shared_model_ && gathers_model() && num_domains() == 1 &&
+                             comm_.shares_address_space() && &control_ == &comm_;
   const PartitionOptimizer::ModelEcho to_peers =
       push_model ? push_model_to_peers() : PartitionOptimizer::ModelEcho();
   SourceCounters counters;
@@ -235,7 +242,8 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   }
 
   // Commit.
-  optimizer_->adopt(std::move(fresh));
+  optimizer_->adopt(std::move(fresh), push_on_adopt ? push_model_to_peers()
+                                                    : PartitionOptimizer::ModelEcho());
   for (std::size_t i = 0; i < specs_.size(); ++i) {
     if (frozen[i].empty()) continue;
     if (params_[i].quantized) {
@@ -267,6 +275,8 @@ nlohmann::json EngineImpl::load_checkpoint(const std::string& dir, const std::st
   }
   if (gather_early) {
     for (Work& w : early) w.wait();
+  } else if (push_on_adopt) {
+    comm_.barrier_now();  // every peer's slices are in this rank's model copy
   } else if (!push_model) {
     all_gather_model();
   }

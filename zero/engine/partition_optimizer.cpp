@@ -528,7 +528,7 @@ void PartitionOptimizer::write_replacement(Replacement& r, int domain, std::size
   });
 }
 
-void PartitionOptimizer::adopt(std::vector<Replacement>&& all) {
+void PartitionOptimizer::adopt(std::vector<Replacement>&& all, const ModelEcho& echo) {
   std::vector<offload::SubgroupStore::Replacement> stored;
   for (Replacement& r : all) {
     if (r.stored_) {
@@ -537,13 +537,23 @@ void PartitionOptimizer::adopt(std::vector<Replacement>&& all) {
     }
     // master_in_model: the new master weights become the model copy (the padding has none).
     const auto* master = static_cast<const std::byte*>(r.master_.data());
-    for_runs(0, static_cast<std::size_t>(domains()) * partition_elems_,
-             [&](const Run& run, std::size_t first, std::size_t last) {
-               const std::size_t flat = run.flat + (first - run.begin);
-               device_.copy(slices_.model(run.domain, run.unit, first), master + flat * sizeof(float),
-                            (last - first) * sizeof(float));
-               slices_.model_written(run.domain, run.unit, first, last - first);
-             });
+    const std::size_t total = static_cast<std::size_t>(domains()) * partition_elems_;
+    for_runs(0, total, [&](const Run& run, std::size_t first, std::size_t last) {
+      const std::byte* src = master + (run.flat + (first - run.begin)) * sizeof(float);
+      std::byte* dst = slices_.model(run.domain, run.unit, first);
+      if (!echo) {
+        device_.copy(dst, src, (last - first) * sizeof(float));
+      } else {
+        // In pieces, so that the echo reads each one from cache right after the copy read it.
+        for (std::size_t b = 0; b < last - first; b += kMasterTileElems) {
+          const std::size_t m = std::min(kMasterTileElems, last - first - b);
+          copy_large(dst + b * sizeof(float), src + b * sizeof(float), m * sizeof(float),
+                     total * sizeof(float));
+          echo(run.unit, first + b, src + b * sizeof(float), m);
+        }
+      }
+      slices_.model_written(run.domain, run.unit, first, last - first);
+    });
     slices_.model_settled();
   }
   store_->adopt(std::move(stored));

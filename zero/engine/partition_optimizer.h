@@ -191,6 +191,9 @@ class PartitionOptimizer {
   // through SubgroupStore::Replacement; master_in_model's tensor 0 waits in memory of its own and
   // adopt() copies it into the model copy). The caller writes every element of every domain, in
   // increasing domain and offset order, and adopts one replacement of every tensor at once.
+  // `echo`, if given (host memory only), sees master_in_model's new master weights as adopt()
+  // copies them into the model copy, a piece at a time while it is in cache (write_model_range's
+  // convention).
   class Replacement {
    public:
     int tensor() const { return tensor_; }
@@ -207,7 +210,7 @@ class PartitionOptimizer {
   using TensorWrite = std::function<void(std::byte* data, std::size_t first, std::size_t elems)>;
   void write_replacement(Replacement& r, int domain, std::size_t offset, std::size_t count,
                          const TensorWrite& visit) const;
-  void adopt(std::vector<Replacement>&& all);
+  void adopt(std::vector<Replacement>&& all, const ModelEcho& echo = nullptr);
 
  private:
   // A run whose gradients are formed late is stepped in tiles of this many elements, each summed

@@ -139,9 +139,15 @@ bool EngineImpl::grad_in_place(std::size_t param, std::byte* data) {
   ZERO_CHECK(!ps.ready, "grad_in_place: parameter '{}' is already ready in this micro-step",
              specs_[param].name);
   if (ps.numel == 0 || device_.gpu_ordinal() >= 0) return false;
-  if (expects_late_units() && !comm_.shares_address_space()) return false;
   const int unit = layout_->placement(*ps.layout_index).unit;
-  if (!reducer_->lend(unit, data)) return false;
+  // Units left to the fused step are read by the peers, which cannot read this process's memory
+  // in other backends: only the slices they read are copied, where each reads only its own.
+  if (expects_late_units() && !comm_.shares_address_space()) {
+    if (!(num_domains() == 1 || optimizer_->own_domain_only())) return false;
+    if (!reducer_->lend_own_slice(unit, data)) return false;
+  } else if (!reducer_->lend(unit, data)) {
+    return false;
+  }
   ps.slot_out = true;
   grad_ready(param);
   return true;

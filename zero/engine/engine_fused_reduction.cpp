@@ -41,6 +41,8 @@ bool EngineImpl::set_up_fused_reduction() {
       fused_.sources[i * W + static_cast<std::size_t>(q)] = static_cast<const std::byte*>(view);
       if (view == nullptr) cannot[i] = 1.0f;
     }
+    // This rank's own slice may lie only in its own memory (GradientReducer::lend_own_slice).
+    fused_.sources[i * W + static_cast<std::size_t>(rank_)] = late[i].own;
   }
   // Every rank must form (and not reduce) the same units: a unit is formed only where every rank
   // can read every peer's buffer of it.

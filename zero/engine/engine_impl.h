@@ -349,9 +349,11 @@ class EngineImpl final : public Engine, private SliceMap {
   bool may_fuse_reduction() const;
   // This micro-step is expected to leave its lone units late (may_fuse_reduction(), the window's
   // last micro-step; with overlap_comm the newest of them, see GradientReducer::unit_complete()'s
-  // `hold`): their gradients had better be in memory the
-  // peers can read, so grad_in_place() lends them only to a backend that shares the address
-  // space (elsewhere they are copied into staging buffers, which lie in ShmComm's shared arena).
+  // `hold`): their gradients had better be in memory the peers can read, so grad_in_place()
+  // lends them whole only to a backend that shares the address space. Elsewhere, where each rank
+  // reads only its own slices of the peers' buffers (one domain, or stage 0's step shared out),
+  // it lends them with only the peers' slices copied into a staging buffer, which lies in
+  // ShmComm's shared arena (GradientReducer::lend_own_slice); else it refuses (copied whole).
   bool expects_late_units() const;
   // Collective over comm_: exchanges the late units' buffers and has the units some rank cannot
   // read reduced the usual way. Returns whether any unit is left for the step to form.

@@ -130,6 +130,8 @@ void EngineImpl::step_posted_units() {
           comm_.peer_readable(static_cast<int>(q), remote, bytes));
       readable = readable && b.sources[q] != nullptr;
     }
+    // This rank's own slice may lie only in its own memory (GradientReducer::lend_own_slice).
+    b.sources[static_cast<std::size_t>(rank_)] = reducer_->local_view(unit);
     if (!readable) continue;  // step() sums it (or has it reduced) with the rest
     ScopedTimer timer(timings_.step_in_backward_s);
     bool accumulate = false;

@@ -93,17 +93,42 @@ std::byte* GradientReducer::staging(int unit) {
   return static_cast<std::byte*>(ub.staging.data());
 }
 
-bool GradientReducer::lend(int unit, std::byte* data) {
-  UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
+bool GradientReducer::lendable(int unit, const std::byte* data) const {
+  const UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
   const UnitLayout& ul = layout_.unit(unit);
   if (!goes_alone(unit) || ul.params.size() != 1 || !ub.staging.empty() || ub.lent != nullptr ||
       reinterpret_cast<std::uintptr_t>(data) % kLentAlignment != 0) {
     return false;
   }
   const ParamPlacement& pl = layout_.placement(ul.params.front());
-  if (pl.offset != 0 || pl.numel != ul.padded_elems) return false;
-  ub.lent = data;
+  return pl.offset == 0 && pl.numel == ul.padded_elems;
+}
+
+bool GradientReducer::lend(int unit, std::byte* data) {
+  if (!lendable(unit, data)) return false;
+  units_[static_cast<std::size_t>(unit)].lent = data;
   return true;
+}
+
+bool GradientReducer::lend_own_slice(int unit, std::byte* data) {
+  if (!lendable(unit, data)) return false;
+  UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
+  const UnitLayout& ul = layout_.unit(unit);
+  const std::size_t esize = dtype_size(options_.grad_dtype);
+  const std::size_t own_begin = static_cast<std::size_t>(rank_) * ul.slice_elems * esize;
+  const std::size_t own_end = own_begin + ul.slice_elems * esize;
+  ub.staging = alloc(ul.padded_elems, options_.grad_dtype);
+  auto* staging = static_cast<std::byte*>(ub.staging.data());
+  device_.copy(staging, data, own_begin);
+  device_.copy(staging + own_end, data + own_end, ul.padded_elems * esize - own_end);
+  ub.lent = data;
+  ub.split = true;
+  return true;
+}
+
+const std::byte* GradientReducer::local_view(int unit) const {
+  const UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
+  return ub.split ? ub.lent : staged(ub);
 }
 
 std::byte* GradientReducer::accumulated(int rank, int unit, std::size_t slice_offset) const {
@@ -187,7 +212,16 @@ void GradientReducer::reduce_alone(int unit, bool hold) {
 
 void GradientReducer::issue(Alone& alone) {
   const UnitLayout& ul = layout_.unit(alone.unit);
-  std::byte* staging = staged(units_[static_cast<std::size_t>(alone.unit)]);
+  UnitBuffers& ub = units_[static_cast<std::size_t>(alone.unit)];
+  if (ub.split) {
+    // A collective reads the whole buffer: this rank's own slice joins the others in staging.
+    const std::size_t bytes = ul.slice_elems * dtype_size(options_.grad_dtype);
+    const std::size_t own = static_cast<std::size_t>(rank_) * bytes;
+    device_.copy(static_cast<std::byte*>(ub.staging.data()) + own, ub.lent + own, bytes);
+    ub.split = false;
+    ub.lent = nullptr;
+  }
+  std::byte* staging = staged(ub);
   std::byte* straight = straight_target(alone);
   alone.issued = true;
   alone.landed = straight != nullptr;
@@ -247,6 +281,7 @@ void GradientReducer::finish(std::span<Alone* const> done) {
     UnitBuffers& ub = units_[static_cast<std::size_t>(a->unit)];
     ub.staging.reset();
     ub.lent = nullptr;
+    ub.split = false;
   }
 }
 
@@ -441,7 +476,9 @@ void GradientReducer::drain(bool leave_late) {
   std::vector<Alone*> waiting;
   for (Alone& a : alone_) {
     if (leave_late && !a.issued) {
-      late_.push_back({a.unit, staged(units_[static_cast<std::size_t>(a.unit)]), a.accumulate});
+      late_.push_back(
+          {a.unit, staged(units_[static_cast<std::size_t>(a.unit)]), a.accumulate,
+           local_view(a.unit)});
     } else {
       waiting.push_back(&a);
     }
@@ -499,6 +536,7 @@ void GradientReducer::release_late() {
     UnitBuffers& ub = units_[static_cast<std::size_t>(l.unit)];
     ub.staging.reset();
     ub.lent = nullptr;
+    ub.split = false;
   }
   late_.clear();
 }

@@ -154,6 +154,7 @@ class PartitionOptimizer {
   // domain, a load writes every domain anew). For the rest of the optimizer's life.
   // REQUIRES: every domain held, master_in_model, no NVMe sub-group.
   void step_own_domain_only();
+  bool own_domain_only() const { return own_domain_only_; }
   // The model copy ← master weights, rounded (nothing to do with master_in_model).
   void write_model();
   class Replacement;  // new values of a checkpoint tensor (below)

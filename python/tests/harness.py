@@ -16,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import safetensors.torch
 import torch
 
@@ -93,6 +94,18 @@ def torchrun(nproc, script, args, timeout, log, env=None, module=False):
             timed_out = True
             _kill_group(proc)
     return Launch(proc.returncode, Path(log).read_text(errors="replace"), time.monotonic() - start, timed_out)
+
+
+def launch_checked(nproc, script, args, timeout, out, what, env=None):
+    """torchrun(nproc, script, args) with its log at out/log.txt; fails the test, naming `what`,
+    when it exits non-zero or any rank wrote out/error.rank<R>.json (worker_common's report)."""
+    launch = torchrun(nproc, script, args, timeout, out / "log.txt", env=env)
+    errors = [json.loads(p.read_text()) for p in sorted(out.glob("error.rank*.json"))]
+    if launch.returncode != 0 or errors:
+        detail = "\n".join(f"{e['type']}: {e['message']}" for e in errors)
+        pytest.fail(f"{what}: exit {launch.returncode}{' (timed out)' if launch.timed_out else ''}"
+                    f"\n{detail}\n--- log tail ---\n{launch.tail()}", pytrace=False)
+    return launch
 
 
 class RankResult:

@@ -2,8 +2,6 @@
 a recurrent model with an embedding, a parameter used twice per forward and one without a
 gradient in some micro-batches, accumulation 2 and 3, fp32 and bf16, on 2 and 3 processes. One
 torchrun per world size trains every combination (worker_accum.py)."""
-import json
-
 import pytest
 import torch
 
@@ -26,14 +24,8 @@ def launches(tmp_path_factory):
         if world not in cache:
             out = tmp_path_factory.mktemp(f"accum-w{world}")
             runs = ",".join(f"{g}:{d}:{s}" for g, d, s in RUNS)
-            launch = harness.torchrun(world, "worker_accum.py", ["--out", out, "--runs", runs],
-                                      TIMEOUT_S, out / "log.txt")
-            errors = [json.loads(p.read_text()) for p in sorted(out.glob("error.rank*.json"))]
-            if launch.returncode != 0 or errors:
-                detail = "\n".join(f"{e['type']}: {e['message']}" for e in errors)
-                pytest.fail(f"accumulation launch on {world} ranks: exit {launch.returncode}"
-                            f"{' (timed out)' if launch.timed_out else ''}\n{detail}\n"
-                            f"--- log tail ---\n{launch.tail()}", pytrace=False)
+            harness.launch_checked(world, "worker_accum.py", ["--out", out, "--runs", runs],
+                                   TIMEOUT_S, out, f"accumulation launch on {world} ranks")
             cache[world] = out
         return cache[world]
 

@@ -3,8 +3,6 @@ sums the ranks' gradients itself (the fused reduction, the step in backward), a 
 cannot read autograd's tensor, so only the slices the peers read are copied into shared memory
 and each rank reads its own slice where autograd wrote it. Trained bitwise as with every
 gradient copied, at every stage, with and without accumulation (worker_lend.py)."""
-import json
-
 import pytest
 import torch
 
@@ -24,14 +22,8 @@ TIMEOUT_S = 600
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("lend")
     runs = ",".join(f"{s}:{g}:{b}" if b else f"{s}:{g}" for s, g, b in RUNS)
-    result = harness.torchrun(2, "worker_lend.py", ["--out", out, "--runs", runs], TIMEOUT_S,
-                              out / "log.txt")
-    errors = [json.loads(p.read_text()) for p in sorted(out.glob("error.rank*.json"))]
-    if result.returncode != 0 or errors:
-        detail = "\n".join(f"{e['type']}: {e['message']}" for e in errors)
-        pytest.fail(f"lending launch: exit {result.returncode}"
-                    f"{' (timed out)' if result.timed_out else ''}\n{detail}\n"
-                    f"--- log tail ---\n{result.tail()}", pytrace=False)
+    harness.launch_checked(2, "worker_lend.py", ["--out", out, "--runs", runs], TIMEOUT_S, out,
+                           "lending launch")
     return out
 
 

@@ -7,16 +7,15 @@ Any exception: OUT/error.rank<R>.json (type, message), exit 1.
 
   worker_accum.py --out OUT --runs 2:fp32:0,2:fp32:1,...
 """
-import argparse
 import json
 import os
 import sys
-import traceback
 
 import torch
 import torch.nn.functional as F
 
 import cases
+from worker_common import errors_reported, rank_args
 
 DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -48,23 +47,13 @@ def run_one(zero, out, rank, world, gas, dtype, stage):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--runs", required=True)
-    args = p.parse_args()
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    torch.set_num_threads(1)
-    try:
+    args, rank, world = rank_args("out", "runs")
+    with errors_reported(args.out, rank):
         import zero
 
         for run in args.runs.split(","):
             gas, dtype, stage = run.split(":")
             run_one(zero, args.out, rank, world, int(gas), dtype, int(stage))
-    except BaseException as e:  # noqa: BLE001 - reported to the test, then re-raised
-        with open(os.path.join(args.out, f"error.rank{rank}.json"), "w") as f:
-            json.dump({"type": type(e).__name__, "message": str(e),
-                       "traceback": traceback.format_exc()}, f)
-        raise
 
 
 if __name__ == "__main__":

@@ -12,14 +12,14 @@ Any exception: OUT/error.rank<R>.json (type, message), exit 1.
 
   worker_lend.py --out OUT --runs 0:1,1:2,3:1:70000,...
 """
-import argparse
 import json
 import os
 import sys
-import traceback
 
 import torch
 import torch.nn.functional as F
+
+from worker_common import errors_reported, rank_args
 
 WIDTH, STEPS, SEED = 256, 3, 5
 
@@ -65,24 +65,14 @@ def run_one(zero, out, rank, world, stage, gas, bucket, lend):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--runs", required=True)
-    args = p.parse_args()
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    torch.set_num_threads(1)
-    try:
+    args, rank, world = rank_args("out", "runs")
+    with errors_reported(args.out, rank):
         import zero
 
         for run in args.runs.split(","):
             stage, gas, *bucket = map(int, run.split(":"))
             for lend in (True, False):
                 run_one(zero, args.out, rank, world, stage, gas, bucket[0] if bucket else 0, lend)
-    except BaseException as e:  # noqa: BLE001 - reported to the test, then re-raised
-        with open(os.path.join(args.out, f"error.rank{rank}.json"), "w") as f:
-            json.dump({"type": type(e).__name__, "message": str(e),
-                       "traceback": traceback.format_exc()}, f)
-        raise
 
 
 if __name__ == "__main__":

@@ -13,15 +13,14 @@ between_once: written there once, at step ONCE (a step that began during backwar
 after_once:   the same value written right after step ONCE's step(): what between_once amounts to.
 Any exception: OUT/error.rank<R>.json (type, message), exit 1.
 """
-import argparse
 import json
 import os
-import traceback
 import warnings
 
 import torch
 
 import cases
+from worker_common import errors_reported, rank_args
 
 STEPS = 8
 ONCE = 4
@@ -76,21 +75,11 @@ def run(zero, out, mode, rank, world):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--mode", required=True)
-    args = p.parse_args()
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    torch.set_num_threads(1)
-    try:
+    args, rank, world = rank_args("out", "mode")
+    with errors_reported(args.out, rank):
         import zero
 
         run(zero, args.out, args.mode, rank, world)
-    except BaseException as e:  # noqa: BLE001 - every failure is reported to the test, then re-raised
-        with open(os.path.join(args.out, f"error.rank{rank}.json"), "w") as f:
-            json.dump({"type": type(e).__name__, "message": str(e),
-                       "traceback": traceback.format_exc()}, f)
-        raise
 
 
 if __name__ == "__main__":

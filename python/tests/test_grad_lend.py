@@ -29,7 +29,7 @@ def launch(tmp_path_factory):
 
 @pytest.mark.parametrize("stage,gas,bucket", RUNS)
 def test_lent_gradients_train_bitwise_as_copied_over_processes(launch, stage, gas, bucket):
-    name = f"{stage}-{gas}-{bucket}" if bucket else f"{stage}-{gas}"
+    name = worker_lend.run_name(stage, gas, bucket)
     lent = harness.load_st(launch / f"{name}-lent.safetensors")
     copied = harness.load_st(launch / f"{name}-copied.safetensors")
     initial = {n: p.detach().clone() for n, p in worker_lend.make_model().named_parameters()}
@@ -42,5 +42,7 @@ def test_lent_gradients_train_bitwise_as_copied_over_processes(launch, stage, ga
         # The three square weights are lent in the boundary's micro-step of every step (at stage
         # 0 from the second on: its step is shared out from then), where the step sums them.
         boundary_steps = worker_lend.STEPS - 1 if stage == 0 else worker_lend.STEPS
-        assert counts["lent_at_boundary"] == 3 * boundary_steps, (what, rank, counts)
-        assert counts["lent"] == 3 * (boundary_steps + worker_lend.STEPS * (gas - 1)), (what, rank)
+        per_micro = worker_lend.LENT
+        assert counts["lent_at_boundary"] == per_micro * boundary_steps, (what, rank, counts)
+        assert counts["lent"] == per_micro * (boundary_steps + worker_lend.STEPS * (gas - 1)), \
+            (what, rank, counts)

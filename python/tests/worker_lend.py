@@ -22,6 +22,12 @@ import torch.nn.functional as F
 from worker_common import errors_reported, rank_args
 
 WIDTH, STEPS, SEED = 256, 3, 5
+LENT = 3  # gradients a micro-step lends: the three WIDTH x WIDTH weights, each alone in its unit
+
+
+def run_name(stage, gas, bucket):
+    """STAGE-GAS[-BUCKET]: a run's files are NAME-lent.* and NAME-copied.*."""
+    return f"{stage}-{gas}-{bucket}" if bucket else f"{stage}-{gas}"
 
 
 def make_model():
@@ -32,7 +38,7 @@ def make_model():
                                torch.nn.Linear(WIDTH, 16))
 
 
-def run_one(zero, out, rank, world, stage, gas, bucket, lend):
+def run_one(zero, out, rank, stage, gas, bucket, lend):
     from safetensors.torch import save_file
 
     model = make_model()
@@ -55,7 +61,7 @@ def run_one(zero, out, rank, world, stage, gas, bucket, lend):
             engine.step()
     assert engine.global_steps == STEPS, engine.global_steps
     master = {n: engine.gather_master(n) for n, _ in engine.module.named_parameters()}
-    name = f"{stage}-{gas}{f'-{bucket}' if bucket else ''}-{'lent' if lend else 'copied'}"
+    name = f"{run_name(stage, gas, bucket)}-{'lent' if lend else 'copied'}"
     if rank == 0:
         save_file(master, os.path.join(out, name + ".safetensors"))
     with open(os.path.join(out, f"{name}.rank{rank}.json"), "w") as f:
@@ -65,14 +71,14 @@ def run_one(zero, out, rank, world, stage, gas, bucket, lend):
 
 
 def main():
-    args, rank, world = rank_args("out", "runs")
+    args, rank, _ = rank_args("out", "runs")
     with errors_reported(args.out, rank):
         import zero
 
         for run in args.runs.split(","):
             stage, gas, *bucket = map(int, run.split(":"))
             for lend in (True, False):
-                run_one(zero, args.out, rank, world, stage, gas, bucket[0] if bucket else 0, lend)
+                run_one(zero, args.out, rank, stage, gas, bucket[0] if bucket else 0, lend)
 
 
 if __name__ == "__main__":

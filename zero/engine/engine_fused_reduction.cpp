@@ -42,7 +42,7 @@ bool EngineImpl::set_up_fused_reduction() {
       if (view == nullptr) cannot[i] = 1.0f;
     }
     // This rank's own slice may lie only in its own memory (GradientReducer::lend_own_slice).
-    fused_.sources[i * W + static_cast<std::size_t>(rank_)] = late[i].own;
+    fused_.sources[i * W + static_cast<std::size_t>(rank_)] = reducer_->local_view(late[i].unit);
   }
   // Every rank must form (and not reduce) the same units: a unit is formed only where every rank
   // can read every peer's buffer of it.

@@ -122,13 +122,12 @@ bool GradientReducer::lend_own_slice(int unit, std::byte* data) {
   device_.copy(staging, data, own_begin);
   device_.copy(staging + own_end, data + own_end, ul.padded_elems * esize - own_end);
   ub.lent = data;
-  ub.split = true;
   return true;
 }
 
 const std::byte* GradientReducer::local_view(int unit) const {
   const UnitBuffers& ub = units_[static_cast<std::size_t>(unit)];
-  return ub.split ? ub.lent : staged(ub);
+  return split(ub) ? ub.lent : staged(ub);
 }
 
 std::byte* GradientReducer::accumulated(int rank, int unit, std::size_t slice_offset) const {
@@ -213,12 +212,11 @@ void GradientReducer::reduce_alone(int unit, bool hold) {
 void GradientReducer::issue(Alone& alone) {
   const UnitLayout& ul = layout_.unit(alone.unit);
   UnitBuffers& ub = units_[static_cast<std::size_t>(alone.unit)];
-  if (ub.split) {
+  if (split(ub)) {
     // A collective reads the whole buffer: this rank's own slice joins the others in staging.
     const std::size_t bytes = ul.slice_elems * dtype_size(options_.grad_dtype);
     const std::size_t own = static_cast<std::size_t>(rank_) * bytes;
     device_.copy(static_cast<std::byte*>(ub.staging.data()) + own, ub.lent + own, bytes);
-    ub.split = false;
     ub.lent = nullptr;
   }
   std::byte* staging = staged(ub);
@@ -281,7 +279,6 @@ void GradientReducer::finish(std::span<Alone* const> done) {
     UnitBuffers& ub = units_[static_cast<std::size_t>(a->unit)];
     ub.staging.reset();
     ub.lent = nullptr;
-    ub.split = false;
   }
 }
 
@@ -476,9 +473,7 @@ void GradientReducer::drain(bool leave_late) {
   std::vector<Alone*> waiting;
   for (Alone& a : alone_) {
     if (leave_late && !a.issued) {
-      late_.push_back(
-          {a.unit, staged(units_[static_cast<std::size_t>(a.unit)]), a.accumulate,
-           local_view(a.unit)});
+      late_.push_back({a.unit, staged(units_[static_cast<std::size_t>(a.unit)]), a.accumulate});
     } else {
       waiting.push_back(&a);
     }
@@ -536,7 +531,6 @@ void GradientReducer::release_late() {
     UnitBuffers& ub = units_[static_cast<std::size_t>(l.unit)];
     ub.staging.reset();
     ub.lent = nullptr;
-    ub.split = false;
   }
   late_.clear();
 }

@@ -124,8 +124,8 @@ class GradientReducer {
   // lend() for a unit whose buffer the peers read where they cannot read the caller's memory
   // (another process's), but only their own slices of it: the other ranks' slices are copied
   // into a staging buffer (where the peers read them: waiting_alone(), LateUnit::gradients),
-  // this rank's own slice is read only here, from the lent memory (local_view(),
-  // LateUnit::own), and copied in only if a collective reduces the unit after all. Half the
+  // this rank's own slice is read only here, from the lent memory (local_view()), and copied in
+  // only if a collective reduces the unit after all. Half the
   // bytes of staging(unit)'s copy at two ranks. Same conditions and lifetime as lend().
   bool lend_own_slice(int unit, std::byte* data);
 
@@ -154,8 +154,9 @@ class GradientReducer {
   // waits as a lone unit, complete and not yet reduced, in this micro-step, with `accumulate`
   // (what LateUnit says of it once left late); else null.
   const std::byte* waiting_alone(int unit, bool* accumulate) const;
-  // `unit`'s buffer as this rank reads it: the lent memory where lend_own_slice() took it (its
-  // own slice is not in the buffer the peers read), else that buffer.
+  // `unit`'s buffer as this rank reads it while it waits or is late: the lent memory where
+  // lend_own_slice() took it (its own slice is not in the buffer the peers read), else that
+  // buffer.
   const std::byte* local_view(int unit) const;
 
   // A unit end_micro_step(true) left unreduced: its gradients (staging buffer or lent memory: W
@@ -168,9 +169,8 @@ class GradientReducer {
   // nothing is added, which the sum may then write straight into the target.
   struct LateUnit {
     int unit = 0;
-    const std::byte* gradients = nullptr;  // for the peers
+    const std::byte* gradients = nullptr;  // as the peers read it (this rank: local_view())
     bool accumulate = false;
-    const std::byte* own = nullptr;  // for this rank (local_view())
   };
   std::span<const LateUnit> late_units() const { return late_; }
   // The late units among `units` reduced and landed the usual way; they leave late_units().
@@ -226,8 +226,6 @@ class GradientReducer {
   struct UnitBuffers {
     Buffer staging;
     std::byte* lent = nullptr;  // the caller's memory in place of staging (lend())
-    // lend_own_slice(): staging holds every slice but this rank's, which only `lent` holds.
-    bool split = false;
     Buffer accum;               // stage 0: the reduced gradients (the target's)
     std::size_t unpacked = 0;   // pieces submitted but not yet packed
   };
@@ -239,8 +237,12 @@ class GradientReducer {
   Buffer alloc(std::size_t elems, DType dtype);
   bool goes_alone(int unit) const;
   bool lendable(int unit, const std::byte* data) const;  // lend()'s conditions
+  // lend_own_slice()'s units: lent memory and a staging buffer both (lend() takes a unit only
+  // without one), the staging buffer holding every slice but this rank's.
+  static bool split(const UnitBuffers& ub) { return ub.lent != nullptr && !ub.staging.empty(); }
   std::byte* staged(const UnitBuffers& ub) const {
-    return ub.lent != nullptr && !ub.split ? ub.lent : static_cast<std::byte*>(ub.staging.data());
+    return ub.lent != nullptr && !split(ub) ? ub.lent
+                                            : static_cast<std::byte*>(ub.staging.data());
   }
   // Where a straight collective of the unit writes (every domain's slices, one after the other),
   // or null when the landing is more than a copy or the target's slices are not laid out so.

@@ -133,8 +133,12 @@ class Engine {
   // copy; release() orders the engine's later work after that stream's, so the stream must live
   // until then. Elsewhere it is gather().
   virtual void gather_on_stream(int unit, void* native_stream) = 0;
-  // Stage 3: the unit's gathered copy may be freed. REQUIRES: gathered. Other stages: checks.
-  virtual void release(int unit) = 0;
+  // Stage 3: the unit's gathered copy may be freed. REQUIRES: gathered. Returns whether it was
+  // kept (stage3_max_reuse_distance: gathered again soon): param() of the unit's parameters then
+  // stays valid at the same addresses until a later release() that returns false, or the next
+  // optimizer step or checkpoint load, and the unit may be released again without a gather. Other
+  // stages: checks, and returns true.
+  virtual bool release(int unit) = 0;
   // Stage 3: whether the unit stays gathered for the engine's life (the persistence thresholds):
   // gather() and release() of it do nothing, and param() of its parameters keeps its address
   // (each optimizer step refreshes the values in place). False at stages 0-2, where every

@@ -240,6 +240,13 @@ int zero_engine_gather(zero_engine* engine, int unit);
 int zero_engine_gather_on_stream(zero_engine* engine, int unit, void* stream);
 /* Stage 3: the unit's gathered copy may be freed. */
 int zero_engine_release(zero_engine* engine, int unit);
+/* zero_engine_release, and *kept = 1 when the engine kept the unit gathered (its trace uses the
+ * unit again within stage3_max_reuse_distance): zero_engine_param of its parameters then stays
+ * valid, at the same addresses, until a later release of the unit reports 0 or the next
+ * zero_engine_step or checkpoint load. A kept unit may be released again without a gather (to free
+ * it when the trace no longer reuses it), or gathered again (nothing to all-gather). 1 at stages
+ * 0–2 and for a persistent unit; kept may be null. */
+int zero_engine_release_kept(zero_engine* engine, int unit, int* kept);
 /* Stage 3: *persistent = 1 when the unit stays gathered for the engine's life (the persistence
  * thresholds): gathering and releasing it do nothing, and zero_engine_param of its parameters
  * keeps its address (each optimizer step refreshes the values in place), so a framework may

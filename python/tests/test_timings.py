@@ -131,3 +131,61 @@ def test_gradients_reduced_where_autograd_wrote_them_train_bitwise_as_copied(sta
     for name, p in base.named_parameters():
         assert torch.equal(with_lending[name], without[name]), name
         assert not torch.equal(with_lending[name], p.detach()), name  # the steps moved it
+
+
+def test_stage3_units_the_engine_keeps_stay_bound_from_forward_to_backward():
+    """Forward releases each unit; the engine keeps the ones its trace re-gathers within
+    stage3_max_reuse_distance (zero_engine_release_kept), and their parameters keep viewing its
+    copy, so backward's re-gather binds nothing. With a reuse distance of 0 every release frees
+    and backward binds each unit again. Both train bitwise alike, and nothing stays bound after a
+    step."""
+    runs = {}
+    for distance in (None, 0):
+        extra = {} if distance is None else {"stage3_max_reuse_distance": distance}
+        engine, _, _ = train(3, steps=2, stage3_param_persistence_threshold=100, **extra)
+        fetcher = engine._fetcher
+        placeholders = {i: t.data_ptr() for i, t in fetcher.placeholders.items()}
+        gathered = set(fetcher.params_of) - fetcher.persistent
+        assert gathered
+        views, view = [0], fetcher._view
+
+        def counted(r):
+            views[0] += 1
+            return view(r)
+        fetcher._view = counted
+        x, y = cases.global_batch("transformer", 2)
+        loss = cases.loss_fn("transformer", engine(x), y)
+        forward_views = views[0]
+        assert not fetcher.gathered  # every module's units released after its forward
+        bound = {r.index for u in gathered for r in fetcher.params_of[u]
+                 if r.param.data_ptr() != placeholders[r.index]}
+        kept = set(fetcher.kept)
+        engine.backward(loss)
+        engine.step()
+        assert not fetcher.gathered and not fetcher.kept and not fetcher.by_storage
+        assert all(r.param.data_ptr() == placeholders[r.index]
+                   for u in gathered for r in fetcher.params_of[u])
+        runs[distance] = (forward_views, views[0] - forward_views, kept, bound,
+                          {r.name: engine.gather_master(r.name)
+                           for rs in fetcher.params_of.values() for r in rs})
+        engine.close()
+    (f_keep, b_keep, kept, bound, keep), (f_free, b_free, none_kept, none_bound, free) = \
+        runs[None], runs[0]
+    # Forward binds every gathered unit's parameters once either way.
+    # Forward binds every gathered unit's parameters once; freed, the tied embedding's unit (read
+    # again by the output layer) once more.
+    assert f_keep == sum(len(fetcher.params_of[u]) for u in gathered) < f_free
+    # Kept: the units that backward re-gathers (their views saved by autograd; not those of
+    # biases alone), still bound after forward; backward binds nothing.
+    assert kept and kept < gathered
+    assert bound == {r.index for u in kept for r in fetcher.params_of[u]}
+    assert b_keep == 0
+    # Distance 0: kept only where the very next gather is the same unit; backward binds the units
+    # whose views autograd saved again.
+    assert len(none_kept) < len(kept)
+    assert none_bound == {r.index for u in none_kept for r in fetcher.params_of[u]}
+    assert b_free > 0
+    initial = cases.build("transformer").state_dict()
+    for name, master in keep.items():
+        assert torch.equal(master, free[name]), name
+        assert not torch.equal(master, initial[name].reshape(master.shape)), name

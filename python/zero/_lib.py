@@ -93,6 +93,7 @@ _SIGNATURES = {
     "zero_engine_gather": ([P, ctypes.c_int], ctypes.c_int),
     "zero_engine_gather_on_stream": ([P, ctypes.c_int, P], ctypes.c_int),
     "zero_engine_release": ([P, ctypes.c_int], ctypes.c_int),
+    "zero_engine_release_kept": ([P, ctypes.c_int, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
     "zero_engine_unit_persistent": ([P, ctypes.c_int, ctypes.POINTER(ctypes.c_int)], ctypes.c_int),
     "zero_engine_param": ([P, ctypes.c_size_t, ctypes.POINTER(P), ctypes.POINTER(ctypes.c_size_t)],
                           ctypes.c_int),

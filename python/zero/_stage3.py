@@ -33,7 +33,12 @@ class UnitFetcher:
         self.params_of = {}  # unit -> [Registered]
         for r in registered:
             self.params_of.setdefault(r.unit, []).append(r)
-        self.gathered = set()
+        self.gathered = set()  # units in use: gathered and not released since
+        # Units released that the engine kept gathered (zero_engine_release_kept: its trace uses
+        # them again soon): their parameters still view the engine's copy, which stays where it
+        # is, so the next gather (most often backward's, re-gathering what forward released) has
+        # nothing to bind. Released for good at release_all().
+        self.kept = set()
         self.forward_refs = {}
         self.pending = {}  # unit -> trainable params still to hand in their gradient
         self.by_storage = {}  # storage address of a gathered parameter -> its Registered
@@ -54,7 +59,9 @@ class UnitFetcher:
             self._gather = lambda h, unit: gather_on(h, unit, stream())
         else:
             self._gather = bind("zero_engine_gather")
-        self._release = bind("zero_engine_release")
+        self._release = bind("zero_engine_release_kept")
+        self._kept_flag = ctypes.c_int()
+        self._kept_ref = ctypes.byref(self._kept_flag)
         self._param = bind("zero_engine_param")
         self._ptr, self._nbytes = ctypes.c_void_p(), ctypes.c_size_t()
         self._ptr_ref, self._nbytes_ref = ctypes.byref(self._ptr), ctypes.byref(self._nbytes)
@@ -98,31 +105,48 @@ class UnitFetcher:
     def ensure_gathered(self, unit):
         if unit in self.gathered or unit in self.persistent:
             return
+        # A kept unit is gathered too (the engine's trace and order check see every use), but
+        # its parameters already view the copy.
         self._gather(self.handle, unit)
         self.gathered.add(unit)
         params = self.params_of.get(unit, [])
-        keys = self.storages_of[unit] = []
-        for r in params:
-            tensor, key = self._view(r)
-            r.param.data = self.current[r.index] = tensor
-            if key is not None:
-                self.by_storage[key] = r
-                keys.append(key)
+        if unit in self.kept:
+            self.kept.discard(unit)
+        else:
+            keys = self.storages_of[unit] = []
+            for r in params:
+                tensor, key = self._view(r)
+                r.param.data = self.current[r.index] = tensor
+                if key is not None:
+                    self.by_storage[key] = r
+                    keys.append(key)
         self.pending[unit] = {r.index for r in params if r.trainable}
 
     def release(self, unit):
         if unit not in self.gathered:
             return
+        self.gathered.discard(unit)
+        self._release(self.handle, unit, self._kept_ref)
+        if self._kept_flag.value:
+            self.kept.add(unit)
+        else:
+            self._unbind(unit)
+
+    def _unbind(self, unit):
+        """The unit's parameters back to their placeholders: none views the engine's copy."""
         for key in self.storages_of.pop(unit, ()):
             self.by_storage.pop(key, None)
         for r in self.params_of.get(unit, []):
             r.param.data = self.placeholders[r.index]
-        self.gathered.discard(unit)
-        self._release(self.handle, unit)
 
     def release_all(self):
-        for u in sorted(self.gathered):
-            self.release(u)
+        """Every unit released and unbound, the kept ones released again so that the engine
+        frees them (an optimizer step or checkpoint load would anyway)."""
+        for u in sorted(self.gathered | self.kept):
+            self._release(self.handle, u, self._kept_ref)
+            self._unbind(u)
+        self.gathered.clear()
+        self.kept.clear()
         self.forward_refs.clear()
         self.running.clear()
 
@@ -165,6 +189,7 @@ class UnitFetcher:
                 # The engine's memory goes with it: no parameter may view it afterwards.
                 r.param.data = self.placeholders[r.index]
         self.gathered.clear()
+        self.kept.clear()
 
     def _pre_hook(self, units):
         def hook(module, inputs):

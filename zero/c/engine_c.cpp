@@ -246,6 +246,13 @@ int zero_engine_release(zero_engine* engine, int unit) {
   return guarded("zero_engine_release", [&] { checked(engine).release(unit); });
 }
 
+int zero_engine_release_kept(zero_engine* engine, int unit, int* kept) {
+  return guarded("zero_engine_release_kept", [&] {
+    const bool still = checked(engine).release(unit);
+    if (kept != nullptr) *kept = still ? 1 : 0;
+  });
+}
+
 int zero_engine_unit_persistent(const zero_engine* engine, int unit, int* persistent) {
   return guarded("zero_engine_unit_persistent", [&] {
     ZERO_C_REQUIRE(persistent != nullptr, "persistent must not be null");

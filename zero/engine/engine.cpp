@@ -75,11 +75,12 @@ void EngineImpl::gather_on_stream(int unit, void* native_stream) {
   fetcher_->gather_for_stream(unit, native_stream);
 }
 
-void EngineImpl::release(int unit) {
+bool EngineImpl::release(int unit) {
   check_unit(unit, "release");
-  if (fetcher_) fetcher_->release(unit);
-  for (std::size_t i : units_[static_cast<std::size_t>(unit)].quantized_frozen)
-    params_[i].quantized->release();
+  const bool kept = fetcher_ == nullptr || fetcher_->release(unit);
+  const auto& quantized = units_[static_cast<std::size_t>(unit)].quantized_frozen;
+  for (std::size_t i : quantized) params_[i].quantized->release();
+  return kept && quantized.empty();
 }
 
 bool EngineImpl::unit_persistent(int unit) const {

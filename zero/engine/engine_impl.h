@@ -102,7 +102,7 @@ class EngineImpl final : public Engine, private SliceMap {
 
   void gather(int unit) override;
   void gather_on_stream(int unit, void* native_stream) override;
-  void release(int unit) override;
+  bool release(int unit) override;
   bool unit_persistent(int unit) const override;
   bool grad_in_place(std::size_t param, std::byte* data) override;
   std::span<const std::byte> param(std::size_t param) const override;

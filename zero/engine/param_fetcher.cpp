@@ -276,9 +276,9 @@ void ParamFetcher::invalidate_trace() {
   mode_ = Trace::Invalid;
 }
 
-void ParamFetcher::release(int unit) {
+bool ParamFetcher::release(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (u.elems == 0 || u.persistent) return;
+  if (u.elems == 0 || u.persistent) return true;
   ZERO_CHECK(u.state != State::Released,
              "release: unit {} is not gathered on rank {} (release without gather)", unit,
              comm_.rank());
@@ -286,12 +286,13 @@ void ParamFetcher::release(int unit) {
     // Kept when the trace uses it again within max_reuse_distance elements of other units.
     std::size_t distance = 0;
     for (std::size_t k = current_.size(); k < trace_.size(); ++k) {
-      if (trace_[k] == unit) return;
+      if (trace_[k] == unit) return true;
       distance += units_[static_cast<std::size_t>(trace_[k])].elems;
       if (distance >= options_.max_reuse_distance_elems) break;
     }
   }
   free(u);
+  return false;
 }
 
 const std::byte* ParamFetcher::data(int unit) const {

@@ -15,7 +15,8 @@
 //     prefetch never exceeds it, a demand gather first frees units prefetched but not yet used,
 //     and otherwise fails with an Error naming the units holding the memory.
 //   * release() keeps a unit gathered when the trace uses it again within
-//     stage3_max_reuse_distance elements of other units.
+//     stage3_max_reuse_distance elements of other units, and says so; the kept copy stays at its
+//     address until a release() that frees it or the next refresh_after_step().
 //   * qwZ (FetchOptions::weight_bits 8): a non-persistent unit's all-gather carries each rank's
 //     slice quantized to int8 blocks (kernels/quantize.h) from the model dtype, and every rank,
 //     its own slice included, dequantizes all of them into the gathered copy, so the ranks compute
@@ -97,7 +98,10 @@ class ParamFetcher {
   // engine's kernels nor a later collective (which waits for compute()'s stream) touch the memory
   // before that stream's reads of it are done.
   void gather_for_stream(int unit, void* native_stream);
-  void release(int unit);
+  // Whether the unit is still gathered afterwards: true when kept (the trace uses it again within
+  // max_reuse_distance, or it is persistent or empty). A kept unit's copy stays where it is until
+  // a later release() frees it or refresh_after_step(); it may be released again.
+  bool release(int unit);
   // The unit's gathered flat buffer, or null when it is not gathered (or holds nothing).
   const std::byte* data(int unit) const;
   // Writes `elems` elements at `offset` of the unit's gathered copy (waiting for an all-gather in

@@ -108,6 +108,52 @@ TEST_CASE("small units stay gathered, the others are freed on release unless reu
   });
 }
 
+TEST_CASE("a release says whether the trace keeps the unit, whose copy then stays where it is") {
+  // Forward gathers units 1 and 3, backward gathers 3 and 1 again: g 1, r 1, g 3, r 3, g 3, r 3,
+  // g 1, r 1. The first micro-step records the trace and keeps nothing.
+  for (const std::size_t distance : {std::size_t{50}, std::size_t{1'000'000}}) {
+    INFO("max_reuse_distance " << distance);
+    FetchOptions options;
+    options.param_persistence_threshold_elems = 0;
+    options.prefetch_bucket_elems = 0;
+    options.max_reuse_distance_elems = distance;
+    run(2, options,
+        [&](ParamFetcher& fetcher, const FlatLayout& layout, int, const EngineTimings& timings) {
+          const auto micro_step = [&] {
+            std::vector<int> kept;
+            std::vector<const std::byte*> where;
+            for (const int u : {1, 3, 3, 1}) {
+              fetcher.gather(u);
+              REQUIRE(wrong_elements(fetcher, layout, u) == 0);
+              where.push_back(fetcher.data(u));
+              const bool k = fetcher.release(u);
+              kept.push_back(k ? 1 : 0);
+              // A kept copy is still there; a freed one is gone.
+              REQUIRE((fetcher.data(u) != nullptr) == k);
+            }
+            fetcher.end_micro_step();
+            fetcher.finish_order_check();
+            return std::pair{kept, where};
+          };
+          REQUIRE(micro_step().first == std::vector<int>{0, 0, 0, 0});
+          const std::int64_t before = timings.gathers;
+          const auto [kept, where] = micro_step();
+          if (distance == 50) {
+            // Unit 1's next use is 140 elements away (unit 3 twice); unit 3's is the next gather.
+            REQUIRE(kept == std::vector<int>{0, 1, 0, 0});
+            REQUIRE(where[2] == where[1]);  // gathered again where it was kept
+            REQUIRE(timings.gathers - before == 3);
+          } else {
+            REQUIRE(kept == std::vector<int>{1, 1, 0, 0});
+            REQUIRE(where[2] == where[1]);
+            REQUIRE(where[3] == where[0]);
+            REQUIRE(timings.gathers - before == 2);  // each unit all-gathered once
+          }
+          REQUIRE(fetcher.live_elems() == 0);
+        });
+  }
+}
+
 TEST_CASE("after the first micro-step the trace prefetches the next units") {
   FetchOptions options;
   options.param_persistence_threshold_elems = 0;

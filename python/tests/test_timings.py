@@ -171,7 +171,6 @@ def test_stage3_units_the_engine_keeps_stay_bound_from_forward_to_backward():
         engine.close()
     (f_keep, b_keep, kept, bound, keep), (f_free, b_free, none_kept, none_bound, free) = \
         runs[None], runs[0]
-    # Forward binds every gathered unit's parameters once either way.
     # Forward binds every gathered unit's parameters once; freed, the tied embedding's unit (read
     # again by the output layer) once more.
     assert f_keep == sum(len(fetcher.params_of[u]) for u in gathered) < f_free

@@ -8,7 +8,9 @@ module needs them. A module may also read another module's parameters without ca
 attribute gathers its unit, which the running module then releases with its own. Autograd would keep the gathered memory alive through what it saves for
 backward (nn.Linear saves weight.t(), a view of it): during the engine's forward a
 saved-tensors hook replaces every saved tensor that views a gathered parameter by a token
-(parameter, size, stride, offset), and backward re-gathers the unit when it unpacks one. Native
+(parameter, size, stride, offset), and backward re-gathers the unit when it unpacks one. A unit the
+engine keeps at forward's release (its trace gathers it again soon, within
+stage3_max_reuse_distance) stays bound to the kept copy, so that re-gather has nothing to bind. Native
 autograd runs unchanged, so stage 3 computes bitwise what stages 0-2 compute. A unit is released
 in backward once every trainable parameter in it has handed its gradient to the engine; whatever
 is still gathered at step() is released then. Persistence

@@ -248,15 +248,16 @@ int zero_engine_release(zero_engine* engine, int unit);
  * 0–2 and for a persistent unit; kept may be null. */
 int zero_engine_release_kept(zero_engine* engine, int unit, int* kept);
 /* Stage 3: *persistent = 1 when the unit stays gathered for the engine's life (the persistence
- * thresholds): gathering and releasing it do nothing, and zero_engine_param of its parameters
- * keeps its address (each optimizer step refreshes the values in place), so a framework may
- * alias them once. 0 at stages 0–2 (where every parameter keeps its address anyway). */
+ * thresholds; every unit where shared-memory processes share one model copy, as at stages 1/2):
+ * gathering and releasing it do nothing, and zero_engine_param of its parameters keeps its
+ * address (each optimizer step refreshes the values in place), so a framework may alias them
+ * once. 0 at stages 0–2 (where every parameter keeps its address anyway). */
 int zero_engine_unit_persistent(const zero_engine* engine, int unit, int* persistent);
 
 /* The model copy of `param`: *data points at *bytes bytes (numel elements of the param's dtype,
  * row-major). Stages 0–2: the same address for the engine's whole life (each step refreshes the
  * values in place), so a framework may alias it. Stage 3: valid until the release of its unit.
- * At stages 1/2 over shared-memory processes the ranks may share one model copy (rank 0's; off
+ * At stages 1–3 over shared-memory processes the ranks may share one model copy (rank 0's; off
  * with ZERO_SHARED_MODEL=0): zero_engine_destroy is then a barrier, and no rank may read the
  * copy after its own destroy. */
 int zero_engine_param(zero_engine* engine, size_t param, const void** data, size_t* bytes);

@@ -42,17 +42,17 @@ def test_every_rank_sees_the_modifier_ranks_values(modified, stage, dtype):
 
 
 def test_other_ranks_writes_do_not_reach_a_shared_model_copy(tmp_path):
-    """The transformer's model copy at stages 1/2 is one for both processes (the shared model):
+    """The transformer's model copy at stages 1-3 is one for both processes (the shared model):
     inside GatheredParameters(modifier_rank=M) each rank still writes a copy of its own, so the
     other rank's zeros never reach the modifier's values, and every rank's parameters are the
     shared copy again after the context (training goes on through it)."""
     launch = harness.torchrun(WORLD, "worker_modify.py", ["--out", tmp_path, "--model", "transformer",
-                                                         "--runs", "1:fp32,2:bf16"],
+                                                         "--runs", "1:fp32,2:bf16,3:fp32"],
                               timeout=600, log=tmp_path / "torchrun.log")
     errors = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("error.rank*.json"))]
     assert launch.returncode == 0 and not errors, (
         f"worker_modify.py: exit {launch.returncode}, errors {errors}\n{launch.tail()}")
-    for stage, dtype in ((1, "fp32"), (2, "bf16")):
+    for stage, dtype in ((1, "fp32"), (2, "bf16"), (3, "fp32")):
         for rank in range(WORLD):
             got = info(tmp_path, stage, dtype, rank)
             what = (stage, dtype, rank, got)

@@ -69,17 +69,18 @@ def test_module_parameters_are_the_master_weights_in_the_config_dtype(runs, mode
 
 @pytest.mark.parametrize("world", (2, 3))
 @pytest.mark.parametrize("model", MODELS)
-def test_stages_1_and_2_share_one_model_copy_over_processes(runs, model, world):
-    """Over processes, stages 1/2 keep one model copy for every rank where it lies in rank 0's
+def test_stages_1_to_3_share_one_model_copy_over_processes(runs, model, world):
+    """Over processes, stages 1-3 keep one model copy for every rank where it lies in rank 0's
     shared host arena (EngineImpl's shared model): the transformer's does. Each step writes the
-    rank's slices there, and nothing is pushed or all-gathered. The mlp's copy is smaller than
+    rank's slices there, and nothing is pushed or all-gathered (at stage 3 every unit is then
+    persistent: nothing is gathered per use either). The mlp's copy is smaller than
     the arena's blocks (64 KiB, SharedHostArena::kMinBytes), private to each process, and
     all-gathered as before. At stage 0 in fp32 the transformer's step is shared out instead:
     each rank steps its own partition and pushes it into its peers' copies, which lie in their
     arenas (the mlp's do not: every rank steps everything). The module tests above check what
-    every rank's copy then holds, and the stages stay bitwise equal either way. (At stage 3 these
-    runs keep only units of at most 100 elements gathered, all in one block under 64 KiB: nothing
-    pushed; see below.)"""
+    every rank's copy then holds, and the stages stay bitwise equal either way. (At stage 3 the
+    mlp's runs keep only units of at most 100 elements gathered, all in one block under 64 KiB:
+    nothing pushed; see below.)"""
     run = runs.train(model, world)
     for dtype in cases.DTYPES:
         for stage in (0, 1, 2, 3):
@@ -88,7 +89,9 @@ def test_stages_1_and_2_share_one_model_copy_over_processes(runs, model, world):
                 shared, pushed = info["shared_model_bytes"], info["pushed_bytes"]
                 what = (f"{model}, {world} ranks, stage {stage} {dtype}, rank {rank}: "
                         f"{shared} bytes written into a shared copy, {pushed} pushed")
-                assert (shared > 0) == (model == "transformer" and stage in (1, 2)), what
+                assert (shared > 0) == (model == "transformer" and stage in (1, 2, 3)), what
+                if model == "transformer" and stage == 3:
+                    assert info["gathers"] == 0, what
                 assert (pushed > 0) == (model == "transformer" and stage == 0
                                         and dtype == "fp32"), what
 
@@ -113,12 +116,14 @@ def test_stage_3_writes_its_slices_of_persistent_units_into_every_ranks_copy(tmp
     whole transformer is persistent), each optimizer step writes the rank's new slices into
     every rank's copies instead of re-gathering the units. The forward reads those copies, so the
     losses, the modules' parameters and the masters are bitwise those of stage 0 and of stage 3
-    with the push off (ZERO_MODEL_PUSH=0). Stage 0 in fp32 shares its step out with the same push
+    with the push off (ZERO_MODEL_PUSH=0); both with a copy per rank (ZERO_SHARED_MODEL=0, not one
+    copy the ranks share, see below). Stage 0 in fp32 shares its step out with the same push
     (each rank steps its own partition and writes it into the peer's copy): the same bits as every
     rank stepping everything, which it does with the push off."""
     world = 2
     out = launch_transformer_pairs(tmp_path, world, "0:fp32,3:fp32,3:bf16", ["--persistence", 100000],
-                                   {"push": None, "gather": {"ZERO_MODEL_PUSH": "0"}})
+                                   {"push": {"ZERO_SHARED_MODEL": "0"},
+                                    "gather": {"ZERO_MODEL_PUSH": "0", "ZERO_SHARED_MODEL": "0"}})
     info = {(name, s, d, r): harness.read_json(out[name] / f"{s}-{d}.rank{r}.json")
             for name in out for s, d in (("0", "fp32"), ("3", "fp32"), ("3", "bf16"))
             for r in range(world)}
@@ -143,29 +148,37 @@ def test_stage_3_writes_its_slices_of_persistent_units_into_every_ranks_copy(tmp
 
 
 def test_a_shared_model_copy_trains_and_resumes_with_the_bits_of_private_ones(tmp_path):
-    """Stages 1/2 with one model copy for both processes (the default) against a private copy
-    per process whose new slices the step pushes into the peers' (ZERO_SHARED_MODEL=0): the
-    same losses, modules and masters, bit for bit, in fp32 and bf16, and both stage 0's. A
-    checkpoint saved mid-run at stage 1 and resumed at stage 2 (written into the shared copy only
-    after the ranks agree on the load) ends with the uninterrupted run's bits."""
+    """Stages 1-3 with one model copy for both processes (the default) against a private copy
+    per process (ZERO_SHARED_MODEL=0: at stages 1/2 the step pushes its new slices into the
+    peers', at stage 3 units are gathered per use): the same losses, modules and masters, bit for
+    bit, in fp32 and bf16, and both stage 0's. A checkpoint saved mid-run at stage 1 and resumed
+    at stages 2 and 3 (written into the shared copy only after the ranks agree on the load) ends
+    with the uninterrupted run's bits."""
     world, mid = 2, 10
     variants = {"shared": None, "private": {"ZERO_SHARED_MODEL": "0"}}
-    out = launch_transformer_pairs(tmp_path, world, "0:fp32,1:fp32,2:fp32,1:bf16,2:bf16",
+    out = launch_transformer_pairs(tmp_path, world,
+                                   "0:fp32,1:fp32,2:fp32,3:fp32,1:bf16,2:bf16,3:bf16",
                                    ["--save-mid", f"1:fp32@{mid}"], variants)
     for name, env in variants.items():
+        mid_dir = out[name] / "ckpt" / "1-fp32-mid"
         launch = harness.torchrun(world, "worker_train.py",
                                   ["--model", "transformer", "--out", out[name], "--runs", "",
-                                   "--resume", f"2:fp32@{out[name] / 'ckpt' / '1-fp32-mid'}"],
+                                   "--resume", f"2:fp32@{mid_dir},3:fp32@{mid_dir}"],
                                   600, out[name] / "resume-log.txt", env=env)
         assert launch.returncode == 0, f"{name} resume: exit {launch.returncode}\n{launch.tail()}"
-    runs = [("1", "fp32"), ("2", "fp32"), ("1", "bf16"), ("2", "bf16")]
+    runs = [("1", "fp32"), ("2", "fp32"), ("3", "fp32"), ("1", "bf16"), ("2", "bf16"),
+            ("3", "bf16")]
     for s, d in runs:
         for r in range(world):
             shared = harness.read_json(out["shared"] / f"{s}-{d}.rank{r}.json")
             private = harness.read_json(out["private"] / f"{s}-{d}.rank{r}.json")
             what = f"stage {s} {d}, rank {r}"
             assert shared["shared_model_bytes"] > 0 and shared["pushed_bytes"] == 0, what
-            assert private["shared_model_bytes"] == 0 and private["pushed_bytes"] > 0, what
+            assert private["shared_model_bytes"] == 0, what
+            if s == "3":
+                assert shared["gathers"] == 0 and private["gathers"] > 0, what
+            else:
+                assert private["pushed_bytes"] > 0, what
             assert shared["losses"] == private["losses"], what
         for kind in ("master", "module"):
             assert_bitwise(harness.load_st(out["shared"] / f"{s}-{d}.{kind}.safetensors"),
@@ -173,16 +186,17 @@ def test_a_shared_model_copy_trains_and_resumes_with_the_bits_of_private_ones(tm
                            f"stage {s} {d} {kind}: shared vs private copies")
     stage0 = harness.load_st(out["shared"] / "0-fp32.master.safetensors")
     assert_trained(stage0, harness.initial_weights("transformer"), "stage 0 fp32")
-    for s in ("1", "2"):
+    for s in ("1", "2", "3"):
         assert_bitwise(harness.load_st(out["shared"] / f"{s}-fp32.master.safetensors"), stage0,
                        f"stage {s} fp32 with a shared copy vs stage 0")
     for name in out:
-        resumed = harness.load_st(out[name] / "resume-2-fp32.master.safetensors")
-        assert_bitwise(resumed, harness.load_st(out[name] / "2-fp32.master.safetensors"),
-                       f"{name}: resumed at stage 2 from stage 1's step {mid} vs uninterrupted")
-        info = harness.read_json(out[name] / "resume-2-fp32.rank0.json")
-        assert info["steps_after_load"] == mid, name
-        assert (info["shared_model_bytes"] > 0) == (name == "shared"), name
+        for s in ("2", "3"):
+            resumed = harness.load_st(out[name] / f"resume-{s}-fp32.master.safetensors")
+            assert_bitwise(resumed, harness.load_st(out[name] / f"{s}-fp32.master.safetensors"),
+                           f"{name}: resumed at stage {s} from stage 1's step {mid} vs uninterrupted")
+            info = harness.read_json(out[name] / f"resume-{s}-fp32.rank0.json")
+            assert info["steps_after_load"] == mid, (name, s)
+            assert (info["shared_model_bytes"] > 0) == (name == "shared"), (name, s)
 
 
 @pytest.mark.parametrize("clip,gas,bucket", ((0.0, 1, None), (None, 1, None), (None, 2, None),

@@ -79,7 +79,8 @@ def run_one(zero, args, rank, world, stage, dtype, load=None):
                 shared_model_bytes=engine.timings()["shared_model_bytes"],
                 units_fused=engine.timings()["units_fused"],
                 units_stepped_in_backward=engine.timings()["units_stepped_in_backward"],
-                units_alone=engine.timings()["units_alone"])
+                units_alone=engine.timings()["units_alone"],
+                gathers=engine.timings()["gathers"])
     ckpt = os.path.join(args.out, "ckpt", name)
     engine.save_checkpoint(ckpt, tag="end", client_state={"step": cases.STEPS})
     params = list(engine.module.parameters())

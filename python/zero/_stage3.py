@@ -17,7 +17,9 @@ is still gathered at step() is released then. Persistence
 thresholds, trace prefetch and the live cap are the engine's (gather() prefetches). A persistent
 unit (under the persistence thresholds) stays gathered where it is for the engine's life, each
 step refreshing it in place: its parameters are views of it from the start, and its modules get
-no hooks."""
+no hooks. Over processes of one host every unit is persistent where the ranks share one copy of
+the model (the engine decides; ZERO_SHARED_MODEL=0 turns it off): then nothing here runs per step."""
+import contextlib
 import ctypes
 import os
 
@@ -73,6 +75,11 @@ class UnitFetcher:
             unit_persistent(handle, u, ctypes.byref(flag))
             if flag.value:
                 self.persistent.add(u)
+        # Whether any unit is gathered per use. Over processes of one host the ranks may share
+        # one copy of every unit (the engine's shared model): all are persistent, and nothing here
+        # hooks a module, watches an attribute read or packs a saved tensor.
+        self.gathers = any(u not in self.persistent for u in self.params_of)
+        self._watching = False
         for r in registered:
             r.param.ds_shape, r.param.ds_numel = r.shape, r.numel
             r.param._zero_fetcher, r.param._zero_unit = self, r.unit
@@ -102,6 +109,16 @@ class UnitFetcher:
             view = made[where] = (tensor_at(where[0], where[1], self.dtype, r.shape, self.device),
                                   where[0] if where[1] else None)
         return view
+
+    def is_persistent(self, param):
+        """Whether `param` is this fetcher's and views a persistent unit's copy for good."""
+        return getattr(param, "_zero_fetcher", None) is self and param._zero_unit in self.persistent
+
+    def rebind(self, param):
+        """A persistent parameter whose .data was replaced views the engine's copy again."""
+        for r in self.params_of.get(param._zero_unit, []):
+            if r.param is param:
+                r.param.data, _ = self._view(r)
 
     # --- units ---
     def ensure_gathered(self, unit):
@@ -172,7 +189,10 @@ class UnitFetcher:
 
     # --- hooks ---
     def install(self, model, unit_of_param):
+        if not self.gathers:
+            return
         _watch_attribute_reads(True)
+        self._watching = True
         for module in model.modules():
             units = sorted({unit_of_param[id(p)] for p in module.parameters(recurse=False)}
                            - self.persistent)
@@ -181,7 +201,9 @@ class UnitFetcher:
                 self.hooks.append(module.register_forward_hook(self._post_hook(units)))
 
     def remove_hooks(self):
-        _watch_attribute_reads(False)
+        if self._watching:
+            _watch_attribute_reads(False)
+            self._watching = False
         for h in self.hooks:
             h.remove()
         self.hooks.clear()
@@ -213,6 +235,8 @@ class UnitFetcher:
     # --- what autograd saves ---
     def saved_tensors_hooks(self):
         """The context the engine's forward runs in (see the module docstring)."""
+        if not self.gathers:
+            return contextlib.nullcontext()
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t):

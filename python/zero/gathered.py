@@ -40,6 +40,7 @@ class GatheredParameters:
         self.fetcher = None
         self.partitioned = []
         self.own_copies = []  # engines (stages 0-2) whose parameters are copies inside the context
+        self.own_persistent = []  # (engine, stage-3 persistent parameter) likewise
 
     def __enter__(self):
         if not self.enabled:
@@ -69,10 +70,17 @@ class GatheredParameters:
             self.fetcher.forward_refs[u] = self.fetcher.forward_refs.get(u, 0) + 1
             self.fetcher.ensure_gathered(u)
         if self.modifier_rank is not None:
+            # Where a parameter views a model copy other ranks may read (stages 0-2, and stage 3's
+            # persistent units, which processes of one host may share), each rank writes a copy
+            # of its own inside the context: only the modifier's values count.
             self.own_copies = [e for e in self._engines() if e._fetcher is None]
             for p in self.params:
-                if self._engine_of(p) in self.own_copies:
+                engine = self._engine_of(p)
+                if engine in self.own_copies:
                     p.data = p.data.clone()
+                elif engine is not None and engine._fetcher.is_persistent(p):
+                    p.data = p.data.clone()
+                    self.own_persistent.append((engine, p))
         return self
 
     def _engines(self):
@@ -100,6 +108,10 @@ class GatheredParameters:
                 if engine._handle is not None:
                     engine._alias_model_copy()
             self.own_copies = []
+            for engine, p in self.own_persistent:
+                if engine._handle is not None:
+                    engine._fetcher.rebind(p)
+            self.own_persistent = []
             keep = self.enabled and self.modifier_rank is not None and exc_type is None
             for p in self.partitioned:
                 partition(p, keep_values=keep, root=self.modifier_rank if keep else 0)

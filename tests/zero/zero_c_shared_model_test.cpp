@@ -1,7 +1,7 @@
-// One model copy for every process at stages 1/2 (EngineImpl's shared model): engines over
-// ShmComm processes, through the C ABI, train with the bits of private copies that the step
-// pushes into (ZERO_SHARED_MODEL=0), every rank reads every slice of the one copy, and
-// destroying the engines (a barrier) leaves nothing behind.
+// One model copy for every process (EngineImpl's shared model): engines over ShmComm processes,
+// through the C ABI, train with the bits of private copies (ZERO_SHARED_MODEL=0: at stages 1/2
+// copies the step pushes into, at stage 3 units gathered per use), every rank reads every slice of
+// the one copy, and destroying the engines (a barrier) leaves nothing behind.
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -27,8 +27,8 @@ constexpr std::int64_t kShapeB[] = {128};
 constexpr std::size_t kNumel[] = {160 * 128, 128};
 constexpr std::size_t kTotal = kNumel[0] + kNumel[1];
 // Per rank: the final master weights, then what zero_engine_param showed after the last step,
-// then shared_model_bytes and pushed_bytes.
-constexpr std::size_t kSlot = 2 * kTotal + 2;
+// then shared_model_bytes, pushed_bytes and gathers.
+constexpr std::size_t kSlot = 2 * kTotal + 3;
 
 const zero_param_spec kSpecs[] = {
     {"w", kShapeW, 2, ZERO_DTYPE_F32, 0, 0, 1, nullptr, 0},
@@ -44,11 +44,12 @@ int init_values(void*, std::size_t index, float* out, std::size_t numel) {
   return 0;
 }
 
+// At stage 3 no unit is persistent by the thresholds: a private copy is gathered per use.
 std::string config_text(int stage) {
   return R"({"train_batch_size": )" + std::to_string(kWorld) +
          R"(, "train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
   "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
-  "zero_optimization": {"stage": )" +
+  "zero_optimization": {"stage3_param_persistence_threshold": 0, "stage": )" +
          std::to_string(stage) + "}}";
 }
 
@@ -63,8 +64,16 @@ void train_rank(zero_comm* comm, int rank, int stage, float* slot) {
   zero_engine* e = nullptr;
   require_ok(zero_engine_create(config.c_str(), comm, kSpecs, 2, nullptr, init_values, nullptr,
                                 &e));
+  // Each parameter is a unit of its own (kSpecs): at stage 3 gathered around its use.
+  auto gather = [&](std::size_t p) {
+    if (stage == 3) require_ok(zero_engine_gather(e, static_cast<int>(p)));
+  };
+  auto release = [&](std::size_t p) {
+    if (stage == 3) require_ok(zero_engine_release(e, static_cast<int>(p)));
+  };
   for (int step = 0; step < kSteps; ++step) {
     for (std::size_t p = 2; p-- > 0;) {
+      gather(p);
       const void* data = nullptr;
       std::size_t bytes = 0;
       require_ok(zero_engine_param(e, p, &data, &bytes));
@@ -77,16 +86,19 @@ void train_rank(zero_comm* comm, int rank, int stage, float* slot) {
         grad[i] = w[i] - target + w[(i * 7 + 1) % kNumel[p]];
       }
       require_ok(zero_engine_grad_ready(e, p));
+      release(p);
     }
     require_ok(zero_engine_step(e, nullptr));
   }
   require_ok(zero_engine_gather_master(e, 0, slot, kNumel[0]));
   require_ok(zero_engine_gather_master(e, 1, slot + kNumel[0], kNumel[1]));
   for (std::size_t p = 0, at = kTotal; p < 2; at += kNumel[p], ++p) {
+    gather(p);
     const void* data = nullptr;
     std::size_t bytes = 0;
     require_ok(zero_engine_param(e, p, &data, &bytes));
     std::memcpy(slot + at, data, bytes);
+    release(p);
   }
   char* text = nullptr;
   require_ok(zero_engine_timings_json(e, &text));
@@ -94,6 +106,7 @@ void train_rank(zero_comm* comm, int rank, int stage, float* slot) {
   zero_free(text);
   slot[2 * kTotal] = timings.at("shared_model_bytes").get<float>();
   slot[2 * kTotal + 1] = timings.at("pushed_bytes").get<float>();
+  slot[2 * kTotal + 2] = timings.at("gathers").get<float>();
   zero_engine_destroy(e);
 }
 
@@ -129,9 +142,9 @@ std::vector<float> part(const std::vector<float>& slot, std::size_t from) {
 
 }  // namespace
 
-TEST_CASE("processes sharing one model copy at stages 1/2 train with the bits of private copies",
+TEST_CASE("processes sharing one model copy train with the bits of private copies",
           "[engine][comm]") {
-  const int stage = GENERATE(1, 2);
+  const int stage = GENERATE(1, 2, 3);
   INFO("stage " << stage);
   const auto shared = launch(stage, nullptr);
   const auto private_copies = launch(stage, "0");
@@ -146,8 +159,13 @@ TEST_CASE("processes sharing one model copy at stages 1/2 train with the bits of
     const auto& p = private_copies[static_cast<std::size_t>(r)];
     CHECK(s[2 * kTotal] > 0);       // its steps wrote into the shared copy
     CHECK(s[2 * kTotal + 1] == 0);  // and pushed nothing
+    CHECK(s[2 * kTotal + 2] == 0);  // nor gathered anything
     CHECK(p[2 * kTotal] == 0);
-    CHECK(p[2 * kTotal + 1] > 0);
+    if (stage == 3) {
+      CHECK(p[2 * kTotal + 2] > 0);  // each unit gathered per use
+    } else {
+      CHECK(p[2 * kTotal + 1] > 0);
+    }
     CHECK(part(s, 0) == part(p, 0));
     CHECK(part(s, 0) == master);
     // fp32: the model copy is the master weights, every rank's slices of them.

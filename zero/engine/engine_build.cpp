@@ -123,9 +123,17 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
     hpz_comm_ = make_hpz_comm(cfg_, comm_, mics_ != nullptr);
     fetch.secondary = hpz_comm_.get();
     fetch.exec = exec_;
+    if (world_ > 1) {
+      fetch.share_pool = [this](std::size_t bytes) {
+        return share_host_block(may_share_model(), bytes, MemoryTag::LowPrecisionParams,
+                                stage3_pool_);
+      };
+    }
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,
                                               static_cast<const std::byte*>(model_part_.data()),
                                               fetch, timings_, std::move(source));
+    // One copy for every rank: the slices live in it from now on (own_slice()).
+    if (fetcher_->shares_pool()) model_part_.reset();
   }
 }
 
@@ -226,7 +234,9 @@ void EngineImpl::allocate_model_copies() {
   }
   if (total == 0) return;
   const std::size_t msize = dtype_size(model_dtype_);
-  std::byte* pool = gathers_model() ? share_model_pool(total) : nullptr;
+  std::byte* pool = gathers_model() ? share_host_block(may_share_model(), total * msize,
+                                                      MemoryTag::LowPrecisionParams, model_pool_)
+                                    : nullptr;
   if (pool == nullptr) {
     model_pool_ = alloc(total, model_dtype_, MemoryTag::LowPrecisionParams);
     pool = static_cast<std::byte*>(model_pool_.data());

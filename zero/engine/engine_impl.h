@@ -289,11 +289,17 @@ class EngineImpl final : public Engine, private SliceMap {
   // frees the block only after every peer has let go of it. Not for in-process ranks (ModelPush
   // serves them), an NVMe tier, a copy outside host memory, or one rank 0's arena does not hold
   // (below 64 KiB); off with ZERO_SHARED_MODEL=0.
+  // At stage 3 the same block holds every unit's gathered copy (ParamFetcher's share_pool, every
+  // unit then persistent) and is where the rank's own slices live (own_slice(); each rank writes
+  // its initial slices there): the step writes them in place, nothing is pushed or gathered, and
+  // no rank holds a partition of its own (model_part_ is dropped). Only where the host's ranks may hold the whole model gathered
+  // anyway (stage3_max_live_parameters × ranks ≥ the model's elements), and not with offload_param,
+  // MiCS, hpZ, qwZ or int8 frozen weights.
   bool may_share_model() const;
-  // Collective over comm_: rank 0 allocates model_pool_ of `elems` model-dtype elements; returns
-  // that block for every rank's copy, mapped here, or where some rank may not share it, rank 0's
-  // own block on rank 0 and null elsewhere (the caller allocates). Sets shared_model_.
-  std::byte* share_model_pool(std::size_t elems);
+  // Collective over comm_: rank 0 allocates `owner` of `bytes`; returns that block, mapped here,
+  // on every rank, or where some rank may not (`wanted` false) or cannot map it, null on every
+  // rank, rank 0's block freed. Sets shared_model_.
+  std::byte* share_host_block(bool wanted, std::size_t bytes, MemoryTag tag, Buffer& owner);
   void release_shared_model() noexcept;  // the destructor's barrier
   // The copy of `unit` that the step pushes into (the model copy at stages 1/2, the fetcher's
   // gathered copy of a persistent unit at stage 3), or null.
@@ -488,12 +494,13 @@ class EngineImpl final : public Engine, private SliceMap {
   std::vector<ParamState> params_;
   std::vector<UnitState> units_;
   std::vector<std::size_t> layout_to_spec_;
-  Buffer model_part_;  // stage 3: own slices of the model copy
+  Buffer model_part_;  // stage 3: own slices of the model copy (none with a shared model)
   // Stages 0–2: every unit's model copy (UnitState::model), in one block, so that the small
   // units' copies lie where the peers can map them too (a ShmComm process's shared arena takes
   // blocks of 64 KiB and more) and the step writes them there (ModelPush) instead of their
   // all-gather.
   Buffer model_pool_;  // a shared model: rank 0's only
+  Buffer stage3_pool_;  // stage 3's shared copy of every unit (rank 0's; the fetcher's pool)
   bool shared_model_ = false;
   // Stage 3 with offload_param nvme: the own slices in swap files instead, one record per unit.
   std::unique_ptr<offload::SubgroupStore> param_store_;

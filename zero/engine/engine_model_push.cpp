@@ -14,7 +14,9 @@ bool EngineImpl::may_push_model() const {
   // Stage 0's choice holds for good: its other domains' states are not stepped once it shares
   // the step out.
   if (stage_ == 0 && push_.set_up) return push_.pushed_units > 0;
-  const bool persistent_units = stage_ == 3 && world_ > 1 && fetcher_ && !param_store_ && !mics_;
+  // (Not where the ranks share one copy: the step writes it in place.)
+  const bool persistent_units =
+      stage_ == 3 && world_ > 1 && fetcher_ && !param_store_ && !mics_ && !shared_model_;
   const bool own_slices = (gathers_model() || persistent_units) && num_domains() == 1;
   // Stage 0: the model copy is the master, so what the push writes keeps every rank's master
   // whole (gather_master reads it); the other domains' states are read by no one but the step.

@@ -1,5 +1,6 @@
 // Stage 3's own slices of the model copy: in param_kind memory, or, under offload_param nvme, in
-// a SubgroupStore with one two-slot record per unit (EngineImpl, engine_impl.h).
+// a SubgroupStore with one two-slot record per unit, or, where the ranks share one model copy,
+// in it (EngineImpl, engine_impl.h).
 #include <algorithm>
 #include <cstring>
 
@@ -44,6 +45,10 @@ void EngineImpl::make_param_store() {
 }
 
 std::byte* EngineImpl::own_slice(int unit, std::size_t slice_offset) {
+  if (shared_model_) {  // the slices lie in the one copy every rank shares (ParamFetcher)
+    std::byte* slice = fetcher_->shared_slice(unit);
+    return slice != nullptr ? slice + slice_offset * dtype_size(model_dtype_) : nullptr;
+  }
   const std::size_t at = layout_->unit(unit).partition_offset + slice_offset;
   if (!param_store_) return element_at(model_part_, model_dtype_, at);
   std::byte* out = nullptr;
@@ -57,8 +62,8 @@ void EngineImpl::copy_own_slice(int unit, std::byte* out) {
   const UnitLayout& ul = layout_->unit(unit);
   const std::size_t begin = ul.partition_offset;
   if (!param_store_) {
-    device_.copy(out, element_at(model_part_, model_dtype_, begin),
-                 ul.slice_elems * dtype_size(model_dtype_));
+    if (ul.slice_elems > 0)
+      device_.copy(out, own_slice(unit, 0), ul.slice_elems * dtype_size(model_dtype_));
     return;
   }
   param_store_->read(begin, begin + ul.slice_elems, [&](const offload::SubgroupStore::View& v) {

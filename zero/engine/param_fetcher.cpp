@@ -55,22 +55,48 @@ ParamFetcher::ParamFetcher(Communicator& comm, Device& device, const FlatLayout&
   // The persistent units' copies share one block, so that even the small ones lie where a host
   // block's peers can reach it (a ShmComm rank's shared host arena takes blocks of 64 KiB and
   // more) and a step can write them there (EngineImpl::ModelPush).
-  std::size_t pool_bytes = 0;
-  for (Unit& u : units_) {
-    if (!u.persistent || u.elems == 0) continue;
-    u.pool_offset = pool_bytes;
-    const std::size_t bytes = u.elems * dtype_size(dtype_);
-    pool_bytes += (bytes + kPoolAlignment - 1) / kPoolAlignment * kPoolAlignment;
+  auto lay_out_pool = [this](bool every_unit) {
+    std::size_t bytes = 0;
+    for (Unit& u : units_) {
+      if (u.elems == 0 || !(every_unit || u.persistent)) continue;
+      u.pool_offset = bytes;
+      bytes += (u.elems * dtype_size(dtype_) + kPoolAlignment - 1) / kPoolAlignment * kPoolAlignment;
+    }
+    return bytes;
+  };
+  if (options_.share_pool) {
+    const std::size_t bytes = lay_out_pool(true);
+    shared_pool_ = bytes > 0 ? options_.share_pool(bytes) : nullptr;
+    if (shared_pool_ != nullptr) {
+      // Every unit gathered for good: each rank writes its own slices into the one copy, where
+      // they stay (its owner's slices from now on, written in place), the peers theirs.
+      for (std::size_t i = 0; i < units_.size(); ++i) {
+        Unit& u = units_[i];
+        u.persistent = u.elems > 0;
+        if (!u.persistent) continue;
+        const UnitLayout& ul = layout_.unit(static_cast<int>(i));
+        const std::size_t slice = ul.slice_elems * dtype_size(dtype_);
+        device_.copy(copy_of(u) + static_cast<std::size_t>(comm_.rank()) * slice,
+                     partition_ + ul.partition_offset * dtype_size(dtype_), slice);
+        u.state = State::Gathered;
+      }
+      partition_ = nullptr;
+      comm_.barrier().wait();  // every rank's slices are in
+      return;
+    }
   }
-  if (pool_bytes > 0) {
-    persistent_pool_ =
-        device_.allocate(pool_bytes, MemoryKind::Device, MemoryTag::LowPrecisionParams);
-  }
+  const std::size_t bytes = lay_out_pool(false);
+  if (bytes > 0)
+    persistent_pool_ = device_.allocate(bytes, MemoryKind::Device, MemoryTag::LowPrecisionParams);
   refresh_after_step();
 }
 
 std::byte* ParamFetcher::copy_of(const Unit& u) const {
-  if (u.persistent) return static_cast<std::byte*>(persistent_pool_.data()) + u.pool_offset;
+  if (u.persistent) {
+    std::byte* pool =
+        shared_pool_ != nullptr ? shared_pool_ : static_cast<std::byte*>(persistent_pool_.data());
+    return pool + u.pool_offset;
+  }
   return static_cast<std::byte*>(u.buffer.data());
 }
 
@@ -332,6 +358,7 @@ void ParamFetcher::end_micro_step() {
 }
 
 void ParamFetcher::refresh_after_step(const std::vector<unsigned char>* current) {
+  if (shared_pool_ != nullptr) return;  // the slices are the copy: written in place
   for (Unit& u : units_) {
     if (!u.persistent) free(u);
     u.secondary.reset();
@@ -351,6 +378,13 @@ std::byte* ParamFetcher::persistent_copy(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   if (!u.persistent || u.elems == 0) return nullptr;
   return copy_of(u);
+}
+
+std::byte* ParamFetcher::shared_slice(int unit) {
+  const Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (shared_pool_ == nullptr || u.elems == 0) return nullptr;
+  return copy_of(u) + static_cast<std::size_t>(comm_.rank()) * layout_.unit(unit).slice_elems *
+                          dtype_size(dtype_);
 }
 
 Buffer ParamFetcher::copy_slice(int unit) {

@@ -7,6 +7,12 @@
 //     after each optimizer step, in place (a persistent unit's data() keeps its address for the
 //     fetcher's life), or left as they are where the step wrote every rank's copy itself
 //     (refresh_after_step's `current`, EngineImpl::ModelPush).
+//   * One copy per host (FetchOptions::share_pool): where the ranks are processes of one host
+//     that can all address one block of rank 0's, every unit is persistent and their copies lie
+//     in that block, one for all the ranks. The constructor writes each rank's slices into it;
+//     from then on they are the rank's slices (the owner writes them in place, own_slice()), so
+//     nothing is all-gathered or refreshed, and every rank computes from the same bytes. The host
+//     then holds one model copy, where the ranks' slices and gathered copies would hold more.
 //   * Trace-based prefetch: the first micro-step records the order of gather() calls; later
 //     micro-steps follow it and all-gather upcoming units asynchronously, up to
 //     stage3_prefetch_bucket_size elements in flight. A gather() that does not match the trace
@@ -68,6 +74,11 @@ struct FetchOptions {
   int weight_bits = 0;
   // Kernel threads of the quantization.
   kernels::CpuExec exec;
+  // One copy per host: called once by the constructor on every rank (a collective) with the bytes
+  // of a pool holding every unit; returns this rank's address of one block every rank of the
+  // communicator reads and writes, or null on every rank alike (the units then follow the
+  // persistence thresholds, each rank with copies of its own). Null: no sharing asked for.
+  std::function<std::byte*(std::size_t bytes)> share_pool;
 };
 
 class ParamFetcher {
@@ -123,8 +134,11 @@ class ParamFetcher {
   // re-gathers the persistent units (collective), from the slices stage_refresh() read if it
   // ran since; a unit marked in `current` (per unit, nonzero: every rank's copy already holds the
   // step's values, written there by the ranks themselves) is not re-gathered. Every rank passes
-  // the same marks.
+  // the same marks. Nothing with a shared pool: its owners wrote the slices in place, and the
+  // caller orders those writes before anyone reads them (a barrier).
   void refresh_after_step(const std::vector<unsigned char>* current = nullptr);
+  // With a shared pool: this rank's slice of `unit` in it, where its owner keeps it; else null.
+  std::byte* shared_slice(int unit);
   // A persistent unit's gathered copy (its elems, every rank's slice at rank · slice_elems),
   // which keeps its address for the fetcher's life; null for any other unit.
   std::byte* persistent_copy(int unit);
@@ -136,6 +150,8 @@ class ParamFetcher {
   void drop_staged();
 
   bool persistent(int unit) const { return units_[static_cast<std::size_t>(unit)].persistent; }
+  // Whether the persistent units' copies lie in the one block every rank shares (share_pool).
+  bool shares_pool() const { return shared_pool_ != nullptr; }
   std::size_t live_elems() const { return live_elems_; }
 
  private:
@@ -177,12 +193,13 @@ class ParamFetcher {
   Device& device_;
   const FlatLayout& layout_;
   const DType dtype_;
-  const std::byte* partition_;
+  const std::byte* partition_;  // null once a shared pool holds the slices
   const SliceSource source_;
   const FetchOptions options_;
   EngineTimings& timings_;
   std::vector<Unit> units_;
   Buffer persistent_pool_;  // every persistent unit's gathered copy, at its pool_offset
+  std::byte* shared_pool_ = nullptr;  // in place of persistent_pool_: the block share_pool gave
   std::size_t live_elems_ = 0;      // gathered or in flight, persistent units excluded
   std::size_t inflight_elems_ = 0;  // prefetches not yet waited for
   Trace mode_ = Trace::Record;

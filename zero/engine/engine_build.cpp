@@ -126,7 +126,7 @@ void EngineImpl::build(const InitFn& init, const EngineOptions& options) {
     if (world_ > 1) {
       fetch.share_pool = [this](std::size_t bytes) {
         return share_host_block(may_share_model(), bytes, MemoryTag::LowPrecisionParams,
-                                stage3_pool_);
+                                model_pool_);
       };
     }
     fetcher_ = std::make_unique<ParamFetcher>(comm_, device_, *layout_, num_units_, model_dtype_,

@@ -289,11 +289,12 @@ class EngineImpl final : public Engine, private SliceMap {
   // frees the block only after every peer has let go of it. Not for in-process ranks (ModelPush
   // serves them), an NVMe tier, a copy outside host memory, or one rank 0's arena does not hold
   // (below 64 KiB); off with ZERO_SHARED_MODEL=0.
-  // At stage 3 the same block holds every unit's gathered copy (ParamFetcher's share_pool, every
-  // unit then persistent) and is where the rank's own slices live (own_slice(); each rank writes
-  // its initial slices there): the step writes them in place, nothing is pushed or gathered, and
-  // no rank holds a partition of its own (model_part_ is dropped). Only where the host's ranks may hold the whole model gathered
-  // anyway (stage3_max_live_parameters × ranks ≥ the model's elements), and not with offload_param,
+  // At stage 3 the same block (model_pool_ again) holds every unit's gathered copy
+  // (ParamFetcher's share_pool, every unit then persistent) and is where the rank's own slices
+  // live (own_slice(); each rank writes its initial slices there): the step writes them in place,
+  // nothing is pushed or gathered, and no rank holds a partition of its own (model_part_ is
+  // dropped). Only where the host's ranks may hold the whole model gathered anyway
+  // (stage3_max_live_parameters × ranks ≥ the model's elements), and not with offload_param,
   // MiCS, hpZ, qwZ or int8 frozen weights.
   bool may_share_model() const;
   // Collective over comm_: rank 0 allocates `owner` of `bytes`; returns that block, mapped here,
@@ -498,9 +499,9 @@ class EngineImpl final : public Engine, private SliceMap {
   // Stages 0–2: every unit's model copy (UnitState::model), in one block, so that the small
   // units' copies lie where the peers can map them too (a ShmComm process's shared arena takes
   // blocks of 64 KiB and more) and the step writes them there (ModelPush) instead of their
-  // all-gather.
-  Buffer model_pool_;  // a shared model: rank 0's only
-  Buffer stage3_pool_;  // stage 3's shared copy of every unit (rank 0's; the fetcher's pool)
+  // all-gather. A shared model: rank 0's only; at stage 3, rank 0's block of every unit's shared
+  // copy (the fetcher's pool).
+  Buffer model_pool_;
   bool shared_model_ = false;
   // Stage 3 with offload_param nvme: the own slices in swap files instead, one record per unit.
   std::unique_ptr<offload::SubgroupStore> param_store_;
